@@ -1,0 +1,3 @@
+from lnkmem.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""`lnk-lnkmem`: the program Link runs (§1).
+
+Every refusal is one line on stderr and exit 2; no traceback for bad input.
+Heavy modules are imported only by the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from typing import NoReturn, Optional
+
+sys.dont_write_bytecode = True  # §2.2: no __pycache__ anywhere
+
+from lnkmem.errors import UsageError  # noqa: E402
+
+PROG = "lnk-lnkmem"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def program_path() -> str:
+    """The absolute path of this very program (what Link's sandbox reads)."""
+    me = sys.argv[0]
+    if os.path.basename(me) == PROG and os.path.exists(me):
+        return os.path.abspath(me)
+    beside = os.path.join(os.path.dirname(sys.executable), PROG)
+    if os.path.exists(beside):
+        return os.path.abspath(beside)
+    found = shutil.which(PROG)
+    if found:
+        return os.path.abspath(found)
+    raise UsageError(f"cannot find the {PROG} program (is the package installed?)")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog=PROG, description="lnkmem: a memory engine for Link agents")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub.add_parser("install", help="make the engine ready in $HOME")
+    for name, helptext in (("command", "print the Serve JSON for an agent"),
+                           ("serve", "serve MCP over stdio"),
+                           ("index", "build or refresh the index (progress bar)")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("folder")
+        s.add_argument("state")
+        s.add_argument("agent", nargs="?")
+    s = sub.add_parser("search", help="print ranked hits for a query")
+    s.add_argument("folder")
+    s.add_argument("state")
+    s.add_argument("rest", nargs="+", metavar="[agent] query")
+    s.add_argument("--limit", type=int, default=10)
+    s = sub.add_parser("serve-many", help="serve many agents on a Unix socket")
+    s.add_argument("socket")
+    s.add_argument("agents", nargs="?")
+    s.add_argument("--stay", action="store_true")
+    s.add_argument("--cache")
+    s.add_argument("--embed")
+    s.add_argument("--embed-url")
+    s.add_argument("--peer")
+    s.add_argument("--group")
+    s.add_argument("--files-bridge")
+    s.add_argument("--storage-bridge")
+    s.add_argument("--bridges")
+    return p
+
+
+def _config(args, need_folder: bool = True):
+    from lnkmem.config import from_args
+    return from_args(args.folder, args.state, args.agent, os.environ, need_folder=need_folder)
+
+
+def cmd_install(args) -> int:
+    home = os.environ.get("HOME")
+    if not home:
+        print(f"{PROG}: install: HOME is not set", file=sys.stderr)
+        return 1
+    try:
+        import httpx, lmdb, msgspec, numpy, snowballstemmer, watchfiles  # noqa: F401,E401
+        check = os.path.join(home, "install-check")
+        os.makedirs(check, mode=0o700, exist_ok=True)
+        env = lmdb.open(check, map_size=1 << 20, max_dbs=1)
+        with env.begin(write=True) as txn:
+            txn.put(b"ok", b"1")
+        env.close()
+        shutil.rmtree(check, ignore_errors=True)
+    except Exception as e:
+        print(f"{PROG}: install: the engine cannot run here: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_command(args) -> int:
+    from lnkmem.wire import Serve, encode
+    cfg = _config(args)
+    argv = [program_path(), "serve", cfg.folder, cfg.state] + ([cfg.agent] if cfg.agent else [])
+    allow = ["search", "read", "list"] + (["remember"] if cfg.notes_path else [])
+    serve = Serve(argv=argv, allow=allow, shared=True, programs=["link-documents"])
+    if cfg.spec.model:
+        serve.models, serve.model = True, cfg.spec.model
+    sys.stdout.write(encode(serve).decode() + "\n")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from lnkmem.serve import serve_stdio
+    return serve_stdio(_config(args))
+
+
+class _Bar:
+    """A progress bar on a terminal; silent otherwise."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.tty:
+            return
+        width = 30
+        frac = done / total if total else 1.0
+        fill = int(frac * width)
+        self.stream.write(f"\rindexing [{'#' * fill}{'.' * (width - fill)}] {done}/{total} files")
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def cmd_index(args) -> int:
+    import time
+    from lnkmem.engine import Memory
+    cfg = _config(args)
+    memory = Memory(cfg)
+    memory.store = memory.open_store()
+    bar = _Bar(sys.stderr)
+    t0 = time.monotonic()
+    n = memory.refresh_all(bar)
+    bar.end()
+    snap = memory.store.snapshot
+    print(f"indexed {n} changed files in {time.monotonic() - t0:.1f}s; "
+          f"{len(memory.store.all_files())} files, {snap.live} passages", file=sys.stderr)
+    memory.store.close()
+    return 0
+
+
+def cmd_search(args) -> int:
+    from lnkmem import tools
+    from lnkmem.engine import Memory
+    from lnkmem.wire import SearchArgs, convert
+    rest = list(args.rest)
+    args.agent = rest.pop(0) if len(rest) > 1 and os.path.isdir(rest[0]) else None
+    query = " ".join(rest)
+    try:
+        sargs = convert({"query": query, "limit": args.limit}, SearchArgs)
+    except ValueError as e:
+        raise UsageError(f"search: {e}") from None
+    cfg = _config(args)
+    memory = Memory(cfg)
+    memory.store = memory.open_store()
+    memory.refresh_all(_Bar(sys.stderr))
+    memory.opened.set()
+    memory.ready.set()
+    text, _ = tools.search(memory, sargs)
+    sys.stdout.write(text)
+    memory.store.close()
+    return 0
+
+
+def cmd_serve_many(args) -> int:
+    from lnkmem.many import serve_many
+    return serve_many(args)
+
+
+COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, "index": cmd_index,
+            "search": cmd_search, "serve-many": cmd_serve_many}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    logging.basicConfig(stream=sys.stderr, level=os.environ.get("LNKMEM_LOG", "WARNING").upper(),
+                        format="lnkmem: %(levelname)s: %(message)s")
+    try:
+        args = _parser().parse_args(argv)
+        return COMMANDS[args.cmd](args)
+    except UsageError as e:
+        msg = " ".join(str(e).split())
+        print(f"{PROG}: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,230 @@
+"""One agent's memory: its places, its index, its notes, its indexing loop.
+
+A :class:`Memory` is shared by every session of its agent in a process. The
+index is opened and brought up to date on a background thread, so sessions
+answer at once; searches read whatever is committed so far. Changes found by
+the watcher, told by a `changed` control or made by `remember` go through
+one queue to that same thread, the index's only writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Callable, Optional
+
+from lnkmem.bridges.local import LocalPlace
+from lnkmem.bridges.place import Entry
+from lnkmem.config import AgentConfig
+from lnkmem.index import indexer
+from lnkmem.index.store import Store
+from lnkmem.notes import LocalNotes
+
+log = logging.getLogger("lnkmem")
+
+WATCH_DEBOUNCE_MS = 100
+
+
+class NotesPlace:
+    """The notes file as a place holding one file, ref `notes`."""
+
+    def __init__(self, notes: LocalNotes):
+        self.notes = notes
+        self.skipped = 0
+
+    def list(self, prefix: str = "") -> list[Entry]:
+        try:
+            s = os.stat(self.notes.path)
+        except OSError:
+            return []
+        from lnkmem.bridges.local import version_of
+        return [Entry("", s.st_size, version_of(s))]
+
+    def read(self, path: str = "") -> tuple[bytes, str]:
+        from lnkmem.bridges.local import version_of
+        with open(self.notes.path, "rb") as f:
+            return f.read(), version_of(os.fstat(f.fileno()))
+
+    def stat(self, path: str = "") -> Optional[Entry]:
+        e = self.list()
+        return e[0] if e else None
+
+
+class Memory:
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.notes = LocalNotes(cfg.notes_path, cfg.state) if cfg.notes_path else None
+        self.places: dict[str, object] = {}
+        exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
+        self.places["home"] = LocalPlace(cfg.folder, exclude=exclude)
+        if cfg.agent:
+            self.places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
+            self.places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
+        if self.notes:
+            self.places["notes"] = NotesPlace(self.notes)
+        self.store: Optional[Store] = None
+        self.opened = threading.Event()
+        self.ready = threading.Event()  # first full pass done
+        self.progress = (0, 0)
+        self.error: Optional[str] = None
+        self._queue: "queue.Queue[tuple[str, Optional[threading.Event]]]" = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._watcher: Optional[threading.Thread] = None
+        self.tmpdir = os.path.join(cfg.state, "tmp")
+
+    # --- life ----------------------------------------------------------------
+
+    def start(self, watch: bool = True) -> "Memory":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lnkmem-index", daemon=True)
+            self._thread.start()
+            if watch:
+                self._watcher = threading.Thread(target=self._watch, name="lnkmem-watch", daemon=True)
+                self._watcher.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._queue.put(("", None))
+        if self._thread:
+            self._thread.join(timeout=10)
+        if self.store:
+            self.store.close()
+
+    def open_store(self) -> Store:
+        os.makedirs(self.cfg.state, mode=0o700, exist_ok=True)
+        store = Store.open(os.path.join(self.cfg.state, "index"))
+        if store.rebuilt_because:
+            log.warning("index was damaged (%s); rebuilding", store.rebuilt_because)
+        return store
+
+    def _run(self) -> None:
+        try:
+            self.store = self.open_store()
+            self.opened.set()
+            self.refresh_all()
+            self.ready.set()
+            while not self._stop.is_set():
+                ref, done = self._queue.get()
+                if self._stop.is_set():
+                    break
+                refs = {ref}
+                events = [done] if done else []
+                try:  # take everything queued so far together
+                    while True:
+                        r, d = self._queue.get_nowait()
+                        refs.add(r)
+                        if d:
+                            events.append(d)
+                except queue.Empty:
+                    pass
+                try:
+                    for r in _outermost(refs):
+                        self.refresh(r)
+                except Exception as e:  # keep serving; the next change retries
+                    log.exception("indexing failed: %s", e)
+                for d in events:
+                    d.set()
+        except Exception as e:
+            self.error = f"the index could not be opened: {e}"
+            log.exception("index thread failed")
+            self.opened.set()
+            self.ready.set()
+
+    def refresh_all(self, progress: Optional[Callable[[int, int], None]] = None) -> int:
+        plan = indexer.plan(self.store, self.places)
+
+        def report(done: int, total: int) -> None:
+            self.progress = (done, total)
+            if progress:
+                progress(done, total)
+
+        self.progress = (0, plan.total)
+        return indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
+
+    def refresh(self, ref: Optional[str]) -> None:
+        plan = indexer.plan(self.store, self.places, only=ref)
+        if plan.total:
+            indexer.build(self.store, self.places, plan, self.tmpdir)
+
+    def changed(self, ref: str, wait: bool = True, timeout: float = 30.0) -> bool:
+        """Bring ``ref`` (a file or a folder's prefix) up to date in the index."""
+        done = threading.Event() if wait else None
+        self._queue.put((ref, done))
+        return done.wait(timeout) if done else True
+
+    @property
+    def indexing(self) -> Optional[tuple[int, int]]:
+        if self.ready.is_set():
+            return None
+        return self.progress
+
+    # --- watching ------------------------------------------------------------
+
+    def _roots(self) -> list[tuple[str, str]]:
+        """(absolute folder, source) pairs to watch, most specific first."""
+        roots = []
+        for source in ("chats", "skills"):
+            place = self.places.get(source)
+            if place is not None:
+                roots.append((place.root, source))
+        roots.append((self.places["home"].root, "home"))
+        return roots
+
+    def ref_for(self, path: str) -> Optional[str]:
+        """The ref of a changed local path, or None when it is not indexed."""
+        if self.notes and path == self.notes.path:
+            return "notes"
+        state = self.cfg.state
+        if path == state or path.startswith(state + os.sep):
+            return None
+        for root, source in self._roots():
+            if path == root or path.startswith(root + os.sep):
+                if source == "home" and self.cfg.agent and (path == self.cfg.agent or path.startswith(self.cfg.agent + os.sep)):
+                    continue
+                rel = os.path.relpath(path, root)
+                if rel == ".":
+                    return source
+                if any(p.startswith(".") for p in rel.split(os.sep)):
+                    return None
+                return f"{source}/{rel.replace(os.sep, '/')}"
+        return None
+
+    def _watch(self) -> None:
+        self.opened.wait()
+        if self.error:
+            return
+        try:
+            import watchfiles
+        except ImportError:
+            return
+        paths = [r for r, _ in self._roots() if os.path.isdir(r)]
+        if self.notes:
+            d = os.path.dirname(self.notes.path)
+            if os.path.isdir(d) and not any(d == p or d.startswith(p + os.sep) for p in paths):
+                paths.append(d)
+        if not paths:
+            return
+        try:
+            for changes in watchfiles.watch(*paths, stop_event=self._stop, debounce=WATCH_DEBOUNCE_MS,
+                                            step=20, rust_timeout=500, yield_on_timeout=False,
+                                            raise_interrupt=False, watch_filter=None):
+                refs = {self.ref_for(p) for _, p in changes}
+                for r in refs:
+                    if r:
+                        self.changed(r, wait=False)
+        except Exception as e:  # the watcher is a help, not a need
+            log.warning("watching stopped: %s", e)
+
+
+def _outermost(refs: set[str]) -> list[str]:
+    """Drop refs inside another ref of the set."""
+    out = []
+    for r in sorted(refs, key=len):
+        if not any(r == o or r.startswith(o + "/") for o in out):
+            out.append(r)
+    return out

@@ -1,0 +1,1 @@
+"""The words index: passages, analysis, BM25 and its LMDB store."""

@@ -1,0 +1,69 @@
+"""Words: Unicode case folding, word splitting, English stemming.
+
+The same analysis runs on passages at index time and on queries at search
+time. Stemming is memoised: a corpus has far fewer distinct words than
+words, so each distinct word is stemmed once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import snowballstemmer
+
+# Runs of letters and digits (Unicode-aware), underscores splitting words;
+# CJK ideographs, kana and hangul are taken one character at a time since
+# they are written without spaces.
+_WORD = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+    r"|[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+)
+MAX_WORD = 64
+
+# Lucene's English stop set: words too common to tell passages apart.
+STOPWORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such "
+    "that the their then there these they this to was will with".split()
+)
+
+_stemmer = snowballstemmer.stemmer("english")
+_memo: dict[str, str] = {}
+_MEMO_MAX = 2_000_000
+
+
+def stem(word: str) -> str:
+    s = _memo.get(word)
+    if s is None:
+        s = _stemmer.stemWord(word) if word.isalpha() else word
+        if len(_memo) < _MEMO_MAX:
+            _memo[word] = s
+    return s
+
+
+def words(text: str) -> list[str]:
+    """Case-folded words of ``text``, before stemming and stopping."""
+    return _WORD.findall(text.casefold())
+
+
+def term_counts(text: str) -> tuple[Counter, int]:
+    """(term -> frequency, length) of a passage: stopped, stemmed terms."""
+    raw = Counter(_WORD.findall(text.casefold()))
+    counts: Counter = Counter()
+    length = 0
+    for w, n in raw.items():
+        if w in STOPWORDS or len(w) > MAX_WORD:
+            continue
+        counts[stem(w)] += n
+        length += n
+    return counts, length
+
+
+def query_terms(text: str) -> list[str]:
+    """Distinct terms of a query in order of first appearance."""
+    seen: dict[str, None] = {}
+    for w in words(text):
+        if w in STOPWORDS or len(w) > MAX_WORD:
+            continue
+        seen.setdefault(stem(w), None)
+    return list(seen)

@@ -1,0 +1,124 @@
+"""Conversations (§3.4): `<thread>.jsonl` files of messages, their compact
+versions, and `.md`/`.txt` transcripts.
+
+A message becomes one passage (cut further when long), carrying its thread,
+role, time and the line range of the message in the file.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Optional
+
+import msgspec
+
+from lnkmem.index.chunk import LIMIT, chunk_text
+
+_json = msgspec.json.Decoder()
+
+
+class Message(NamedTuple):
+    line: int  # 1-based line of the message in the file
+    role: str
+    text: str
+    at: Optional[str]
+
+
+class ChatPiece(NamedTuple):
+    first: int
+    last: int
+    text: str
+    role: Optional[str]
+    at: Optional[str]
+
+
+def thread_of(name: str) -> str:
+    """The thread a chats/ file belongs to: its name less `.compact` and suffix."""
+    for suffix in (".compact.jsonl", ".compact.md", ".jsonl", ".md", ".txt"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name.rsplit(".", 1)[0]
+
+
+def is_conversation(name: str) -> bool:
+    return name.endswith((".jsonl", ".md", ".txt")) and not name.startswith(".")
+
+
+def _content_text(content) -> Optional[str]:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "\n".join(parts) if parts else None
+    return None
+
+
+def parse_message(obj) -> Optional[tuple[str, str, Optional[str]]]:
+    """(role, text, at) of one line's object, or None when not understood."""
+    if not isinstance(obj, dict):
+        return None
+    # a harness transcript line: {"type", "message": {"role", "content"}, "timestamp"}
+    msg = obj.get("message")
+    if isinstance(msg, dict) and obj.get("type") in ("user", "assistant", "system", "tool"):
+        role = msg.get("role") if isinstance(msg.get("role"), str) else obj["type"]
+        text = _content_text(msg.get("content"))
+        at = obj.get("timestamp")
+    else:  # Link's own shape
+        role = obj.get("role")
+        text = obj.get("text")
+        if text is None:
+            text = _content_text(obj.get("content"))
+        elif not isinstance(text, str):
+            text = None
+        at = obj.get("at")
+    if not isinstance(role, str) or text is None:
+        return None
+    return role, text, at if isinstance(at, str) else None
+
+
+def messages(data: str) -> tuple[list[Message], int]:
+    """Messages of a `.jsonl` conversation and the number of lines skipped."""
+    out: list[Message] = []
+    skipped = 0
+    for n, line in enumerate(data.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            parsed = parse_message(_json.decode(line))
+        except (msgspec.DecodeError, RecursionError):
+            parsed = None
+        if parsed is None:
+            skipped += 1
+            continue
+        out.append(Message(n, parsed[0], parsed[1], parsed[2]))
+    return out, skipped
+
+
+def chunk_conversation(name: str, data: str) -> tuple[list[ChatPiece], int]:
+    """Passages of one chats/ file and the count of lines not understood."""
+    if not name.endswith(".jsonl"):
+        return [ChatPiece(p.first, p.last, p.text, None, None) for p in chunk_text(data)], 0
+    msgs, skipped = messages(data)
+    pieces: list[ChatPiece] = []
+    for m in msgs:
+        if not m.text.strip():
+            continue
+        if len(m.text) <= LIMIT:
+            pieces.append(ChatPiece(m.line, m.line, f"{m.role}: {m.text}", m.role, m.at))
+        else:
+            for p in chunk_text(m.text):
+                pieces.append(ChatPiece(m.line, m.line, f"{m.role}: {p.text}", m.role, m.at))
+    return pieces, skipped
+
+
+def render(data: str, first: int = 1, last: Optional[int] = None) -> Iterator[tuple[int, str]]:
+    """(file line, readable `role: text`) for the messages on lines first..last."""
+    for m in messages(data)[0]:
+        if m.line < first or (last is not None and m.line > last):
+            continue
+        when = f" [{m.at}]" if m.at else ""
+        yield m.line, f"{m.role}{when}: {m.text}"

@@ -1,0 +1,171 @@
+"""Keeping the index in step with its sources.
+
+:func:`plan` compares what the sources list (path, size, version) with what
+the index recorded, reading no content; :func:`build` reads only the files
+that changed, cuts them into passages and commits them in batches, so a
+process killed half-way keeps every batch committed before it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
+
+from lnkmem.bridges.place import Entry, NotFound, Forbidden
+from lnkmem.index import analyze, chats, documents
+from lnkmem.index.chunk import chunk_text
+from lnkmem.index.store import Batch, NewFile, Passage, Store
+
+BATCH_BYTES = 8 * 1024 * 1024
+BATCH_FILES = 4000
+
+
+def ref_of(source: str, path: str) -> str:
+    return f"{source}/{path}" if path else source
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    source, _, path = ref.partition("/")
+    return source, path
+
+
+@dataclass
+class Plan:
+    todo: list[tuple[str, Entry]] = field(default_factory=list)  # (source, entry)
+    removed: list[str] = field(default_factory=list)
+    listed: int = 0
+    skipped: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.todo) + len(self.removed)
+
+
+def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None) -> Plan:
+    """What must change in the index for it to match ``places``.
+
+    ``only``: a ref prefix to look at (a `changed` path, a watched file).
+    """
+    p = Plan()
+    for source, place in places.items():
+        if only is None or only == source:
+            sub = ""
+        elif only.startswith(source + "/"):
+            sub = only[len(source) + 1 :]
+        else:
+            continue
+        entries = place.list(sub)
+        p.skipped += getattr(place, "skipped", 0)
+        p.listed += len(entries)
+        prefix = ref_of(source, sub)
+        # a prefix must not catch its siblings ("home/a.md" vs "home/a.md2")
+        known = {r: v for r, v in store.file_versions(prefix).items()
+                 if r == prefix or r.startswith(prefix + "/")}
+        seen = set()
+        for e in entries:
+            ref = ref_of(source, e.path)
+            seen.add(ref)
+            if known.get(ref) != (e.version, e.size):
+                p.todo.append((source, e))
+        p.removed.extend(r for r in known if r not in seen)
+    return p
+
+
+def _decode_text(data: bytes) -> Optional[str]:
+    if b"\0" in data[:8192]:
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def passages_of(source: str, path: str, data: bytes, tmpdir: str, local_path: Optional[str]) -> tuple[list[Passage], str]:
+    """Passages of one file, and how it was indexed ("text" or "name")."""
+    ref = ref_of(source, path)
+    thread = None
+    if source == "chats":
+        if not chats.is_conversation(path.rsplit("/", 1)[-1]):
+            text = _decode_text(data)
+            if text is None:
+                return [Passage(ref, 1, 1, path)], "name"
+            return [Passage(ref, p.first, p.last, p.text) for p in chunk_text(text)], "text"
+        thread = chats.thread_of(path.rsplit("/", 1)[-1])
+        text = _decode_text(data)
+        if text is None:
+            return [Passage(ref, 1, 1, path, thread=thread)], "name"
+        pieces, _ = chats.chunk_conversation(path, text)
+        return [Passage(ref, c.first, c.last, c.text, thread, c.role, c.at) for c in pieces], "text"
+    if documents.is_document(path):
+        text = documents.convert(data, path, tmpdir, local_path)
+        if text is None:
+            return [Passage(ref, 1, 1, path)], "name"
+    else:
+        text = _decode_text(data)
+        if text is None:
+            return [], "binary"
+    out = [Passage(ref, p.first, p.last, p.text) for p in chunk_text(text)]
+    return out, "text"
+
+
+def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
+    """Terms of each passage; its file's name words count once in each."""
+    name_terms, name_len = analyze.term_counts(ref.split("/", 1)[-1].replace("/", " "))
+    out = []
+    for p in passages:
+        counts, length = analyze.term_counts(p.text)
+        for t, n in name_terms.items():
+            counts[t] += n
+        out.append((counts, length + name_len))
+    return out
+
+
+def index_file(store: Store, source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFile]:
+    """Read and cut one file; None when it vanished or cannot be read."""
+    try:
+        data, version = place.read(entry.path)
+    except (NotFound, Forbidden, OSError):
+        return None
+    local = None
+    resolve = getattr(place, "resolve", None)
+    if resolve is not None and documents.is_document(entry.path):
+        local = resolve(entry.path)
+    ref = ref_of(source, entry.path)
+    passages, kind = passages_of(source, entry.path, data, tmpdir, local)
+    if kind == "binary":
+        passages = []
+    return NewFile(ref, version if version else entry.version, len(data), kind, passages, _counts(ref, passages))
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: str,
+          progress: Optional[ProgressFn] = None, should_stop: Callable[[], bool] = lambda: False) -> int:
+    """Apply a plan; returns the number of files indexed."""
+    total = the_plan.total
+    done = 0
+    batch = Batch(removed=list(the_plan.removed))
+    done += len(batch.removed)
+    size = 0
+    last_report = 0.0
+    for source, entry in the_plan.todo:
+        if should_stop():
+            break
+        nf = index_file(store, source, entry, places[source], tmpdir)
+        if nf is None:
+            batch.removed.append(ref_of(source, entry.path))
+        else:
+            batch.files.append(nf)
+            size += nf.size
+        done += 1
+        if size >= BATCH_BYTES or len(batch.files) >= BATCH_FILES:
+            store.commit(batch)
+            batch, size = Batch(), 0
+            store.maybe_merge()
+        if progress and time.monotonic() - last_report > 0.1:
+            last_report = time.monotonic()
+            progress(done, total)
+    store.commit(batch)
+    store.maybe_merge()
+    if progress:
+        progress(done, total)
+    return done

@@ -1,0 +1,67 @@
+"""BM25 over the words index (Robertson/Sparck Jones idf, Lucene's form)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from lnkmem.index import analyze
+from lnkmem.index.store import SOURCE_CODE, Store
+
+K1 = 0.9
+B = 0.4
+
+
+def bm25(store: Store, query: str, limit: int, sources: Optional[Sequence[str]] = None,
+         under: Optional[str] = None, k1: float = K1, b: float = B,
+         candidates: Optional[int] = None) -> list[tuple[int, float]]:
+    """Best (pid, score) pairs for ``query``, best first.
+
+    ``candidates``: how many to return before the limit is applied (the hybrid
+    ranker asks for more than it shows).
+    """
+    terms = analyze.query_terms(query)
+    snap = store.refresh()
+    if not terms or snap.live == 0:
+        return []
+    cap = len(snap.alive)
+    scores = np.zeros(cap, np.float32)
+    avgdl = snap.avgdl
+    touched = []
+    with store.env.begin() as txn:
+        for term in terms:
+            pids, tfs = store.postings_of(txn, term)
+            if not len(pids):
+                continue
+            inside = pids < cap
+            if not inside.all():
+                pids, tfs = pids[inside], tfs[inside]
+            live = snap.alive[pids]
+            pids, tfs = pids[live], tfs[live].astype(np.float32)
+            df = len(pids)
+            if df == 0:
+                continue
+            idf = np.log1p((snap.live - df + 0.5) / (df + 0.5))
+            dl = snap.doclen[pids]
+            scores[pids] += idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
+            touched.append(pids)
+    if not touched:
+        return []
+    cand = np.unique(np.concatenate(touched)) if len(touched) > 1 else touched[0]
+    if sources is not None and set(sources) != set(SOURCE_CODE):
+        codes = np.array([SOURCE_CODE[s] for s in sources], np.uint8)
+        cand = cand[np.isin(snap.src[cand], codes)]
+    if under:
+        ok = np.fromiter((r.startswith(under) for r in snap.refs), bool, len(snap.refs))
+        cand = cand[ok[snap.refid[cand]]]
+    if not len(cand):
+        return []
+    want = candidates or limit
+    sc = scores[cand]
+    if len(cand) > want:
+        top = np.argpartition(-sc, want - 1)[:want]
+    else:
+        top = np.arange(len(cand))
+    order = top[np.lexsort((cand[top], -sc[top]))]
+    return [(int(cand[i]), float(sc[i])) for i in order]

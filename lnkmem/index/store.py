@@ -1,0 +1,453 @@
+"""The words index in LMDB: segments of postings, passages, files.
+
+Layout (one LMDB environment, ``<state>/index/``), named databases:
+
+``meta``      format, generation, next passage id, next segment id, model
+``files``     ref -> FileRec: the version seen and the passages made of it
+``passages``  pid (4 bytes, big-endian) -> Passage: ref, lines, text, thread...
+``postings``  term + NUL + segment (4 bytes BE) -> pids (u32 LE) + tfs (u16 LE)
+``segments``  segment -> SegMeta: its pids, their lengths and refs, its terms
+``dead``      pid -> b"": passages replaced or deleted, still in a segment
+
+Like Lucene, the index grows by immutable segments: a batch of changed
+files becomes one new segment in one write transaction, and the passages it
+replaces are marked dead, filtered at search time and dropped when segments
+are merged. Every change is one LMDB transaction, so a process killed at any
+moment leaves the index at the state before or after a batch; :meth:`open`
+checks that the tables agree and raises :class:`DamagedIndex` when not.
+
+The few numbers BM25 needs per passage (length, source, ref) are held in
+memory as numpy arrays, rebuilt at open from ``segments`` and replaced, never
+mutated, after each commit so that searches read a consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import lmdb
+import msgspec
+import numpy as np
+
+from lnkmem.errors import DamagedIndex
+
+FORMAT = b"lnkmem-index-1"
+SOURCES = ("home", "chats", "skills", "notes")
+SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
+
+
+class FileRec(msgspec.Struct, array_like=True):
+    version: str
+    size: int
+    pids: list[int]
+    kind: str = "text"  # "text" | "name" (indexed by name only)
+
+
+class Passage(msgspec.Struct, array_like=True, omit_defaults=True):
+    ref: str
+    first: int
+    last: int
+    text: str
+    thread: Optional[str] = None
+    role: Optional[str] = None
+    at: Optional[str] = None
+
+
+class SegMeta(msgspec.Struct, array_like=True):
+    pids: bytes  # u32 LE
+    lens: bytes  # u32 LE
+    refs: list[str]  # one per pid
+    terms: bytes  # b"\n".join(terms)
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec_file = msgspec.msgpack.Decoder(FileRec)
+_dec_passage = msgspec.msgpack.Decoder(Passage)
+_dec_seg = msgspec.msgpack.Decoder(SegMeta)
+
+
+def _k(n: int) -> bytes:
+    return n.to_bytes(4, "big")
+
+
+def source_of(ref: str) -> str:
+    return ref.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What BM25 needs in memory, consistent with one committed generation."""
+
+    gen: int
+    doclen: np.ndarray  # float32 per pid
+    alive: np.ndarray  # bool per pid
+    src: np.ndarray  # uint8 per pid
+    refid: np.ndarray  # int32 per pid -> refs
+    refs: list[str]
+    live: int
+    total_len: float
+
+    @property
+    def avgdl(self) -> float:
+        return self.total_len / self.live if self.live else 1.0
+
+
+@dataclass
+class NewFile:
+    ref: str
+    version: str
+    size: int
+    kind: str
+    passages: list[Passage]
+    counts: list[tuple[dict, int]]  # (term -> tf, length) per passage
+
+
+@dataclass
+class Batch:
+    """Changes to commit together: files (re)indexed and refs removed."""
+
+    files: list[NewFile] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.files or self.removed)
+
+    @property
+    def text_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class Store:
+    """One agent's words index, in one LMDB environment."""
+
+    MAP_SIZE = 1 << 30
+
+    def __init__(self, path: str):
+        self.path = path
+        self.write_lock = threading.Lock()
+        self._open()
+
+    # --- opening, checking, wiping ---------------------------------------
+
+    def _open(self) -> None:
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        size = self.MAP_SIZE
+        data = os.path.join(self.path, "data.mdb")
+        if os.path.exists(data):
+            size = max(size, os.path.getsize(data) * 2)
+        self.env = lmdb.open(
+            self.path, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
+        )
+        self.meta = self.env.open_db(b"meta")
+        self.files = self.env.open_db(b"files")
+        self.passages = self.env.open_db(b"passages")
+        self.postings = self.env.open_db(b"postings")
+        self.segments = self.env.open_db(b"segments")
+        self.dead = self.env.open_db(b"dead")
+        with self.env.begin(write=True) as txn:
+            fmt = txn.get(b"format", db=self.meta)
+            if fmt is None:
+                if txn.stat(self.files)["entries"] or txn.stat(self.segments)["entries"]:
+                    raise DamagedIndex("index has data but no format")
+                txn.put(b"format", FORMAT, db=self.meta)
+                txn.put(b"gen", b"0", db=self.meta)
+                txn.put(b"next_pid", b"1", db=self.meta)
+                txn.put(b"next_seg", b"1", db=self.meta)
+            elif fmt != FORMAT:
+                raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
+        self.snapshot = self._load()
+
+    @classmethod
+    def open(cls, path: str) -> "Store":
+        """Open the index at ``path``; a damaged one is wiped and started anew."""
+        try:
+            return cls(path)
+        except (DamagedIndex, lmdb.Error, msgspec.DecodeError, ValueError) as e:
+            wipe(path)
+            store = cls(path)
+            store.rebuilt_because = str(e)
+            return store
+
+    rebuilt_because: Optional[str] = None
+
+    def _load(self) -> Snapshot:
+        with self.env.begin() as txn:
+            gen = int(txn.get(b"gen", db=self.meta))
+            next_pid = int(txn.get(b"next_pid", db=self.meta))
+            cap = next_pid + 1
+            doclen = np.zeros(cap, np.float32)
+            alive = np.zeros(cap, bool)
+            src = np.zeros(cap, np.uint8)
+            refid = np.full(cap, -1, np.int32)
+            refs: list[str] = []
+            ids: dict[str, int] = {}
+            for _, v in txn.cursor(db=self.segments):
+                seg = _dec_seg.decode(v)
+                pids = np.frombuffer(seg.pids, "<u4")
+                if len(pids) != len(seg.refs) or (len(pids) and pids.max() >= cap):
+                    raise DamagedIndex("segment table disagrees with passage ids")
+                doclen[pids] = np.frombuffer(seg.lens, "<u4")
+                alive[pids] = True
+                rid = np.empty(len(pids), np.int32)
+                for i, r in enumerate(seg.refs):
+                    j = ids.get(r)
+                    if j is None:
+                        j = ids[r] = len(refs)
+                        refs.append(r)
+                    rid[i] = j
+                refid[pids] = rid
+                src[pids] = [SOURCE_CODE.get(source_of(refs[j]), 0) for j in rid]
+            for k, _ in txn.cursor(db=self.dead):
+                p = int.from_bytes(k, "big")
+                if p < cap:
+                    alive[p] = False
+            # every live passage belongs to exactly one file record, and back
+            owned = 0
+            for _, v in txn.cursor(db=self.files):
+                rec = _dec_file.decode(v)
+                if rec.pids and not alive[rec.pids].all():
+                    raise DamagedIndex("a file names passages that are not live")
+                owned += len(rec.pids)
+            if owned != int(alive.sum()):
+                raise DamagedIndex("live passages and files disagree")
+        live = int(alive.sum())
+        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum()))
+
+    def refresh(self) -> Snapshot:
+        """Reload the snapshot when another process has committed since."""
+        with self.env.begin() as txn:
+            gen = int(txn.get(b"gen", db=self.meta))
+        if gen != self.snapshot.gen:
+            self.snapshot = self._load()
+        return self.snapshot
+
+    def close(self) -> None:
+        self.env.close()
+
+    # --- reading ---------------------------------------------------------
+
+    def file(self, ref: str) -> Optional[FileRec]:
+        with self.env.begin() as txn:
+            v = txn.get(ref.encode(), db=self.files)
+        return _dec_file.decode(v) if v is not None else None
+
+    def all_files(self) -> dict[str, FileRec]:
+        with self.env.begin() as txn:
+            return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
+
+    def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
+        out = {}
+        p = prefix.encode()
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.files)
+            if cur.set_range(p):
+                for k, v in cur:
+                    if not k.startswith(p):
+                        break
+                    rec = _dec_file.decode(v)
+                    out[k.decode()] = (rec.version, rec.size)
+        return out
+
+    def passage(self, pid: int) -> Optional[Passage]:
+        with self.env.begin() as txn:
+            v = txn.get(_k(pid), db=self.passages)
+        return _dec_passage.decode(v) if v is not None else None
+
+    def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
+        with self.env.begin() as txn:
+            out = []
+            for p in pids:
+                v = txn.get(_k(int(p)), db=self.passages)
+                out.append(_dec_passage.decode(v) if v is not None else None)
+            return out
+
+    def postings_of(self, txn, term: str) -> tuple[np.ndarray, np.ndarray]:
+        """(pids, tfs) of a term across all segments, dead ones included."""
+        key = term.encode() + b"\0"
+        cur = txn.cursor(db=self.postings)
+        pids, tfs = [], []
+        if cur.set_range(key):
+            for k, v in cur:
+                if not k.startswith(key):
+                    break
+                n = len(v) // 6
+                pids.append(np.frombuffer(v, "<u4", n))
+                tfs.append(np.frombuffer(v, "<u2", n, 4 * n))
+        if not pids:
+            return np.empty(0, np.uint32), np.empty(0, np.uint16)
+        if len(pids) == 1:
+            return pids[0], tfs[0]
+        return np.concatenate(pids), np.concatenate(tfs)
+
+    def get_meta(self, key: bytes) -> Optional[bytes]:
+        with self.env.begin() as txn:
+            return txn.get(key, db=self.meta)
+
+    def put_meta(self, key: bytes, value: bytes) -> None:
+        with self.write_lock, self.env.begin(write=True) as txn:
+            txn.put(key, value, db=self.meta)
+
+    # --- writing ---------------------------------------------------------
+
+    def commit(self, batch: Batch) -> None:
+        """Apply a batch in one transaction and publish a new snapshot."""
+        if not batch:
+            return
+        with self.write_lock:
+            while True:
+                try:
+                    self._commit(batch)
+                    break
+                except lmdb.MapFullError:
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            self.snapshot = self._load()
+
+    def _commit(self, batch: Batch) -> None:
+        with self.env.begin(write=True) as txn:
+            next_pid = int(txn.get(b"next_pid", db=self.meta))
+            seg = int(txn.get(b"next_seg", db=self.meta))
+            gone = set(batch.removed) | {f.ref for f in batch.files}
+            for ref in gone:
+                old = txn.get(ref.encode(), db=self.files)
+                if old is None:
+                    continue
+                for p in _dec_file.decode(old).pids:
+                    txn.put(_k(p), b"", db=self.dead)
+                    txn.delete(_k(p), db=self.passages)
+                txn.delete(ref.encode(), db=self.files)
+            post: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+            seg_pids: list[int] = []
+            seg_lens: list[int] = []
+            seg_refs: list[str] = []
+            for f in batch.files:
+                pids = []
+                for passage, (counts, length) in zip(f.passages, f.counts):
+                    pid = next_pid
+                    next_pid += 1
+                    pids.append(pid)
+                    txn.put(_k(pid), _enc.encode(passage), db=self.passages)
+                    seg_pids.append(pid)
+                    seg_lens.append(length)
+                    seg_refs.append(f.ref)
+                    for term, tf in counts.items():
+                        entry = post[term]
+                        entry[0].append(pid)
+                        entry[1].append(tf if tf < 65535 else 65535)
+                txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind)), db=self.files)
+            if seg_pids:
+                sk = _k(seg)
+                items = []
+                for term in sorted(post):
+                    p, t = post[term]
+                    items.append((term.encode() + b"\0" + sk,
+                                  np.asarray(p, "<u4").tobytes() + np.asarray(t, "<u2").tobytes()))
+                txn.cursor(db=self.postings).putmulti(items)
+                meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),
+                               seg_refs, "\n".join(sorted(post)).encode())
+                txn.put(sk, _enc.encode(meta), db=self.segments)
+                txn.put(b"next_seg", str(seg + 1).encode(), db=self.meta)
+            txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
+            gen = int(txn.get(b"gen", db=self.meta)) + 1
+            txn.put(b"gen", str(gen).encode(), db=self.meta)
+
+    # --- merging ---------------------------------------------------------
+
+    def segment_sizes(self) -> dict[int, int]:
+        with self.env.begin() as txn:
+            return {int.from_bytes(k, "big"): len(v) for k, v in txn.cursor(db=self.segments)}
+
+    def merge(self, segs: list[int]) -> None:
+        """Merge segments into one, dropping dead passages from them."""
+        if len(segs) < 2 and not self._has_dead(segs):
+            return
+        with self.write_lock:
+            while True:
+                try:
+                    self._merge(segs)
+                    break
+                except lmdb.MapFullError:
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            self.snapshot = self._load()
+
+    def _has_dead(self, segs: list[int]) -> bool:
+        with self.env.begin() as txn:
+            return txn.stat(self.dead)["entries"] > 0
+
+    def _merge(self, segs: list[int]) -> None:
+        with self.env.begin(write=True) as txn:
+            dead = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=self.dead)}
+            new = int(txn.get(b"next_seg", db=self.meta))
+            nk = _k(new)
+            metas = [(s, _dec_seg.decode(txn.get(_k(s), db=self.segments))) for s in segs]
+            terms: set[bytes] = set()
+            for _, m in metas:
+                if m.terms:
+                    terms.update(m.terms.split(b"\n"))
+            deadarr = np.fromiter(dead, np.uint32, len(dead)) if dead else None
+            kept_terms = []
+            items = []
+            for term in sorted(terms):
+                ps, ts = [], []
+                for s, _ in metas:
+                    key = term + b"\0" + _k(s)
+                    v = txn.pop(key, db=self.postings)
+                    if v is None:
+                        continue
+                    n = len(v) // 6
+                    ps.append(np.frombuffer(v, "<u4", n))
+                    ts.append(np.frombuffer(v, "<u2", n, 4 * n))
+                if not ps:
+                    continue
+                p = np.concatenate(ps)
+                t = np.concatenate(ts)
+                if deadarr is not None:
+                    keep = ~np.isin(p, deadarr)
+                    p, t = p[keep], t[keep]
+                if len(p):
+                    items.append((term + b"\0" + nk, p.astype("<u4").tobytes() + t.astype("<u2").tobytes()))
+                    kept_terms.append(term)
+            txn.cursor(db=self.postings).putmulti(items)
+            all_p, all_l, all_r = [], [], []
+            for s, m in metas:
+                p = np.frombuffer(m.pids, "<u4")
+                ln = np.frombuffer(m.lens, "<u4")
+                for i in range(len(p)):
+                    if int(p[i]) not in dead:
+                        all_p.append(int(p[i]))
+                        all_l.append(int(ln[i]))
+                        all_r.append(m.refs[i])
+                    else:
+                        txn.delete(_k(int(p[i])), db=self.dead)
+                txn.delete(_k(s), db=self.segments)
+            if all_p:
+                meta = SegMeta(np.asarray(all_p, "<u4").tobytes(), np.asarray(all_l, "<u4").tobytes(),
+                               all_r, b"\n".join(kept_terms))
+                txn.put(nk, _enc.encode(meta), db=self.segments)
+            txn.put(b"next_seg", str(new + 1).encode(), db=self.meta)
+            gen = int(txn.get(b"gen", db=self.meta)) + 1
+            txn.put(b"gen", str(gen).encode(), db=self.meta)
+
+    def maybe_merge(self, max_segments: int = 12, keep: int = 6) -> bool:
+        """Tiered merging: when there are too many segments, merge the smallest."""
+        sizes = self.segment_sizes()
+        if len(sizes) <= max_segments:
+            return False
+        small = sorted(sizes, key=lambda s: sizes[s])[: len(sizes) - keep + 1]
+        self.merge(small)
+        return True
+
+
+def wipe(path: str) -> None:
+    """Remove an index environment (only its own files)."""
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            os.unlink(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+    if os.path.isdir(path) and not os.listdir(path):
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""The agent's notes file and `remember` (§2.2, §4.4).
+
+A change is read-change-write under a lock, re-reading the file first and
+checking just before the replace that nobody changed it meanwhile, then an
+atomic rename of a temporary file written in ``<state>`` (never beside the
+notes). Nothing of the notes is ever lost: a refused change changes nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from lnkmem.errors import ToolError
+
+
+def _norm(line: str) -> str:
+    s = line.strip()
+    if s.startswith("- "):
+        s = s[2:].strip()
+    elif s == "-":
+        s = ""
+    return s
+
+
+def count_entries(text: str) -> int:
+    return sum(1 for line in text.splitlines() if _norm(line) and not line.lstrip().startswith("#"))
+
+
+@dataclass
+class Change:
+    text: str  # the notes after the change
+    bytes: int
+    entries: int
+
+
+def apply(current: str, add: Optional[str], remove: Optional[str], limit: int) -> Change:
+    """The notes after removing ``remove`` and adding ``add``; ToolError if not possible."""
+    if add is None and remove is None:
+        raise ToolError("remember needs `add` or `remove` (or both)")
+    lines = current.splitlines()
+    if remove is not None:
+        target = _norm(remove)
+        if not target:
+            raise ToolError("remove: empty text names no line")
+        matches = [i for i, line in enumerate(lines) if _norm(line) == target]
+        if len(matches) != 1:
+            if matches:
+                cands = [lines[i] for i in matches]
+                why = f"remove: {len(matches)} lines equal {target!r}; nothing was changed. They are:"
+            else:
+                words = target.lower().split()
+                cands = [ln for ln in lines if _norm(ln) and any(w in ln.lower() for w in words)][:20]
+                why = f"remove: no line equals {target!r}; nothing was changed."
+                if cands:
+                    why += " Lines that look alike:"
+            raise ToolError("\n".join([why] + [f"  {c}" for c in cands]))
+        del lines[matches[0]]
+    if add is not None:
+        entry = " ".join(add.split())
+        if not entry:
+            raise ToolError("add: empty text")
+        lines.append(f"- {entry}")
+    text = "\n".join(lines) + ("\n" if lines else "")
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise ToolError(
+            f"the notes would be {size} bytes, over their limit of {limit} bytes; "
+            f"remove at least {size - limit} bytes of entries first (remember with `remove`)"
+        )
+    return Change(text, size, count_entries(text))
+
+
+class LocalNotes:
+    """The notes file on this machine."""
+
+    def __init__(self, path: str, state: str):
+        self.path = path
+        self.state = state
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        os.makedirs(self.state, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(self.state, "notes.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read(self) -> tuple[str, Optional[tuple]]:
+        try:
+            with open(self.path, "rb") as f:
+                s = os.fstat(f.fileno())
+                return f.read().decode("utf-8", "replace"), (s.st_ino, s.st_mtime_ns, s.st_size)
+        except FileNotFoundError:
+            return "", None
+
+    def _mode(self) -> int:
+        try:
+            return os.stat(self.path).st_mode & 0o777
+        except OSError:
+            umask = os.umask(0)
+            os.umask(umask)
+            return 0o666 & ~umask
+
+    def read(self) -> str:
+        return self._read()[0]
+
+    def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
+        with self._locked():
+            for _ in range(20):
+                current, seen = self._read()
+                result = apply(current, add, remove, limit)
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix="notes-", dir=self.state)
+                try:
+                    os.fchmod(fd, self._mode())
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(result.text.encode("utf-8"))
+                        f.flush()
+                        os.fsync(f.fileno())
+                    if self._read()[1] != seen:  # someone else wrote meanwhile: start again
+                        continue
+                    os.replace(tmp, self.path)
+                    tmp = None
+                finally:
+                    if tmp:
+                        os.unlink(tmp)
+                return result
+            raise ToolError("the notes kept changing under us; nothing was changed, try again")

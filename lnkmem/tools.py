@@ -1,0 +1,398 @@
+"""The four tools (§4.1-§4.4): their definitions and what they do.
+
+Each tool takes validated arguments (``lnkmem.wire``) and a :class:`Memory`,
+and returns ``(text, structured)``: the text a model reads, within the token
+budget, and the same facts as JSON. Refusals raise :class:`ToolError`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from lnkmem import budget
+from lnkmem.bridges.place import Forbidden, NotFound, check_relpath
+from lnkmem.engine import Memory
+from lnkmem.errors import ToolError
+from lnkmem.index import analyze, chats, documents
+from lnkmem.index.indexer import split_ref
+from lnkmem.index.search import bm25
+from lnkmem.threads import notes_refusal
+from lnkmem.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
+                         RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)
+
+OPEN_WAIT_S = 10.0
+
+_HINTS_READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
+_REF = {"type": "string", "minLength": 1, "maxLength": 4096}
+
+TOOLS: dict[str, dict] = {
+    "search": {
+        "name": "search",
+        "title": "Search memory",
+        "description": (
+            "Search the agent's Home files, conversations, skills and notes. Words are matched "
+            "stemmed and case-insensitively (and by meaning when a model is served). Returns the "
+            "best passages with their ref and line range; pass a ref and lines to `read` for more."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What to look for."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10,
+                          "description": "The most hits to return."},
+                "sources": {"type": "array", "items": {"enum": list(SOURCES)}, "uniqueItems": True,
+                            "description": "Only these sources (default: all)."},
+                "under": {"type": "string", "maxLength": 4096,
+                          "description": "Only refs starting with this prefix, e.g. home/projects/."},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        "outputSchema": {
+            "type": "object",
+            "properties": {
+                "hits": {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {
+                        "ref": {"type": "string"}, "source": {"enum": list(SOURCES)},
+                        "lines": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+                        "score": {"type": "number"}, "text": {"type": "string"},
+                        "thread": {"type": "string"}, "role": {"type": "string"}, "at": {"type": "string"},
+                    },
+                    "required": ["ref", "source", "lines", "score", "text"],
+                }},
+                "ranked": {"enum": ["words", "meaning+words"]},
+                "truncated": {"type": "boolean"},
+                "indexing": {"type": "object", "properties": {"done": {"type": "integer"}, "total": {"type": "integer"}},
+                             "required": ["done", "total"]},
+            },
+            "required": ["hits", "ranked", "truncated"],
+        },
+        "annotations": {"title": "Search memory", **_HINTS_READ},
+    },
+    "read": {
+        "name": "read",
+        "title": "Read a file of memory",
+        "description": "Read a file by its ref (as search and list give them), optionally only lines [from, to]. "
+                       "A conversation reads as `role: text` lines.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "ref": {**_REF, "description": "e.g. home/docs/plan.md, chats/<thread>.jsonl, notes"},
+                "lines": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2, "maxItems": 2,
+                          "description": "[from, to], 1-based, inclusive."},
+            },
+            "required": ["ref"],
+            "additionalProperties": False,
+        },
+        "outputSchema": {
+            "type": "object",
+            "properties": {
+                "ref": {"type": "string"},
+                "lines": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
+                "total_lines": {"type": "integer"}, "text": {"type": "string"}, "truncated": {"type": "boolean"},
+            },
+            "required": ["ref", "lines", "total_lines", "text", "truncated"],
+        },
+        "annotations": {"title": "Read a file of memory", **_HINTS_READ},
+    },
+    "list": {
+        "name": "list",
+        "title": "List memory",
+        "description": "List the entries directly under a ref (default: the roots home, chats, skills, notes).",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"ref": {"type": "string", "maxLength": 4096, "description": "e.g. home/projects"}},
+            "additionalProperties": False,
+        },
+        "outputSchema": {
+            "type": "object",
+            "properties": {
+                "ref": {"type": "string"},
+                "entries": {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {"ref": {"type": "string"}, "kind": {"enum": ["file", "folder"]},
+                                   "size": {"type": "integer"}},
+                    "required": ["ref", "kind"],
+                }},
+                "truncated": {"type": "boolean"},
+            },
+            "required": ["ref", "entries"],
+        },
+        "annotations": {"title": "List memory", **_HINTS_READ},
+    },
+    "remember": {
+        "name": "remember",
+        "title": "Remember in the notes",
+        "description": (
+            "Keep the agent's notes, a short file it reads at every start: `add` appends a line "
+            "(`- text`), `remove` deletes the one line equal to it. Both at once replace a line. "
+            "Only in the owner's conversations; the notes have a size limit."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "add": {"type": "string", "minLength": 1, "maxLength": 100000, "description": "A line to add."},
+                "remove": {"type": "string", "minLength": 1, "maxLength": 100000,
+                           "description": "The exact line to remove (without its leading '- ')."},
+            },
+            "additionalProperties": False,
+        },
+        "outputSchema": {
+            "type": "object",
+            "properties": {"bytes": {"type": "integer"}, "limit": {"type": "integer"}, "entries": {"type": "integer"}},
+            "required": ["bytes", "limit", "entries"],
+        },
+        "annotations": {"title": "Remember in the notes", "readOnlyHint": False, "destructiveHint": False,
+                        "idempotentHint": False, "openWorldHint": False},
+    },
+}
+
+ARGS = {"search": SearchArgs, "read": ReadArgs, "list": ListArgs, "remember": RememberArgs}
+
+
+def tool_names(memory: Memory) -> list[str]:
+    names = ["search", "read", "list"]
+    if memory.notes is not None:
+        names.append("remember")
+    return names
+
+
+def _wait_open(memory: Memory) -> None:
+    memory.opened.wait(OPEN_WAIT_S)
+    if memory.error:
+        raise ToolError(memory.error)
+    if memory.store is None:
+        raise ToolError("the index is still opening; try again in a moment")
+
+
+# --- search -----------------------------------------------------------------------
+
+def _snippet(text: str, query: str, limit: int) -> tuple[str, bool]:
+    """The passage cut to ``limit`` bytes, starting near the first match when it lies deep."""
+    if budget.nbytes(text) <= limit:
+        return text, False
+    low = text.casefold()
+    first = None
+    for w in analyze.words(query):
+        if len(w) >= 3:
+            i = low.find(w)
+            if i >= 0 and (first is None or i < first):
+                first = i
+    if first is not None and budget.nbytes(text[:first]) > limit // 2:
+        start = text.rfind("\n", 0, first) + 1
+        text = budget.ELLIPSIS + text[start:]
+    return budget.cut(text, limit)
+
+
+def _hit_header(n: int, h: Hit) -> str:
+    where = f"{h.ref} lines {h.lines[0]}-{h.lines[1]}"
+    who = ""
+    if h.thread is not None:
+        bits = [f"thread {h.thread}"] + [b for b in (h.role, h.at) if b]
+        who = " (" + ", ".join(bits) + ")"
+    return f"[{n}] {where}{who} score {h.score:.3g}\n"
+
+
+def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
+    _wait_open(memory)
+    store = memory.store
+    sources = args.sources
+    if sources is not None:
+        sources = [s for s in sources if s in memory.places]
+        if not sources:
+            sources = ["__none__"]
+    ranked = "words"
+    pairs = [] if sources == ["__none__"] else bm25(store, args.query, args.limit, sources, args.under or None)
+    passages = store.passages_of(p for p, _ in pairs)
+    hits: list[Hit] = []
+    for (pid, score), p in zip(pairs, passages):
+        if p is None:
+            continue
+        hits.append(Hit(ref=p.ref, source=p.ref.split("/", 1)[0], lines=(p.first, p.last),
+                        score=round(score, 4), text=p.text, thread=p.thread, role=p.role, at=p.at))
+    progress = memory.indexing
+    status = f"; indexing {progress[0]}/{progress[1]}" if progress else ""
+    intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {args.query!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
+    room = memory.cfg.budget
+    truncated = False
+    intro, cut_intro = budget.cut(intro, room)
+    truncated |= cut_intro
+    room -= budget.nbytes(intro)
+    headers = [_hit_header(i + 1, h) for i, h in enumerate(hits)]
+    while hits and sum(budget.nbytes(x) + 1 for x in headers) > room:
+        hits.pop()
+        headers.pop()
+        truncated = True
+    room -= sum(budget.nbytes(x) + 1 for x in headers)
+    alloc = budget.share([budget.nbytes(h.text) for h in hits], room)
+    parts = [intro]
+    for h, head, give in zip(hits, headers, alloc):
+        h.text, was_cut = _snippet(h.text, args.query, give)
+        truncated |= was_cut
+        parts.append(head + h.text + "\n")
+    result = SearchResult(hits=hits, ranked=ranked, truncated=truncated,
+                          indexing=Progress(*progress) if progress else None)
+    return "".join(parts), to_builtins(result)
+
+
+# --- read -----------------------------------------------------------------------
+
+def _place_for(memory: Memory, ref: str):
+    source, path = split_ref(ref)
+    if source not in SOURCES:
+        raise ToolError(f"ref: {ref!r} names no source (refs start with home/, chats/, skills/ or are notes)")
+    place = memory.places.get(source)
+    if place is None:
+        raise ToolError(f"ref: this memory has no {source}")
+    if source == "notes":
+        if path:
+            raise ToolError(f"ref: {ref!r} names nothing (the notes are the ref `notes`)")
+        return source, path, place
+    try:
+        path = check_relpath(path)
+    except Forbidden as e:
+        raise ToolError(f"ref: {e}") from None
+    return source, path, place
+
+
+def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
+    source, path, place = _place_for(memory, args.ref)
+    if source != "notes" and not path:
+        raise ToolError(f"ref: {args.ref!r} is a folder; use list")
+    try:
+        data, _ = place.read(path)
+    except Forbidden as e:
+        raise ToolError(f"ref: {e}") from None
+    except (NotFound, IsADirectoryError, OSError):
+        raise ToolError(f"ref: {args.ref!r} names no file") from None
+    name = path.rsplit("/", 1)[-1]
+    if source == "chats" and name.endswith(".jsonl"):
+        text = data.decode("utf-8", "replace")
+        total = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+        first, last = args.lines or (1, max(total, 1))
+        if first > last:
+            raise ToolError(f"lines: [{first}, {last}] runs backwards")
+        out = [f"{line}| {msg}" for line, msg in chats.render(text, first, last)]
+        body = "\n".join(out)
+        shown = (first, min(last, max(total, 1)))
+    else:
+        if documents.is_document(path) and source == "home":
+            converted = documents.convert(data, name, memory.tmpdir, getattr(place, "resolve", lambda p: None)(path))
+            if converted is None:
+                raise ToolError(f"ref: {args.ref!r} is a document that cannot be converted to text here")
+            text = converted
+        elif b"\0" in data[:8192]:
+            raise ToolError(f"ref: {args.ref!r} is not a text file")
+        else:
+            text = data.decode("utf-8", "replace")
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        total = len(lines)
+        first, last = args.lines or (1, max(total, 1))
+        if first > last:
+            raise ToolError(f"lines: [{first}, {last}] runs backwards")
+        if total and first > total:
+            raise ToolError(f"lines: the file has {total} lines, fewer than {first}")
+        last = min(last, total) if total else first
+        body_lines = lines[first - 1:last]
+        body = "\n".join(body_lines)
+        shown = (first, last)
+    room = memory.cfg.budget
+    truncated = False
+    if budget.nbytes(body) > room:
+        # cut at a line end where possible, and say which lines are shown
+        keep, size = [], 0
+        for ln in body.split("\n"):
+            b = budget.nbytes(ln) + 1
+            if size + b > room:
+                break
+            keep.append(ln)
+            size += b
+        if keep and source != "chats":
+            body = "\n".join(keep)
+            shown = (shown[0], shown[0] + len(keep) - 1)
+        else:
+            body, _ = budget.cut(body, room)
+        truncated = True
+    result = ReadResult(ref=args.ref, lines=shown, total_lines=total, text=body, truncated=truncated)
+    return body, to_builtins(result)
+
+
+# --- list -----------------------------------------------------------------------
+
+def list_(memory: Memory, args: ListArgs) -> tuple[str, dict]:
+    ref = (args.ref or "").strip("/")
+    entries: list[ListEntry] = []
+    if not ref:
+        for source in SOURCES:
+            place = memory.places.get(source)
+            if place is None:
+                continue
+            if source == "notes":
+                e = place.stat()
+                entries.append(ListEntry("notes", "file", e.size if e else 0))
+            else:
+                entries.append(ListEntry(source, "folder"))
+    else:
+        source, path, place = _place_for(memory, ref)
+        if source == "notes":
+            raise ToolError("ref: `notes` is a file; use read")
+        try:
+            items = place.listdir(path)
+        except Forbidden as e:
+            raise ToolError(f"ref: {e}") from None
+        except NotFound:
+            raise ToolError(f"ref: {args.ref!r} names no folder") from None
+        base = f"{source}/{path}" if path else source
+        for name, kind, size in items:
+            entries.append(ListEntry(f"{base}/{name}", kind, size if kind == "file" else None))
+    lines = []
+    room = memory.cfg.budget
+    used = 0
+    truncated = False
+    kept = []
+    for e in entries:
+        line = f"{e.ref}/" if e.kind == "folder" else f"{e.ref} ({e.size} bytes)"
+        if used + budget.nbytes(line) + 1 > room:
+            truncated = True
+            break
+        used += budget.nbytes(line) + 1
+        lines.append(line)
+        kept.append(e)
+    result = ListResult(ref=ref, entries=kept, truncated=truncated)
+    text = "\n".join(lines) if lines else f"{ref or 'memory'} is empty"
+    return budget.cut(text, room)[0], to_builtins(result)
+
+
+# --- remember ---------------------------------------------------------------------
+
+def remember(memory: Memory, args: RememberArgs, thread: Optional[str]) -> tuple[str, dict]:
+    if memory.notes is None:
+        raise ToolError("remember is not served: this memory keeps no notes")
+    why = notes_refusal(thread, memory.cfg.owner, memory.cfg.from_required)
+    if why:
+        raise ToolError(f"not remembered: {why}; the notes are unchanged")
+    change = memory.notes.change(args.add, args.remove, memory.cfg.notes_limit)
+    memory.changed("notes", wait=True, timeout=10)
+    what = []
+    if args.remove is not None:
+        what.append("removed 1 line")
+    if args.add is not None:
+        what.append("added 1 line")
+    text = f"{' and '.join(what)}; the notes hold {change.entries} entries, {change.bytes} of {memory.cfg.notes_limit} bytes"
+    return text, to_builtins(RememberResult(change.bytes, memory.cfg.notes_limit, change.entries))
+
+
+def call(memory: Memory, name: str, args, thread: Optional[str]) -> tuple[str, dict]:
+    if name == "search":
+        return search(memory, args)
+    if name == "read":
+        return read(memory, args)
+    if name == "list":
+        return list_(memory, args)
+    if name == "remember":
+        return remember(memory, args, thread)
+    raise ToolError(f"no tool named {name!r}")

@@ -1,0 +1,30 @@
+# lnkmem — two commands: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test soak bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf .demo-state
+	$(BIN)/lnk-lnkmem index examples/home .demo-state examples/agent
+	$(BIN)/lnk-lnkmem search examples/home .demo-state examples/agent "how do we deploy the service"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_local.py
+
+clean:
+	rm -rf $(VENV) .demo-state .pytest_cache build *.egg-info

@@ -38,7 +38,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1024 * 1024 * 1024
 
-FAULT_MODES = ("ok", "503", "429", "slow", "drop", "412", "down", "die", "refuse")
+FAULT_MODES = ("ok", "503", "429", "500", "403", "slow", "drop", "412", "down", "die", "refuse")
+STATUS_MODES = ("503", "429", "500", "403")  # answer that status instead
 WRITE_METHODS = ("PUT", "DELETE", "POST", "PATCH")
 
 
@@ -102,6 +103,7 @@ class Fault:
     ``mode``:
       ok      answer normally;
       503/429 answer that status with ``Retry-After: <retry_after>``;
+      500/403 answer that status;
       slow    wait ``delay`` seconds (default 1), then answer normally;
       drop    do the request, send the headers and half the body, close;
       412     conditional writes (PUT/DELETE/POST with If-Match or
@@ -387,8 +389,9 @@ class Server:
         if mode == "down":
             self.log.add(req, None, None, mode)
             return False
-        if mode in ("503", "429"):
-            resp = error_response(int(mode), f"injected {mode}", {"Retry-After": str(self.fault.retry_after)})
+        if mode in STATUS_MODES:
+            retry = {"Retry-After": str(self.fault.retry_after)} if mode in ("503", "429") else {}
+            resp = error_response(int(mode), f"injected {mode}", retry)
         elif mode == "412":
             resp = error_response(412, "the version did not match (injected race)")
         else:

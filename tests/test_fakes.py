@@ -157,6 +157,8 @@ def test_files_bridge_bind_list_read(files_bridge):
         assert r.status_code == 200 and r.json() == {"owner": "o1", "agent": "a1"}
         assert c.post("/v1/bind", headers=proved("storage")).status_code == 401
         assert c.post("/v1/bind", headers=proved("files", key=OTHER_KEY)).status_code == 401
+        files_bridge.fault("403", count=1, path="/v1/bind")  # a bridge refusing the key outright
+        assert c.post("/v1/bind", headers=proved("files")).status_code == 403
         assert c.get("/v1/list", params={"path": ""}).status_code == 401
 
         h = proved("files")

@@ -221,17 +221,17 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
     truncated |= cut_intro
     room -= budget.nbytes(intro)
     headers = [_hit_header(i + 1, h) for i, h in enumerate(hits)]
-    while hits and sum(budget.nbytes(x) + 1 for x in headers) > room:
+    while hits and sum(budget.nbytes(x) + 2 for x in headers) > room:
         hits.pop()
         headers.pop()
         truncated = True
-    room -= sum(budget.nbytes(x) + 1 for x in headers)
+    room -= sum(budget.nbytes(x) + 2 for x in headers)
     alloc = budget.share([budget.nbytes(h.text) for h in hits], room)
     parts = [intro]
     for h, head, give in zip(hits, headers, alloc):
         h.text, was_cut = _snippet(h.text, args.query, give)
         truncated |= was_cut
-        parts.append(head + h.text + "\n")
+        parts.append("\n" + head + h.text + "\n")
     result = SearchResult(hits=hits, ranked=ranked, truncated=truncated,
                           indexing=Progress(*progress) if progress else None)
     return "".join(parts), to_builtins(result)

@@ -89,15 +89,20 @@ def chunk_text(text: str) -> list[Piece]:
     def flush() -> None:
         nonlocal cur
         if cur:
-            body = "\n".join(cur)
+            body = "\n".join(lines[cur_first - 1 : cur_last])  # exactly its lines
             if body.strip():
                 pieces.append(Piece(cur_first, cur_last, body, cur_heading))
             cur = []
 
     for first, last, block, is_heading in _paragraphs(lines):
         if is_heading:
-            flush()
             heading = block[0].strip().lstrip("#").strip()
+            if cur and all(x.lstrip().startswith("#") or not x.strip() for x in cur):
+                # headings in a row (a title, then a section) stay together
+                cur.append(block[0])
+                cur_last, cur_heading = last, heading
+                continue
+            flush()
             cur, cur_first, cur_last, cur_heading = [block[0]], first, last, heading
             continue
         size = sum(len(x) + 1 for x in block)
@@ -107,7 +112,8 @@ def chunk_text(text: str) -> list[Piece]:
                 pieces.append(Piece(a, b, t, heading))
             continue
         cur_size = sum(len(x) + 1 for x in cur)
-        if cur and cur_size + size > TARGET and not (len(cur) == 1 and cur_first == cur_last and cur_heading and cur[0].lstrip().startswith("#")):
+        only_headings = all(x.lstrip().startswith("#") or not x.strip() for x in cur)
+        if cur and cur_size + size > TARGET and not only_headings:
             flush()
         if not cur:
             cur_first, cur_heading = first, heading

@@ -1,0 +1,179 @@
+"""Driving the real `lnk-lnkmem` program from tests: subprocesses, pipes, JSON lines."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PROGRAM = str(BIN / "lnk-lnkmem")
+
+
+def run_cli(*args: str, env: Optional[dict] = None, timeout: float = 60, input: Optional[bytes] = None):
+    e = base_env()
+    e.update(env or {})
+    return subprocess.run([PROGRAM, *args], capture_output=True, env=e, timeout=timeout,
+                          input=input if input is not None else b"")
+
+
+def base_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LNK_") and not k.startswith("LNKMEM_")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+class Home:
+    """An agent's Home and agent folder laid out in a temporary directory."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.folder = base / "home"
+        self.agent = base / "agent"
+        self.state = self.agent / "memory" / "lnkmem"
+        self.notes = self.agent / "memory" / "notes.md"
+        for d in (self.folder, self.agent / "chats", self.agent / "skills", self.agent / "memory"):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def write(self, rel: str, text: str) -> Path:
+        p = self.folder / rel if not rel.startswith(("chats/", "skills/")) else self.agent / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        return p
+
+    def chat(self, thread: str, messages: list[dict]) -> Path:
+        p = self.agent / "chats" / f"{thread}.jsonl"
+        p.write_text("".join(json.dumps(m) + "\n" for m in messages))
+        return p
+
+    def args(self) -> list[str]:
+        return [str(self.folder), str(self.state), str(self.agent)]
+
+
+class Server:
+    """A running `lnk-lnkmem serve`, spoken to over its stdin/stdout."""
+
+    def __init__(self, argv: list[str], env: dict, cwd: Optional[str] = None):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env, cwd=cwd)
+        self.lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        self.stderr = b""
+        self.ids = itertools.count(1)
+        self.pending: dict[Any, dict] = {}
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._pump_err, daemon=True).start()
+
+    @classmethod
+    def start(cls, home: Home, env: Optional[dict] = None, notes: bool = True, extra_argv=()) -> "Server":
+        e = base_env()
+        if notes:
+            e["LNK_MEMORY_NOTES"] = str(home.notes)
+        e.update(env or {})
+        return cls([PROGRAM, "serve", *home.args(), *extra_argv], e)
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _pump_err(self) -> None:
+        self.stderr = self.proc.stderr.read()
+
+    def send_raw(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def send(self, obj: Any) -> None:
+        self.send_raw(json.dumps(obj).encode() + b"\n")
+
+    def recv(self, timeout: float = 10) -> dict:
+        line = self.lines.get(timeout=timeout)
+        if line is None:
+            raise EOFError(f"server closed its output; stderr: {self.stderr[-2000:]!r}")
+        return json.loads(line)
+
+    def response(self, id_, timeout: float = 10) -> dict:
+        deadline = time.monotonic() + timeout
+        while id_ not in self.pending:
+            msg = self.recv(max(0.01, deadline - time.monotonic()))
+            self.pending[msg.get("id")] = msg
+        return self.pending.pop(id_)
+
+    def request(self, method: str, params: Optional[dict] = None, timeout: float = 10) -> dict:
+        id_ = next(self.ids)
+        msg = {"jsonrpc": "2.0", "id": id_, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send(msg)
+        return self.response(id_, timeout)
+
+    def initialize(self, version: str = "2025-11-25") -> dict:
+        r = self.request("initialize", {"protocolVersion": version, "capabilities": {},
+                                        "clientInfo": {"name": "tests", "version": "0"}})
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return r
+
+    def call(self, tool: str, args: Optional[dict] = None, thread: Optional[str] = None, timeout: float = 20) -> dict:
+        params: dict = {"name": tool, "arguments": args or {}}
+        if thread is not None:
+            params["_meta"] = {"link.local/thread": thread}
+        r = self.request("tools/call", params, timeout)
+        assert "result" in r, r
+        return r["result"]
+
+    def search(self, query: str, **kw) -> dict:
+        return self.call("search", {"query": query, **kw})
+
+    def wait_indexed(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.search("zzzzprobe")
+            if "indexing" not in r["structuredContent"]:
+                return
+            time.sleep(0.05)
+        raise TimeoutError("indexing did not finish")
+
+    def close(self, timeout: float = 15) -> int:
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.close()
+            except Exception:
+                self.proc.kill()
+
+
+def refs(result: dict) -> list[str]:
+    return [h["ref"] for h in result["structuredContent"]["hits"]]
+
+
+def until(pred, timeout: float = 5, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            return v
+        time.sleep(step)

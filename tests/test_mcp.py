@@ -1,0 +1,234 @@
+"""End to end: the real `lnk-lnkmem serve` over stdio, every tool and every refusal (§4)."""
+
+import json
+import time
+
+import pytest
+
+from tests.helpers import Server, refs
+
+
+@pytest.fixture
+def served(home):
+    home.write("docs/plan.md", "# Plan\n\nWe launch the rocket on Tuesday.\n\n## Budget\n\nMoney is tight this quarter.\n")
+    home.write("docs/other.md", "Gardening: tomatoes need sun and water.\n")
+    home.write("skills/cook/SKILL.md", "# Cooking skill\n\nBoil pasta in salted water.\n")
+    home.chat("o1", [
+        {"role": "user", "text": "Where is the spare key?", "at": "2026-03-01T10:00:00Z", "from": "o1"},
+        {"role": "assistant", "text": "Under the blue flowerpot.", "at": "2026-03-01T10:00:02Z"},
+    ])
+    home.notes.write_text("- The owner likes green tea.\n")
+    with Server.start(home, env={"LNK_MEMORY_SPEC": '{"tokens": 400}'}) as s:
+        s.initialize()
+        s.wait_indexed()
+        yield s
+
+
+def test_initialize_versions(home):
+    with Server.start(home) as s:
+        for v in ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"):
+            r = s.initialize(v)["result"]
+            assert r["protocolVersion"] == v
+        r = s.initialize("1999-01-01")["result"]
+        assert r["protocolVersion"] == "2025-11-25"
+        assert r["capabilities"] == {"tools": {}} and r["serverInfo"]["name"] == "lnkmem"
+        assert "search" in r["instructions"]
+
+
+def test_tools_list_schemas_and_annotations(home):
+    with Server.start(home) as s:
+        tools = {t["name"]: t for t in s.request("tools/list")["result"]["tools"]}
+        assert set(tools) == {"search", "read", "list", "remember"}
+        for t in tools.values():
+            assert t["inputSchema"]["additionalProperties"] is False
+            assert {"title", "description", "outputSchema", "annotations"} <= set(t)
+        for name in ("search", "read", "list"):
+            assert tools[name]["annotations"]["readOnlyHint"] is True
+        assert tools["remember"]["annotations"] == {
+            "title": "Remember in the notes", "readOnlyHint": False, "destructiveHint": False,
+            "idempotentHint": False, "openWorldHint": False}
+    with Server.start(home, notes=False) as s:
+        names = [t["name"] for t in s.request("tools/list")["result"]["tools"]]
+        assert names == ["search", "read", "list"]
+        r = s.request("tools/call", {"name": "remember", "arguments": {"add": "x"}})
+        assert r["error"]["code"] == -32602 and "remember" in r["error"]["message"]
+    assert not home.notes.exists()
+
+
+def test_search_finds_each_source(served):
+    r = served.search("rocket launch")
+    assert refs(r)[0] == "home/docs/plan.md"
+    hit = r["structuredContent"]["hits"][0]
+    assert hit["source"] == "home" and hit["lines"] == [1, 3] and "rocket" in hit["text"]
+    assert r["structuredContent"]["ranked"] == "words" and r["structuredContent"]["truncated"] is False
+    assert "home/docs/plan.md" in r["content"][0]["text"]
+    c = served.search("spare key")["structuredContent"]["hits"][0]
+    assert c["ref"] == "chats/o1.jsonl" and c["thread"] == "o1" and c["role"] == "user"
+    assert c["at"] == "2026-03-01T10:00:00Z" and c["lines"] == [1, 1]
+    assert refs(served.search("pasta"))[0] == "skills/cook/SKILL.md"
+    assert refs(served.search("green tea"))[0] == "notes"
+    home_only = served.search("tea pasta rocket", sources=["home"])
+    assert set(refs(home_only)) == {"home/docs/plan.md"}
+    under = served.search("tomatoes rocket", under="home/docs/other")
+    assert refs(under) == ["home/docs/other.md"]
+
+
+def test_results_stay_within_the_token_budget(home):
+    for i in range(30):
+        home.write(f"big/{i}.md", ("alpha beta gamma " * 400 + "\n\n") * 3)
+    with Server.start(home, env={"LNK_MEMORY_SPEC": '{"tokens": 100}'}) as s:
+        s.wait_indexed()
+        r = s.search("alpha", limit=50)
+        assert len(r["content"][0]["text"].encode()) <= 400
+        assert r["structuredContent"]["truncated"] is True
+        assert sum(len(h["text"].encode()) for h in r["structuredContent"]["hits"]) <= 400
+        rd = s.call("read", {"ref": "home/big/1.md"})
+        assert len(rd["content"][0]["text"].encode()) <= 400 and rd["structuredContent"]["truncated"] is True
+        ls = s.call("list", {"ref": "home/big"})
+        assert len(ls["content"][0]["text"].encode()) <= 400 and ls["structuredContent"]["truncated"] is True
+
+
+def test_read_files_lines_and_conversations(served):
+    r = served.call("read", {"ref": "home/docs/plan.md", "lines": [3, 5]})["structuredContent"]
+    assert r == {"ref": "home/docs/plan.md", "lines": [3, 5], "total_lines": 7,
+                 "text": "We launch the rocket on Tuesday.\n\n## Budget", "truncated": False}
+    c = served.call("read", {"ref": "chats/o1.jsonl"})["structuredContent"]
+    assert "user" in c["text"] and "Under the blue flowerpot." in c["text"] and c["total_lines"] == 2
+    n = served.call("read", {"ref": "notes"})["structuredContent"]
+    assert n["text"] == "- The owner likes green tea."
+
+
+@pytest.mark.parametrize("args, words", [
+    ({"ref": "home/../../etc/passwd"}, "leaves"),
+    ({"ref": "/etc/passwd"}, "source"),
+    ({"ref": "home//etc/passwd"}, "relative path"),
+    ({"ref": "home/docs/missing.md"}, "no file"),
+    ({"ref": "home/docs"}, "no file"),
+    ({"ref": "elsewhere/x"}, "source"),
+    ({"ref": "home/docs/plan.md", "lines": [5, 2]}, "backwards"),
+    ({"ref": "home/docs/plan.md", "lines": [0, 2]}, "lines"),
+    ({"ref": "home/docs/plan.md", "extra": 1}, "extra"),
+    ({}, "ref"),
+    ({"ref": 5}, "ref"),
+])
+def test_read_refusals_name_what_is_wrong(served, args, words):
+    r = served.call("read", args)
+    assert r["isError"] is True and words in r["content"][0]["text"]
+
+
+def test_read_refuses_links_leaving_the_root(served, home, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    (home.folder / "link.txt").symlink_to(secret)
+    r = served.call("read", {"ref": "home/link.txt"})
+    assert r["isError"] and "leaves" in r["content"][0]["text"]
+    assert "secret" not in json.dumps(served.search("secret")["structuredContent"])
+
+
+def test_list(served):
+    roots = served.call("list")["structuredContent"]["entries"]
+    assert [e["ref"] for e in roots] == ["home", "chats", "skills", "notes"]
+    docs = served.call("list", {"ref": "home/docs"})["structuredContent"]
+    assert docs["entries"] == [{"ref": "home/docs/other.md", "kind": "file", "size": 40},
+                               {"ref": "home/docs/plan.md", "kind": "file", "size": 82}]
+    top = served.call("list", {"ref": "home"})["structuredContent"]["entries"]
+    assert {"ref": "home/docs", "kind": "folder"} in top
+    assert served.call("list", {"ref": "home/nope"})["isError"]
+
+
+def test_remember_then_search(served, home):
+    r = served.call("remember", {"add": "The spare key\nmoved to the garage."})
+    assert r["structuredContent"] == {"bytes": 66, "limit": 4000, "entries": 2}
+    assert home.notes.read_text() == "- The owner likes green tea.\n- The spare key moved to the garage.\n"
+    assert refs(served.search("garage"))[0] == "notes"  # searchable right after
+    r = served.call("remember", {"remove": "The owner likes green tea.", "add": "The owner likes coffee."})
+    assert home.notes.read_text() == "- The spare key moved to the garage.\n- The owner likes coffee.\n"
+    bad = served.call("remember", {"remove": "nothing like it"})
+    assert bad["isError"] and "no line equals" in bad["content"][0]["text"]
+    assert served.call("remember", {})["isError"]
+    big = served.call("remember", {"add": "x" * 5000})
+    assert big["isError"] and "4000" in big["content"][0]["text"]
+    assert home.notes.read_text() == "- The spare key moved to the garage.\n- The owner likes coffee.\n"
+    assert sorted(p.name for p in home.notes.parent.iterdir()) == ["lnkmem", "notes.md"]
+
+
+def test_thread_rules_over_the_wire(home):
+    env = {"LNK_MEMORY_FROM": "1", "LNK_OWNER": "o1"}
+    with Server.start(home, env=env) as s:
+        r = s.request("tools/call", {"name": "search", "arguments": {"query": "x"}})
+        assert r["error"]["code"] == -32602 and "thread" in r["error"]["message"]
+        r = s.request("tools/call", {"name": "search", "arguments": {"query": "x"},
+                                     "_meta": {"link.local/thread": ""}})
+        assert r["error"]["code"] == -32602
+        assert s.call("search", {"query": "x"}, thread="agent-bob")["isError"] is False
+        for t in ("agent-bob", "team-t1", "task-9", "stranger", "o10"):
+            r = s.call("remember", {"add": "from " + t}, thread=t)
+            assert r["isError"] and "owner" in r["content"][0]["text"]
+        assert not home.notes.exists()
+        assert s.call("remember", {"add": "mine"}, thread="o1/main")["isError"] is False
+        assert s.request("tools/list")["result"]["tools"]  # no thread needed
+        assert s.request("ping")["result"] == {}
+    with Server.start(home, env={"LNK_MEMORY_FROM": "1"}) as s:
+        r = s.call("remember", {"add": "who?"}, thread="o1")
+        assert r["isError"] and "owner" in r["content"][0]["text"]
+
+
+def test_protocol_errors_never_end_the_server(served):
+    served.send_raw(b"this is not json\n")
+    assert served.recv() == {"jsonrpc": "2.0", "id": None,
+                             "error": {"code": -32700, "message": "parse error: the line is not JSON"}}
+    for bad in ([1, 2], "str", {"id": 1}, {"jsonrpc": "1.0", "id": 2, "method": "ping"},
+                {"jsonrpc": "2.0", "id": [1], "method": "ping"}, {"jsonrpc": "2.0", "id": 3, "method": 5}):
+        served.send(bad)
+        assert served.recv()["error"]["code"] == -32600
+    assert served.request("nope/nope")["error"]["code"] == -32601
+    assert served.request("tools/call", {"name": "nope"})["error"]["code"] == -32602
+    r = served.call("search", {"query": ""})
+    assert r["isError"] and "query" in r["content"][0]["text"]
+    r = served.call("search", {"query": "x", "limit": 51})
+    assert r["isError"] and "limit" in r["content"][0]["text"]
+    r = served.call("search", {"query": "x", "sources": ["web"]})
+    assert r["isError"] and "sources" in r["content"][0]["text"]
+    served.send({"jsonrpc": "2.0", "id": 99, "method": "ping", "params": [1]})
+    assert served.recv()["error"]["code"] == -32602
+    served.send_raw(b"[" * 100000 + b"\n")
+    assert served.recv()["error"]["code"] in (-32700, -32600)
+    served.send_raw(b'{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"x": "' + b"a" * (9 << 20) + b'"}}\n')
+    r = served.recv()
+    assert r["error"]["code"] == -32600 and r["id"] is None
+    assert served.request("ping")["result"] == {}
+    assert refs(served.search("rocket"))
+
+
+def test_cancellation_sends_no_answer(served):
+    served.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                 "params": {"name": "search", "arguments": {"query": "rocket"}}})
+    served.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}})
+    assert served.request("ping")["result"] == {}
+    time.sleep(0.3)
+    while not served.lines.empty():
+        assert served.recv().get("id") != "slow"
+
+
+def test_modern_era(served):
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    d = served.request("server/discover", {"_meta": meta})["result"]
+    assert d["resultType"] == "complete" and "2026-07-28" in d["supportedVersions"]
+    assert d["capabilities"] == {"tools": {}} and "ttlMs" in d and d["cacheScope"] in ("public", "private")
+    assert d["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "lnkmem"
+    t = served.request("tools/list", {"_meta": meta})["result"]
+    assert t["resultType"] == "complete" and len(t["tools"]) == 4
+    c = served.request("tools/call", {"_meta": meta, "name": "search", "arguments": {"query": "rocket"}})["result"]
+    assert c["resultType"] == "complete" and c["structuredContent"]["hits"]
+    bad = dict(meta, **{"io.modelcontextprotocol/protocolVersion": "1900-01-01"})
+    e = served.request("tools/list", {"_meta": bad})["error"]
+    assert e["code"] == -32022 and e["data"]["requested"] == "1900-01-01"
+    assert "2026-07-28" in e["data"]["supported"]
+    assert served.request("server/discover")["result"]["supportedVersions"]  # answered at once, even bare
+
+
+def test_end_of_input_exits_zero(home):
+    s = Server.start(home)
+    s.initialize()
+    assert s.close() == 0

@@ -8,6 +8,7 @@ process killed half-way keeps every batch committed before it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
@@ -17,8 +18,10 @@ from lnkmem.index import analyze, chats, documents
 from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
 
+# A batch is committed every so many bytes or files (tests make them small
+# with LNKMEM_BATCH_FILES to kill indexing between batches).
 BATCH_BYTES = 8 * 1024 * 1024
-BATCH_FILES = 4000
+BATCH_FILES = int(os.environ.get("LNKMEM_BATCH_FILES", "4000"))
 
 
 def ref_of(source: str, path: str) -> str:

@@ -59,9 +59,11 @@ def bm25(store: Store, query: str, limit: int, sources: Optional[Sequence[str]] 
         return []
     want = candidates or limit
     sc = scores[cand]
-    if len(cand) > want:
-        top = np.argpartition(-sc, want - 1)[:want]
-    else:
-        top = np.arange(len(cand))
-    order = top[np.lexsort((cand[top], -sc[top]))]
+    if len(cand) > want:  # keep every tie of the last place: the order must not depend on pids
+        kth = np.partition(sc, len(sc) - want)[len(sc) - want]
+        keep = sc >= kth
+        cand, sc = cand[keep], sc[keep]
+    # best first; ties by ref, then by place in the file (pids of a file ascend with its lines)
+    refs = snap.refs
+    order = sorted(range(len(cand)), key=lambda i: (-sc[i], refs[snap.refid[cand[i]]], cand[i]))[:want]
     return [(int(cand[i]), float(sc[i])) for i in order]

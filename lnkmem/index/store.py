@@ -216,7 +216,7 @@ class Store:
             if owned != int(alive.sum()):
                 raise DamagedIndex("live passages and files disagree")
         live = int(alive.sum())
-        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum()))
+        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)))
 
     def refresh(self) -> Snapshot:
         """Reload the snapshot when another process has committed since."""

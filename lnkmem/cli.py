@@ -183,8 +183,11 @@ COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    logging.basicConfig(stream=sys.stderr, level=os.environ.get("LNKMEM_LOG", "WARNING").upper(),
-                        format="lnkmem: %(levelname)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("lnkmem: %(levelname)s: %(message)s"))
+    log = logging.getLogger("lnkmem")
+    log.addHandler(handler)
+    log.setLevel(os.environ.get("LNKMEM_LOG", "WARNING").upper())
     try:
         args = _parser().parse_args(argv)
         return COMMANDS[args.cmd](args)

@@ -23,9 +23,14 @@ from lnkmem.index import indexer
 from lnkmem.index.store import Store
 from lnkmem.notes import LocalNotes
 
+from collections import OrderedDict
+
 log = logging.getLogger("lnkmem")
 
 WATCH_DEBOUNCE_MS = 100
+CANDIDATES = 100  # each ranking's depth before fusion
+QUERY_CACHE = 256
+EMBED_BATCH = 256
 
 
 class NotesPlace:
@@ -75,6 +80,22 @@ class Memory:
         self._thread: Optional[threading.Thread] = None
         self._watcher: Optional[threading.Thread] = None
         self.tmpdir = os.path.join(cfg.state, "tmp")
+        self.embedder = None
+        self.vindex = None
+        self._embed_wake = threading.Event()
+        self._qcache: "OrderedDict[str, object]" = OrderedDict()
+        if cfg.model_url and cfg.embeds:
+            from lnkmem.embed import Embedder
+            from lnkmem.index.vectors import VectorIndex
+            try:
+                self.embedder = Embedder(cfg.model_url, cfg.spec.model or "default", headers=self.embed_headers)
+                self.vindex = VectorIndex()
+            except ValueError as e:
+                log.warning("no ranking by meaning: %s", e)
+
+    def embed_headers(self) -> dict:
+        """Headers for the embedding endpoint (a bound session proves itself here)."""
+        return {}
 
     # --- life ----------------------------------------------------------------
 
@@ -89,11 +110,14 @@ class Memory:
 
     def stop(self) -> None:
         self._stop.set()
+        self._embed_wake.set()
         self._queue.put(("", None))
         if self._thread:
             self._thread.join(timeout=10)
         if self.store:
             self.store.close()
+        if self.embedder:
+            self.embedder.close()
 
     def open_store(self) -> Store:
         os.makedirs(self.cfg.state, mode=0o700, exist_ok=True)
@@ -105,9 +129,15 @@ class Memory:
     def _run(self) -> None:
         try:
             self.store = self.open_store()
+            if self.embedder:
+                if self.store.use_vector_model(self.embedder.model):
+                    log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
+                self.vindex.load(self.store)
+                threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
             self.opened.set()
             self.refresh_all()
             self.ready.set()
+            self._embed_wake.set()
             while not self._stop.is_set():
                 ref, done = self._queue.get()
                 if self._stop.is_set():
@@ -129,6 +159,7 @@ class Memory:
                     log.exception("indexing failed: %s", e)
                 for d in events:
                     d.set()
+                self._embed_wake.set()
         except Exception as e:
             self.error = f"the index could not be opened: {e}"
             log.exception("index thread failed")
@@ -162,6 +193,67 @@ class Memory:
         if self.ready.is_set():
             return None
         return self.progress
+
+    # --- meaning -------------------------------------------------------------
+
+    def _embed_loop(self) -> None:
+        """Embed passages that have no vector yet, in the background."""
+        while not self._stop.is_set():
+            try:
+                self._embed_pending()
+            except Exception as e:  # keep the thread: the next wake tries again
+                log.exception("embedding failed: %s", e)
+                self._stop.wait(5)
+
+    def _embed_pending(self) -> None:
+        """Wait for a wake-up, then embed every live passage that has no vector."""
+        from lnkmem.embed import EmbeddingUnavailable
+        self._embed_wake.wait(timeout=5)
+        self._embed_wake.clear()
+        while not self._stop.is_set():
+            todo = self.vindex.missing(self.store.snapshot.alive, EMBED_BATCH)
+            passages = self.store.passages_of(todo)
+            pids = [p for p, x in zip(todo, passages) if x is not None]
+            if not pids:
+                return
+            texts = [x.text[:2000] for x in passages if x is not None]
+            try:
+                vecs = self.embedder.embed(texts)
+            except EmbeddingUnavailable as e:
+                log.info("embedding paused: %s", e)
+                self._stop.wait(min(self.embedder.circuit.cooldown, 30))
+                self._embed_wake.set()  # try again after the pause
+                return
+            stored = set(self.store.put_vectors(pids, vecs))
+            keep = [i for i, p in enumerate(pids) if p in stored]
+            self.vindex.add([pids[i] for i in keep], vecs[keep])
+
+    def query_vector(self, query: str):
+        from lnkmem.embed import EmbeddingUnavailable
+        v = self._qcache.get(query)
+        if v is not None:
+            self._qcache.move_to_end(query)
+            return v
+        try:
+            v = self.embedder.embed([query], patient=False)[0]
+        except EmbeddingUnavailable:
+            return None
+        self._qcache[query] = v
+        if len(self._qcache) > QUERY_CACHE:
+            self._qcache.popitem(last=False)
+        return v
+
+    def rank(self, query: str, limit: int, sources=None, under=None) -> tuple[list[tuple[int, float]], str]:
+        """Best (pid, score) pairs and how they were ranked ("words" or "meaning+words")."""
+        from lnkmem.index.hybrid import fuse
+        from lnkmem.index.search import bm25
+        words = bm25(self.store, query, limit, sources, under, candidates=max(limit, CANDIDATES))
+        if self.embedder is not None and self.vindex.count():
+            q = self.query_vector(query)
+            if q is not None:
+                meaning = self.vindex.search(self.store, q, max(limit, CANDIDATES), sources, under)
+                return fuse(words, meaning)[:limit], "meaning+words"
+        return words[:limit], "words"
 
     # --- watching ------------------------------------------------------------
 

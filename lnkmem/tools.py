@@ -16,7 +16,6 @@ from lnkmem.engine import Memory
 from lnkmem.errors import ToolError
 from lnkmem.index import analyze, chats, documents
 from lnkmem.index.indexer import split_ref
-from lnkmem.index.search import bm25
 from lnkmem.threads import notes_refusal
 from lnkmem.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
                          RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)
@@ -203,8 +202,10 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         sources = [s for s in sources if s in memory.places]
         if not sources:
             sources = ["__none__"]
-    ranked = "words"
-    pairs = [] if sources == ["__none__"] else bm25(store, args.query, args.limit, sources, args.under or None)
+    if sources == ["__none__"]:
+        pairs, ranked = [], "words"
+    else:
+        pairs, ranked = memory.rank(args.query, args.limit, sources, args.under or None)
     passages = store.passages_of(p for p, _ in pairs)
     hits: list[Hit] = []
     for (pid, score), p in zip(pairs, passages):

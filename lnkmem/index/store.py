@@ -8,6 +8,7 @@ Layout (one LMDB environment, ``<state>/index/``), named databases:
 ``postings``  term + NUL + segment (4 bytes BE) -> pids (u32 LE) + tfs (u16 LE)
 ``segments``  segment -> SegMeta: its pids, their lengths and refs, its terms
 ``dead``      pid -> b"": passages replaced or deleted, still in a segment
+``vectors``   pid -> int8 embedding + float32 scale (meta ``model``: whose)
 
 Like Lucene, the index grows by immutable segments: a batch of changed
 files becomes one new segment in one write transaction, and the passages it
@@ -149,6 +150,7 @@ class Store:
         self.postings = self.env.open_db(b"postings")
         self.segments = self.env.open_db(b"segments")
         self.dead = self.env.open_db(b"dead")
+        self.vectors = self.env.open_db(b"vectors")
         with self.env.begin(write=True) as txn:
             fmt = txn.get(b"format", db=self.meta)
             if fmt is None:
@@ -319,6 +321,7 @@ class Store:
                 for p in _dec_file.decode(old).pids:
                     txn.put(_k(p), b"", db=self.dead)
                     txn.delete(_k(p), db=self.passages)
+                    txn.delete(_k(p), db=self.vectors)
                 txn.delete(ref.encode(), db=self.files)
             post: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
             seg_pids: list[int] = []
@@ -354,6 +357,57 @@ class Store:
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+
+    # --- vectors -----------------------------------------------------------
+
+    def vector_model(self) -> Optional[str]:
+        v = self.get_meta(b"model")
+        return v.decode() if v is not None else None
+
+    def use_vector_model(self, model: str) -> bool:
+        """Record whose vectors the index holds; another model's are dropped.
+        Returns True when vectors were dropped."""
+        with self.write_lock, self.env.begin(write=True) as txn:
+            old = txn.get(b"model", db=self.meta)
+            if old == model.encode():
+                return False
+            txn.drop(self.vectors, delete=False)
+            txn.put(b"model", model.encode(), db=self.meta)
+            return old is not None
+
+    def put_vectors(self, pids: list[int], vecs: np.ndarray) -> list[int]:
+        """Store unit vectors (int8 with a scale) of passages still live; returns those stored."""
+        stored = []
+        with self.write_lock:
+            while True:
+                try:
+                    with self.env.begin(write=True) as txn:
+                        stored = []
+                        for pid, v in zip(pids, vecs):
+                            if txn.get(_k(pid), db=self.passages) is None:
+                                continue  # replaced meanwhile
+                            txn.put(_k(pid), quantize(v), db=self.vectors)
+                            stored.append(pid)
+                    break
+                except lmdb.MapFullError:
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        return stored
+
+    def all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pids, float32 matrix) of every stored vector."""
+        pids, rows = [], []
+        with self.env.begin() as txn:
+            for k, v in txn.cursor(db=self.vectors):
+                pids.append(int.from_bytes(k, "big"))
+                rows.append(v)
+        if not rows:
+            return np.empty(0, np.int64), np.empty((0, 0), np.float32)
+        dim = len(rows[0]) - 4
+        rows = [r for r in rows if len(r) == dim + 4]
+        raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), dim + 4)
+        q = raw[:, :dim].view(np.int8).astype(np.float32)
+        scale = raw[:, dim:].copy().view("<f4")
+        return np.asarray(pids[: len(rows)], np.int64), q * scale
 
     # --- merging ---------------------------------------------------------
 
@@ -423,6 +477,7 @@ class Store:
                         all_r.append(m.refs[i])
                     else:
                         txn.delete(_k(int(p[i])), db=self.dead)
+                        txn.delete(_k(int(p[i])), db=self.vectors)
                 txn.delete(_k(s), db=self.segments)
             if all_p:
                 meta = SegMeta(np.asarray(all_p, "<u4").tobytes(), np.asarray(all_l, "<u4").tobytes(),
@@ -440,6 +495,13 @@ class Store:
         small = sorted(sizes, key=lambda s: sizes[s])[: len(sizes) - keep + 1]
         self.merge(small)
         return True
+
+
+def quantize(v: np.ndarray) -> bytes:
+    """int8 components and one float32 scale: 4x smaller than float32."""
+    m = float(np.abs(v).max()) or 1.0
+    scale = m / 127.0
+    return np.round(v / scale).astype(np.int8).tobytes() + np.float32(scale).tobytes()
 
 
 def wipe(path: str) -> None:

@@ -1,0 +1,106 @@
+"""Ranking by meaning (§2.4, §4.1 `ranked`, §6) against the fake embedding server."""
+
+import time
+
+import pytest
+
+from fakes.harness import FakeServer
+from tests.helpers import Server, refs, until
+
+SPEC = '{"model": "fake-mini"}'
+
+
+@pytest.fixture
+def model(tmp_path):
+    sock = tmp_path / "embed.sock"
+    srv = FakeServer.start("fakes.embedding_server", "--unix", sock, "--dim", "64", "--model", "fake-mini",
+                           "--log", tmp_path / "embed.log")
+    yield srv
+    srv.stop()
+
+
+def _env(model):
+    return {"LNK_MEMORY_SPEC": SPEC, "LNK_MEMORY_MODEL": model.listen}
+
+
+def _embedded(model) -> int:
+    return sum(1 for e in model.log() if e["path"].startswith("/v1/embeddings"))
+
+
+def _corpus(home):
+    home.write("spring.md", "We purchased an automobile last spring; the vehicle runs well.\n")
+    home.write("food.md", "Bread, cheese and olives for the picnic.\n")
+    home.write("code.md", "The parser has a defect when the input is empty.\n")
+
+
+def wait_meaning(s, query="buying a car"):
+    assert until(lambda: s.search(query)["structuredContent"]["ranked"] == "meaning+words", timeout=10)
+
+
+def test_meaning_beats_words_on_synonyms(home, model):
+    _corpus(home)
+    with Server.start(home, env=_env(model)) as s:
+        s.wait_indexed()
+        wait_meaning(s)
+        r = s.search("buying a car")["structuredContent"]
+        assert r["ranked"] == "meaning+words" and r["hits"][0]["ref"] == "home/spring.md"
+        assert refs(s.search("bug in the code"))[0] == "home/code.md"
+    with Server.start(home) as s:  # the same query by words alone misses
+        s.wait_indexed()
+        r = s.search("buying a car")["structuredContent"]
+        assert r["ranked"] == "words" and "home/spring.md" not in refs({"structuredContent": r})
+
+
+def test_initialize_is_fast_with_the_model_unreachable(home, tmp_path):
+    _corpus(home)
+    env = {"LNK_MEMORY_SPEC": SPEC, "LNK_MEMORY_MODEL": f"unix:{tmp_path}/nobody.sock"}
+    with Server.start(home, env=env) as s:
+        t0 = time.monotonic()
+        assert s.initialize()["result"]["protocolVersion"]
+        assert time.monotonic() - t0 < 1.0
+        s.wait_indexed()
+        t0 = time.monotonic()
+        r = s.search("automobile")["structuredContent"]
+        assert r["ranked"] == "words" and r["hits"][0]["ref"] == "home/spring.md"
+        assert time.monotonic() - t0 < 3.0
+
+
+def test_model_dying_falls_back_to_words_and_recovers(home, model):
+    _corpus(home)
+    with Server.start(home, env=_env(model)) as s:
+        s.wait_indexed()
+        wait_meaning(s)
+        model.fault("503")
+        r = s.search("a fresh query about vehicles")["structuredContent"]
+        assert r["ranked"] == "words" and refs({"structuredContent": r})[0] == "home/spring.md"
+        model.fault("ok")
+        # the circuit tries the model again after its cool-down
+        assert until(lambda: s.search("another vehicle question")["structuredContent"]["ranked"] == "meaning+words",
+                     timeout=15, step=0.5)
+
+
+def test_restart_embeds_nothing_and_model_change_reembeds(home, model, tmp_path):
+    _corpus(home)
+    with Server.start(home, env=_env(model)) as s:
+        s.wait_indexed()
+        wait_meaning(s)
+        assert until(lambda: _embedded(model) >= 2)
+    before = len(model.log())
+    with Server.start(home, env=_env(model)) as s:
+        s.wait_indexed()
+        time.sleep(1.0)
+        assert s.search("a car")["structuredContent"]["ranked"] == "meaning+words"
+    # after the restart only queries were embedded (one short text each), no passage
+    new = [e for e in model.log()[before:] if e["path"] == "/v1/embeddings"]
+    assert new and all(e["size"] < 80 for e in new)
+    other = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "e2.sock", "--dim", "32",
+                             "--model", "fake-other")
+    try:
+        env = {"LNK_MEMORY_SPEC": '{"model": "fake-other"}', "LNK_MEMORY_MODEL": other.listen}
+        with Server.start(home, env=env) as s:
+            s.wait_indexed()
+            wait_meaning(s)
+            # the passages were embedded again by the other model (a request holding them all)
+            assert any(e["size"] > 150 for e in other.log() if e["path"] == "/v1/embeddings")
+    finally:
+        other.stop()

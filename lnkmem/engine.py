@@ -309,6 +309,14 @@ class Memory:
                 for r in refs:
                     if r:
                         self.changed(r, wait=False)
+                # files made in a new folder before the watch on it began send no
+                # event of their own: look at new folders once more a little later
+                for _, p in changes:
+                    r = self.ref_for(p)
+                    if r and os.path.isdir(p):
+                        t = threading.Timer(0.5, self.changed, (r,), {"wait": False})
+                        t.daemon = True
+                        t.start()
         except Exception as e:  # the watcher is a help, not a need
             log.warning("watching stopped: %s", e)
 

@@ -51,7 +51,9 @@ class Spec(_Strict):
 
 # --- §5.2 agents -----------------------------------------------------------
 
-class AgentEntry(_Strict):
+class AgentEntry(Struct):
+    """What Link serves an agent with; keys beyond these (e.g. the rest of
+    Serve) are ignored, the argv and env are checked."""
     argv: list[str]
     env: dict[str, str] = msgspec.field(default_factory=dict)
 

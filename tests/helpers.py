@@ -177,3 +177,139 @@ def until(pred, timeout: float = 5, step: float = 0.05):
         if time.monotonic() > deadline:
             return v
         time.sleep(step)
+
+
+class SocketClient:
+    """A connection to `serve-many`: the first line, then MCP lines."""
+
+    def __init__(self, path: str, timeout: float = 10):
+        import socket as _socket
+        self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(path))
+        self.file = self.sock.makefile("rb")
+        self.ids = itertools.count(1)
+        self.pending: dict[Any, dict] = {}
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, obj: Any) -> None:
+        self.send_raw(json.dumps(obj).encode() + b"\n")
+
+    def recv(self) -> Optional[dict]:
+        line = self.file.readline()
+        return json.loads(line) if line else None
+
+    def first(self, obj: Any) -> Optional[dict]:
+        self.send(obj)
+        return self.recv()
+
+    def request(self, method: str, params: Optional[dict] = None) -> dict:
+        id_ = next(self.ids)
+        msg = {"jsonrpc": "2.0", "id": id_, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send(msg)
+        while id_ not in self.pending:
+            r = self.recv()
+            if r is None:
+                raise EOFError("connection closed")
+            self.pending[r.get("id")] = r
+        return self.pending.pop(id_)
+
+    def call(self, tool: str, args: Optional[dict] = None, thread: Optional[str] = None) -> dict:
+        params: dict = {"name": tool, "arguments": args or {}}
+        if thread is not None:
+            params["_meta"] = {"link.local/thread": thread}
+        r = self.request("tools/call", params)
+        assert "result" in r, r
+        return r["result"]
+
+    def search(self, query: str, **kw) -> dict:
+        return self.call("search", {"query": query, **kw})
+
+    def closed(self) -> bool:
+        """Whether the engine closed the connection (reads until EOF)."""
+        try:
+            return self.file.read() == b""
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "SocketClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Many:
+    """A running `lnk-lnkmem serve-many`."""
+
+    def __init__(self, sock: Path, agents: Optional[dict], flags=(), env: Optional[dict] = None):
+        self.socket = sock
+        e = base_env()
+        e.setdefault("LNKMEM_LINGER_S", "30")
+        e.update(env or {})
+        argv = [PROGRAM, "serve-many", str(sock)] + ([json.dumps(agents)] if agents is not None else []) + list(flags)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=e)
+        deadline = time.monotonic() + 10
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if self._listening():
+                break
+            time.sleep(0.01)
+
+    def _listening(self) -> bool:
+        import socket as _socket
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            s.connect(str(self.socket))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def connect(self) -> SocketClient:
+        return SocketClient(str(self.socket))
+
+    def hello(self, agent: str) -> SocketClient:
+        c = self.connect()
+        assert c.first({"agent": agent}) == {"ok": True}
+        return c
+
+    def stop(self, sig=None) -> int:
+        import signal as _signal
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or _signal.SIGTERM)
+        try:
+            return self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
+
+    def __enter__(self) -> "Many":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def agent_entry(home: "Home", env: Optional[dict] = None) -> dict:
+    """What Link puts in Agents for a Home: the argv `command` prints, and an env."""
+    e = {"LNK_MEMORY_NOTES": str(home.notes)}
+    e.update(env or {})
+    out = run_cli("command", *home.args(), env=e)
+    assert out.returncode == 0, out.stderr
+    return {"argv": json.loads(out.stdout)["argv"], "env": e}

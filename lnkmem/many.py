@@ -1,0 +1,410 @@
+"""`lnk-lnkmem serve-many`: one process, many agents, one Unix socket (§5).
+
+One asyncio loop owns the socket and every MCP session; tool calls and index
+work run on threads. Each agent's :class:`Memory` is opened once and shared
+by all its sessions. A connection's peer is checked (SO_PEERCRED) before a
+byte is read; its first line says what it is: a Hello, a Bound or team
+session, or a control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import logging
+import os
+import pwd
+import signal
+import socket
+import stat
+import struct
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+from lnkmem.config import AgentConfig, from_args
+from lnkmem.errors import UsageError
+from lnkmem.mcp import LineBuffer, Session
+from lnkmem.wire import ID_RE, AgentEntry, FirstLine, Ok, Refusal, decode, encode
+
+log = logging.getLogger("lnkmem")
+
+FIRST_LINE_MAX = 1024 * 1024
+READ_CHUNK = 1 << 16
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise UsageError(f"{name}: not a number of seconds: {raw!r}") from None
+    if not v >= 0:
+        raise UsageError(f"{name}: must be zero or more seconds")
+    return v
+
+
+# --- the start: flags, agents, folder and socket ------------------------------------
+
+@dataclass
+class Options:
+    socket: str
+    agents: dict[str, AgentConfig]
+    stay: bool
+    cache: Optional[str]
+    embed: Optional[str]
+    embed_url: Optional[str]
+    peer_uid: Optional[int]
+    gid: Optional[int]
+    files_bridge: Optional[str]
+    storage_bridge: Optional[str]
+    bridges: Optional[str]
+    linger: float
+    first_line_s: float
+
+
+def _uid(user: str) -> int:
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise UsageError(f"--peer: no such user: {user}") from None
+
+
+def _gid(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UsageError(f"--group: no such group: {group}") from None
+
+
+def parse_agents(text: str) -> dict[str, AgentConfig]:
+    """§5.2: validate every entry; the first bad one stops the start, named."""
+    try:
+        raw = decode(text, dict[str, AgentEntry])
+    except ValueError as e:
+        raise UsageError(f"agents: {e}") from None
+    out: dict[str, AgentConfig] = {}
+    states: dict[str, str] = {}
+    for agent, entry in raw.items():
+        if not ID_RE.match(agent):
+            raise UsageError(f"agents: {agent!r} is not an agent ID")
+        argv = entry.argv
+        if not argv or os.path.basename(argv[0]) != "lnk-lnkmem":
+            raise UsageError(f"agents: {agent}: argv[0] is not lnk-lnkmem")
+        if len(argv) not in (4, 5) or argv[1] != "serve":
+            raise UsageError(f"agents: {agent}: argv is not `lnk-lnkmem serve <folder> <state> [<agent>]`")
+        if not all(os.path.isabs(a) for a in argv[2:]):
+            raise UsageError(f"agents: {agent}: argv's folders must be absolute paths")
+        try:
+            cfg = from_args(argv[2], argv[3], argv[4] if len(argv) == 5 else None, entry.env)
+        except UsageError as e:
+            raise UsageError(f"agents: {agent}: {e}") from None
+        real = os.path.realpath(cfg.state)
+        if real in states:
+            raise UsageError(f"agents: {agent} and {states[real]} share the state folder {cfg.state}")
+        states[real] = agent
+        out[agent] = cfg
+    return out
+
+
+def parse_options(args) -> Options:
+    if not os.path.isabs(args.socket) and not args.socket:
+        raise UsageError("socket: an empty path")
+    if bool(args.embed) != bool(args.embed_url):
+        raise UsageError("--embed and --embed-url go together")
+    if args.agents is None and not args.embed:
+        raise UsageError("agents: missing (it may be left out only with --embed and --embed-url)")
+    agents = parse_agents(args.agents) if args.agents is not None else {}
+    for flag in ("files_bridge", "storage_bridge", "bridges", "cache"):
+        v = getattr(args, flag)
+        if v is not None and not os.path.isabs(v):
+            raise UsageError(f"--{flag.replace('_', '-')}: not an absolute path: {v}")
+    return Options(
+        socket=os.path.abspath(args.socket), agents=agents, stay=args.stay, cache=args.cache,
+        embed=args.embed, embed_url=args.embed_url,
+        peer_uid=_uid(args.peer) if args.peer else None, gid=_gid(args.group) if args.group else None,
+        files_bridge=args.files_bridge, storage_bridge=args.storage_bridge, bridges=args.bridges,
+        linger=_seconds("LNKMEM_LINGER_S", 2.0), first_line_s=_seconds("LNKMEM_FIRST_LINE_S", 10.0),
+    )
+
+
+def prepare_folder(folder: str, gid: Optional[int]) -> None:
+    """§5.1: a folder no one else enters; made 0700 (0750 for --group) when ours."""
+    me = os.geteuid()
+    if not os.path.exists(folder):
+        os.makedirs(folder, mode=0o700)
+    st = os.stat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"socket folder is not a folder: {folder}")
+    if st.st_uid != me:
+        raise UsageError(f"socket folder {folder} is owned by someone else (uid {st.st_uid})")
+    if gid is not None:
+        os.chown(folder, -1, gid)
+        os.chmod(folder, 0o750)
+    else:
+        os.chmod(folder, 0o700)
+
+
+def bind_socket(path: str, gid: Optional[int]) -> socket.socket:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise UsageError(f"socket: {path} exists and is not a socket; not removing it")
+        os.unlink(path)  # a stale socket
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    if gid is not None:
+        os.chown(path, -1, gid)
+        os.chmod(path, 0o660)
+    else:
+        os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def peer_uid(sock: socket.socket) -> Optional[int]:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _, uid, _ = struct.unpack("3i", creds)
+    return uid
+
+
+# --- the service ------------------------------------------------------------------------
+
+class Service:
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lnkmem-tool")
+        self.memories: dict[str, object] = {}
+        self.open_sessions = 0
+        self.stopping: Optional[asyncio.Event] = None
+        self.linger_handle: Optional[asyncio.TimerHandle] = None
+        self.allowed = {os.geteuid()} | ({opts.peer_uid} if opts.peer_uid is not None else set())
+        from lnkmem.bound import Bindings
+        self.bindings = Bindings(self)
+
+    def memory(self, agent: str):
+        m = self.memories.get(agent)
+        if m is None:
+            from lnkmem.engine import Memory
+            m = self.memories[agent] = Memory(self.opts.agents[agent]).start()
+        return m
+
+    # linger: end once no session has been open for a while
+    def _arm_linger(self) -> None:
+        if self.opts.stay or self.stopping is None:
+            return
+        if self.linger_handle:
+            self.linger_handle.cancel()
+        loop = asyncio.get_running_loop()
+        self.linger_handle = loop.call_later(self.opts.linger, self._linger_end)
+
+    def _linger_end(self) -> None:
+        if self.open_sessions == 0:
+            log.info("no session for %.1fs: ending", self.opts.linger)
+            self.stopping.set()
+
+    async def run(self, sock: socket.socket) -> None:
+        self.stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        server = await asyncio.start_unix_server(self._connection, sock=sock, limit=FIRST_LINE_MAX + 2)
+        self._arm_linger()
+        async with server:
+            await self.stopping.wait()
+            server.close()
+        await self.bindings.close_all()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        uid = peer_uid(sock) if sock is not None else None
+        if uid is None or uid not in self.allowed:
+            writer.close()
+            return
+        self.open_sessions += 1
+        if self.linger_handle:
+            self.linger_handle.cancel()
+            self.linger_handle = None
+        try:
+            await self._serve_connection(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            log.exception("a connection failed")
+        finally:
+            self.open_sessions -= 1
+            try:
+                writer.close()
+            except Exception:
+                pass
+            if self.open_sessions == 0:
+                self._arm_linger()
+
+    async def _first_line(self, reader: asyncio.StreamReader) -> tuple[Optional[bytes], Optional[str]]:
+        try:
+            line = await asyncio.wait_for(reader.readuntil(b"\n"), self.opts.first_line_s)
+        except asyncio.TimeoutError:
+            return None, f"no first line within {self.opts.first_line_s:g} s"
+        except asyncio.LimitOverrunError:
+            return None, f"the first line is over {FIRST_LINE_MAX} bytes"
+        except asyncio.IncompleteReadError as e:
+            if len(e.partial) > FIRST_LINE_MAX:
+                return None, f"the first line is over {FIRST_LINE_MAX} bytes"
+            return None, "the connection ended before its first line"
+        if len(line) > FIRST_LINE_MAX + 1:
+            return None, f"the first line is over {FIRST_LINE_MAX} bytes"
+        return line, None
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line, why = await self._first_line(reader)
+        if line is None:
+            await _reply(writer, Refusal(why))
+            return
+        try:
+            first = decode(line, FirstLine)
+        except ValueError as e:
+            await _reply(writer, Refusal(f"first line: {e}"))
+            return
+        kind, why = classify(first)
+        if why:
+            await _reply(writer, Refusal(why))
+            return
+        if kind in ("changed", "flush", "end"):
+            err = await self.control(kind, first)
+            await _reply(writer, Refusal(err) if err else Ok())
+            return
+        if kind == "hello":
+            if first.agent not in self.opts.agents:
+                await _reply(writer, Refusal(f"agent {first.agent} is not served here"))
+                return
+            memory = self.memory(first.agent)
+            await _reply(writer, Ok())
+            await self.mcp(reader, writer, lambda: memory)
+            return
+        # bound or team
+        session, err = await self.bindings.open(first)
+        if err:
+            await _reply(writer, Refusal(err))
+            return
+        await _reply(writer, Ok())
+        try:
+            await self.mcp(reader, writer, session.memory_for, session.first_call_error, session)
+        finally:
+            session.detach()
+
+    async def mcp(self, reader, writer, memory_for, first_call_error: Optional[str] = None, owner=None) -> None:
+        """MCP over the connection, exactly as over stdio (§5.3)."""
+        def send(data: bytes) -> None:
+            if not writer.is_closing():
+                writer.write(data + b"\n")
+
+        session = Session(memory_for, send, self.pool, first_call_error)
+        if owner is not None:
+            owner.mcp = (session, writer)
+        lines = LineBuffer()
+        while True:
+            chunk = await reader.read(READ_CHUNK)
+            if not chunk:
+                for ln in lines.end():
+                    session.handle(ln)
+                break
+            for ln in lines.feed(chunk):
+                if ln is None:
+                    session.too_long()
+                else:
+                    session.handle(ln)
+            await writer.drain()
+        await session.drain()
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+
+    async def control(self, kind: str, first: FirstLine) -> Optional[str]:
+        if kind == "changed":
+            c = first.changed
+            if self.bindings.holds(c.owner, c.agent):
+                return await self.bindings.changed(c)
+            cfg = self.opts.agents.get(c.agent)
+            if cfg is None or (cfg.owner and cfg.owner != c.owner):
+                return f"no agent {c.agent} of {c.owner} is served here"
+            if c.team:
+                return f"no team {c.team} of {c.agent} is served here"
+            memory = self.memory(c.agent)
+            loop = asyncio.get_running_loop()
+            done = await loop.run_in_executor(self.pool, memory.changed, c.path.strip("/"))
+            return None if done else "the change is still being indexed"
+        b = first.flush if kind == "flush" else first.end
+        if not self.bindings.holds(b.owner, b.agent):
+            return f"no binding of agent {b.agent} of {b.owner} is held here"
+        return await (self.bindings.flush(b) if kind == "flush" else self.bindings.end(b))
+
+    def close(self) -> None:
+        for m in self.memories.values():
+            m.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def classify(first: FirstLine) -> tuple[str, Optional[str]]:
+    """Which kind of first line this is, or why it is none."""
+    keys = [k for k in ("agent", "bound", "team", "changed", "flush", "end") if getattr(first, k) is not None]
+    controls = [k for k in keys if k in ("changed", "flush", "end")]
+    if controls:
+        if len(keys) != 1:
+            return "", f"a control line holds one of changed, flush or end, alone (got {', '.join(keys)})"
+        return controls[0], None
+    if first.agent is None:
+        return "", "the first line names no agent"
+    if first.team is not None and first.bound is None:
+        return "", "team needs bound beside it"
+    if first.bound is not None:
+        return ("team" if first.team is not None else "bound"), None
+    return "hello", None
+
+
+async def _reply(writer: asyncio.StreamWriter, msg) -> None:
+    writer.write(encode(msg) + b"\n")
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+
+
+def serve_many(args) -> int:
+    opts = parse_options(args)
+    prepare_folder(os.path.dirname(opts.socket), opts.gid)
+    try:
+        sock = bind_socket(opts.socket, opts.gid)
+    except OSError as e:
+        raise UsageError(f"socket: cannot listen on {opts.socket}: {e.strerror}") from None
+    ours = os.lstat(opts.socket).st_ino
+    service = Service(opts)
+    try:
+        asyncio.run(service.run(sock))
+    finally:
+        service.close()
+        try:  # remove our socket, never one a newer service made at that path since
+            st = os.lstat(opts.socket)
+            if stat.S_ISSOCK(st.st_mode) and st.st_ino == ours:
+                os.unlink(opts.socket)
+        except OSError:
+            pass
+    return 0

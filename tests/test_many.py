@@ -1,0 +1,243 @@
+"""`serve-many` over a real Unix socket (§5.1-§5.3, §5.6 for local agents)."""
+
+import grp
+import json
+import os
+import signal
+import stat
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests.helpers import Home, Many, SocketClient, agent_entry, base_env, run_cli, until, PROGRAM
+
+
+@pytest.fixture
+def agents(tmp_path):
+    homes = {}
+    for i in range(3):
+        h = Home(tmp_path / f"a{i}")
+        h.write("doc.md", f"agent {i} keeps the word marker{i} here, and a shared word: harbour\n")
+        homes[f"a{i}"] = h
+    return homes
+
+
+@pytest.fixture
+def many(tmp_path, agents):
+    m = Many(tmp_path / "run" / "mem.sock", {a: agent_entry(h) for a, h in agents.items()})
+    yield m
+    m.stop()
+
+
+def test_socket_and_folder_modes(many):
+    folder = many.socket.parent
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    st = os.lstat(many.socket)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+
+
+def test_group_modes(tmp_path, agents):
+    gid = grp.getgrnam("nogroup").gr_gid if _has_group("nogroup") else 65534
+    with Many(tmp_path / "g" / "m.sock", {"a0": agent_entry(agents["a0"])}, ["--group", str(gid)]) as m:
+        assert until(m.socket.exists)
+        f, s = os.stat(m.socket.parent), os.lstat(m.socket)
+        assert stat.S_IMODE(f.st_mode) == 0o750 and f.st_gid == gid
+        assert stat.S_IMODE(s.st_mode) == 0o660 and s.st_gid == gid
+
+
+def _has_group(name):
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def test_hello_sessions_are_served_like_stdio(many, agents):
+    with many.hello("a1") as c:
+        r = c.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        assert r["result"]["protocolVersion"] == "2025-06-18"
+        until(lambda: "indexing" not in c.search("probe")["structuredContent"], timeout=20)
+        hits = c.search("marker1")["structuredContent"]["hits"]
+        assert [h["ref"] for h in hits] == ["home/doc.md"]
+        assert c.search("marker0")["structuredContent"]["hits"] == []  # another agent's Home
+        assert c.call("remember", {"add": "over the socket"})["isError"] is False
+    assert agents["a1"].notes.read_text() == "- over the socket\n"
+
+
+def test_fifty_concurrent_sessions_over_ten_agents(tmp_path):
+    homes = {}
+    for i in range(10):
+        h = Home(tmp_path / f"h{i}")
+        h.write("doc.md", f"marker{i} lives here\n")
+        homes[f"ag{i}"] = h
+    errors = []
+    with Many(tmp_path / "r" / "m.sock", {a: agent_entry(h) for a, h in homes.items()}) as m:
+        def session(n):
+            agent = f"ag{n % 10}"
+            try:
+                with m.hello(agent) as c:
+                    c.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+                    ok = until(lambda: [h["ref"] for h in c.search(f"marker{n % 10}")["structuredContent"]["hits"]]
+                               == ["home/doc.md"], timeout=30)
+                    if not ok:
+                        errors.append(f"{agent}: not found")
+                    for _ in range(5):
+                        hits = c.search(f"marker{(n + 1) % 10}")["structuredContent"]["hits"]
+                        if hits:
+                            errors.append(f"{agent} saw another agent's file")
+            except Exception as e:
+                errors.append(f"{agent}: {e!r}")
+
+        threads = [threading.Thread(target=session, args=(n,)) for n in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert errors == []
+
+
+@pytest.mark.parametrize("line, words", [
+    (b"not json\n", "JSON"),
+    (b"[1, 2]\n", "object"),
+    (b'{"agent": "nobody"}\n', "not served"),
+    (b'{"agent": "bad id!"}\n', "agent"),
+    (b'{"agent": "a0", "colour": 1}\n', "colour"),
+    (b'{}\n', "no agent"),
+    (b'{"flush": {"owner": "o1", "agent": "a0"}, "agent": "a0"}\n', "alone"),
+    (b'{"flush": {"owner": "o1", "agent": "a0"}}\n', "no binding"),
+    (b'{"end": {"owner": "o1", "agent": "a0"}}\n', "no binding"),
+    (b'{"changed": {"owner": "o1", "agent": "zz", "path": "home/x"}}\n', "zz"),
+    (b'{"agent": "a0", "team": {"id": "t1", "named": "crew"}}\n', "bound"),
+])
+def test_bad_first_lines_are_refused_and_closed(many, line, words):
+    with many.connect() as c:
+        c.send_raw(line)
+        r = c.recv()
+        assert set(r) == {"error"} and words in r["error"], r
+        assert c.closed()
+
+
+def test_huge_and_silent_first_lines(tmp_path, agents):
+    env = {"LNKMEM_FIRST_LINE_S": "0.5"}
+    with Many(tmp_path / "s" / "m.sock", {"a0": agent_entry(agents["a0"])}, env=env) as m:
+        with m.connect() as c:
+            try:
+                c.send_raw(b'{"agent": "' + b"x" * (1024 * 1024 + 10))
+            except OSError:
+                pass
+            r = c.recv()
+            assert r and "1048576" in r["error"]
+        with m.connect() as c:
+            t0 = time.monotonic()
+            r = c.recv()
+            assert "no first line" in r["error"] and time.monotonic() - t0 < 3
+            assert c.closed()
+        with m.hello("a0") as c:  # and the service goes on
+            assert c.request("ping")["result"] == {}
+
+
+def test_changed_control_for_a_local_agent(many, agents):
+    with many.hello("a2") as c:
+        until(lambda: "indexing" not in c.search("probe")["structuredContent"], timeout=20)
+        agents["a2"].write("fresh.md", "quetzal sighting\n")
+        with many.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a2", "path": "home/fresh.md"}}) == {"ok": True}
+            assert ctl.closed()
+        assert [h["ref"] for h in c.search("quetzal")["structuredContent"]["hits"]] == ["home/fresh.md"]
+
+
+def test_linger_end_removes_the_socket(tmp_path, agents):
+    m = Many(tmp_path / "l" / "m.sock", {"a0": agent_entry(agents["a0"])}, env={"LNKMEM_LINGER_S": "0.5"})
+    with m.hello("a0") as c:
+        time.sleep(1.0)  # an open session keeps it
+        assert m.proc.poll() is None and c.request("ping")["result"] == {}
+    assert m.proc.wait(10) == 0
+    assert not m.socket.exists()
+
+
+def test_stay_and_sigterm(tmp_path, agents):
+    m = Many(tmp_path / "t" / "m.sock", {"a0": agent_entry(agents["a0"])}, ["--stay"],
+             env={"LNKMEM_LINGER_S": "0.2"})
+    time.sleep(1.0)
+    assert m.proc.poll() is None and m.socket.exists()
+    assert m.stop(signal.SIGTERM) == 0
+    assert not m.socket.exists()
+
+
+def test_stale_socket_replaced_other_files_never(tmp_path, agents):
+    import socket as so
+    path = tmp_path / "x" / "m.sock"
+    path.parent.mkdir(mode=0o700)
+    stale = so.socket(so.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()
+    with Many(path, {"a0": agent_entry(agents["a0"])}) as m:
+        with m.hello("a0") as c:
+            assert c.request("ping")["result"] == {}
+    path.write_text("precious")
+    r = run_cli("serve-many", str(path), json.dumps({"a0": agent_entry(agents["a0"])}))
+    assert r.returncode == 2 and b"not a socket" in r.stderr
+    assert path.read_text() == "precious"
+
+
+def test_folder_of_someone_else_is_refused(tmp_path, agents):
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 65534, 65534)
+    r = run_cli("serve-many", str(folder / "m.sock"), json.dumps({"a0": agent_entry(agents["a0"])}))
+    assert r.returncode == 2 and b"someone else" in r.stderr
+    assert not (folder / "m.sock").exists()
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda e: e.update(argv=["/usr/bin/python3", "serve", "/a", "/b"]), "argv[0]"),
+    (lambda e: e.update(argv=[e["argv"][0], "index", *e["argv"][2:]]), "serve"),
+    (lambda e: e["env"].update(LNK_MEMORY_SPEC='{"tokens": 0}'), "tokens"),
+    (lambda e: e.update(argv=[e["argv"][0], "serve", "/no/such/folder", "/tmp/s"]), "folder"),
+])
+def test_bad_agents_stop_the_start_naming_the_agent(tmp_path, agents, mutate, words):
+    entry = agent_entry(agents["a0"])
+    mutate(entry)
+    r = run_cli("serve-many", str(tmp_path / "b" / "m.sock"), json.dumps({"a0": entry}))
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "a0" in err and words in err and err.count("\n") == 1
+    assert run_cli("serve-many", str(tmp_path / "b" / "m.sock")).returncode == 2  # agents needed without --embed
+
+
+PEER_CHILD = r"""
+import os, socket, sys, json
+os.setgroups([int(sys.argv[3])]); os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[2]))
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+try:
+    s.sendall(b'{"agent": "a0"}\n')
+    print(s.makefile("rb").readline().decode().strip() or "CLOSED")
+except (BrokenPipeError, ConnectionResetError):
+    print("CLOSED")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_peers_of_other_uids(tmp_path, agents):
+    import shutil
+    import tempfile
+    gid = 65534
+    entry = {"a0": agent_entry(agents["a0"])}
+    base = tempfile.mkdtemp(prefix="lnkmem-peer-")  # a path the other uid may walk
+    os.chmod(base, 0o755)
+    tmp_path = __import__("pathlib").Path(base)
+
+    def child(sock):
+        out = subprocess.run([os.sys.executable, "-c", PEER_CHILD, str(sock), "65534", str(gid)],
+                             capture_output=True, timeout=20, env=base_env())
+        return out.stdout.decode().strip() + out.stderr.decode()[-300:]
+
+    with Many(tmp_path / "p1" / "m.sock", entry, ["--group", str(gid)]) as m:
+        assert child(m.socket) == "CLOSED"  # another uid, not --peer: closed unread
+    try:
+        with Many(tmp_path / "p2" / "m.sock", entry, ["--group", str(gid), "--peer", "65534"]) as m:
+            assert child(m.socket) == '{"ok":true}'
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

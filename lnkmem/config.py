@@ -23,7 +23,6 @@ class AgentConfig:
     owner: str
     model_url: str
     env: Mapping[str, str] = field(default_factory=dict)
-    embeds: bool = True  # False for a team reader: it embeds nothing
 
     @property
     def budget(self) -> int:

@@ -13,7 +13,7 @@ import logging
 import os
 import queue
 import threading
-import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
@@ -34,42 +34,60 @@ EMBED_BATCH = 256
 
 
 class NotesPlace:
-    """The notes file as a place holding one file, ref `notes`."""
+    """The notes as a place holding one file, ref `notes` (wherever they live)."""
 
-    def __init__(self, notes: LocalNotes):
+    def __init__(self, notes):
         self.notes = notes
         self.skipped = 0
 
     def list(self, prefix: str = "") -> list[Entry]:
-        try:
-            s = os.stat(self.notes.path)
-        except OSError:
-            return []
-        from lnkmem.bridges.local import version_of
-        return [Entry("", s.st_size, version_of(s))]
+        e = self.notes.entry()
+        return [e] if e else []
 
     def read(self, path: str = "") -> tuple[bytes, str]:
-        from lnkmem.bridges.local import version_of
-        with open(self.notes.path, "rb") as f:
-            return f.read(), version_of(os.fstat(f.fileno()))
+        return self.notes.read_bytes()
 
     def stat(self, path: str = "") -> Optional[Entry]:
-        e = self.list()
-        return e[0] if e else None
+        return self.notes.entry()
+
+
+@dataclass
+class Layout:
+    """Where one memory's things live and what it may do with them."""
+
+    places: dict[str, object]
+    notes: object = None  # LocalNotes / BridgeNotes, or None: no `remember`
+    notes_limit: int = 0
+    index_path: str = ""
+    replica: object = None  # a sync.Replica: the cache is of this copy
+    writes: bool = True  # writes the copy back (False: a team reader)
+    embed: Optional[tuple[str, str, Callable[[], dict]]] = None  # (base url, model, headers)
+    tmpdir: str = ""
+
+
+def local_layout(cfg: AgentConfig) -> Layout:
+    """An agent on this machine: Home, chats, skills and notes in local folders."""
+    notes = LocalNotes(cfg.notes_path, cfg.state) if cfg.notes_path else None
+    places: dict[str, object] = {}
+    exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
+    places["home"] = LocalPlace(cfg.folder, exclude=exclude)
+    if cfg.agent:
+        places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
+        places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
+    if notes:
+        places["notes"] = NotesPlace(notes)
+    embed = (cfg.model_url, cfg.spec.model or "default", dict) if cfg.model_url else None
+    return Layout(places, notes, cfg.notes_limit, os.path.join(cfg.state, "index"), embed=embed,
+                  tmpdir=os.path.join(cfg.state, "tmp"))
 
 
 class Memory:
-    def __init__(self, cfg: AgentConfig):
+    def __init__(self, cfg: AgentConfig, layout: Optional[Layout] = None):
         self.cfg = cfg
-        self.notes = LocalNotes(cfg.notes_path, cfg.state) if cfg.notes_path else None
-        self.places: dict[str, object] = {}
-        exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
-        self.places["home"] = LocalPlace(cfg.folder, exclude=exclude)
-        if cfg.agent:
-            self.places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
-            self.places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
-        if self.notes:
-            self.places["notes"] = NotesPlace(self.notes)
+        self.layout = layout or local_layout(cfg)
+        self.notes = self.layout.notes
+        self.notes_limit = self.layout.notes_limit
+        self.places = self.layout.places
         self.store: Optional[Store] = None
         self.opened = threading.Event()
         self.ready = threading.Event()  # first full pass done
@@ -79,23 +97,24 @@ class Memory:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._watcher: Optional[threading.Thread] = None
-        self.tmpdir = os.path.join(cfg.state, "tmp")
+        self.tmpdir = self.layout.tmpdir
         self.embedder = None
         self.vindex = None
+        self.writeback = None
         self._embed_wake = threading.Event()
         self._qcache: "OrderedDict[str, object]" = OrderedDict()
-        if cfg.model_url and cfg.embeds:
+        if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
             from lnkmem.embed import Embedder
             from lnkmem.index.vectors import VectorIndex
+            url, model, headers = self.layout.embed
             try:
-                self.embedder = Embedder(cfg.model_url, cfg.spec.model or "default", headers=self.embed_headers)
+                self.embedder = Embedder(url, model, headers=headers)
                 self.vindex = VectorIndex()
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
-
-    def embed_headers(self) -> dict:
-        """Headers for the embedding endpoint (a bound session proves itself here)."""
-        return {}
+        if self.layout.replica is not None and self.layout.writes:
+            from lnkmem.sync import WriteBack
+            self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.refresh_all_quiet)
 
     # --- life ----------------------------------------------------------------
 
@@ -109,6 +128,10 @@ class Memory:
         return self
 
     def stop(self) -> None:
+        if self.writeback is not None and self.store is not None:
+            err = self.writeback.stop()
+            if err:
+                log.warning("%s", err)
         self._stop.set()
         self._embed_wake.set()
         self._queue.put(("", None))
@@ -120,15 +143,26 @@ class Memory:
             self.embedder.close()
 
     def open_store(self) -> Store:
-        os.makedirs(self.cfg.state, mode=0o700, exist_ok=True)
-        store = Store.open(os.path.join(self.cfg.state, "index"))
+        os.makedirs(os.path.dirname(self.layout.index_path), mode=0o700, exist_ok=True)
+        store = Store.open(self.layout.index_path)
         if store.rebuilt_because:
             log.warning("index was damaged (%s); rebuilding", store.rebuilt_because)
         return store
 
+    def _committed(self) -> None:
+        """The index changed: embed what is new, and write the copy back in time."""
+        self._embed_wake.set()
+        if self.writeback is not None:
+            self.writeback.changed()
+
     def _run(self) -> None:
         try:
             self.store = self.open_store()
+            if self.layout.replica is not None:
+                self._attach()
+            self.store.on_commit = self._committed
+            if self.writeback is not None:
+                self.writeback.start()
             if self.embedder:
                 if self.store.use_vector_model(self.embedder.model):
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
@@ -165,6 +199,18 @@ class Memory:
             log.exception("index thread failed")
             self.opened.set()
             self.ready.set()
+
+    def _attach(self) -> None:
+        """Make the cache one version of the copy before indexing the sources (§7.2)."""
+        from lnkmem.sync import attach
+        try:
+            how = attach(self.store, self.layout.replica)
+            log.info("index copy: %s", how)
+        except Exception as e:  # the copy can't be read now: serve the cache, write back later
+            log.warning("the index copy could not be read: %s", e)
+
+    def refresh_all_quiet(self) -> None:
+        self.refresh_all()
 
     def refresh_all(self, progress: Optional[Callable[[int, int], None]] = None) -> int:
         plan = indexer.plan(self.store, self.places)
@@ -258,18 +304,17 @@ class Memory:
     # --- watching ------------------------------------------------------------
 
     def _roots(self) -> list[tuple[str, str]]:
-        """(absolute folder, source) pairs to watch, most specific first."""
+        """(absolute folder, source) of each local place to watch, most specific first."""
         roots = []
-        for source in ("chats", "skills"):
+        for source in ("chats", "skills", "home"):
             place = self.places.get(source)
-            if place is not None:
+            if isinstance(place, LocalPlace):
                 roots.append((place.root, source))
-        roots.append((self.places["home"].root, "home"))
         return roots
 
     def ref_for(self, path: str) -> Optional[str]:
         """The ref of a changed local path, or None when it is not indexed."""
-        if self.notes and path == self.notes.path:
+        if isinstance(self.notes, LocalNotes) and path == self.notes.path:
             return "notes"
         state = self.cfg.state
         if path == state or path.startswith(state + os.sep):
@@ -295,7 +340,7 @@ class Memory:
         except ImportError:
             return
         paths = [r for r, _ in self._roots() if os.path.isdir(r)]
-        if self.notes:
+        if isinstance(self.notes, LocalNotes):
             d = os.path.dirname(self.notes.path)
             if os.path.isdir(d) and not any(d == p or d.startswith(p + os.sep) for p in paths):
                 paths.append(d)

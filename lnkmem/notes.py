@@ -111,6 +111,20 @@ class LocalNotes:
     def read(self) -> str:
         return self._read()[0]
 
+    def entry(self):
+        from lnkmem.bridges.local import version_of
+        from lnkmem.bridges.place import Entry
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return Entry("", st.st_size, version_of(st))
+
+    def read_bytes(self) -> tuple[bytes, str]:
+        from lnkmem.bridges.local import version_of
+        with open(self.path, "rb") as f:
+            return f.read(), version_of(os.fstat(f.fileno()))
+
     def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
         with self._locked():
             for _ in range(20):

@@ -376,15 +376,15 @@ def remember(memory: Memory, args: RememberArgs, thread: Optional[str]) -> tuple
     why = notes_refusal(thread, memory.cfg.owner, memory.cfg.from_required)
     if why:
         raise ToolError(f"not remembered: {why}; the notes are unchanged")
-    change = memory.notes.change(args.add, args.remove, memory.cfg.notes_limit)
+    change = memory.notes.change(args.add, args.remove, memory.notes_limit)
     memory.changed("notes", wait=True, timeout=10)
     what = []
     if args.remove is not None:
         what.append("removed 1 line")
     if args.add is not None:
         what.append("added 1 line")
-    text = f"{' and '.join(what)}; the notes hold {change.entries} entries, {change.bytes} of {memory.cfg.notes_limit} bytes"
-    return text, to_builtins(RememberResult(change.bytes, memory.cfg.notes_limit, change.entries))
+    text = f"{' and '.join(what)}; the notes hold {change.entries} entries, {change.bytes} of {memory.notes_limit} bytes"
+    return text, to_builtins(RememberResult(change.bytes, memory.notes_limit, change.entries))
 
 
 def call(memory: Memory, name: str, args, thread: Optional[str]) -> tuple[str, dict]:

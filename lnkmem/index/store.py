@@ -9,6 +9,7 @@ Layout (one LMDB environment, ``<state>/index/``), named databases:
 ``segments``  segment -> SegMeta: its pids, their lengths and refs, its terms
 ``dead``      pid -> b"": passages replaced or deleted, still in a segment
 ``vectors``   pid -> int8 embedding + float32 scale (meta ``model``: whose)
+``vec_pending`` pid -> b"": vectors made since the copy was last written
 
 Like Lucene, the index grows by immutable segments: a batch of changed
 files becomes one new segment in one write transaction, and the passages it
@@ -151,6 +152,7 @@ class Store:
         self.segments = self.env.open_db(b"segments")
         self.dead = self.env.open_db(b"dead")
         self.vectors = self.env.open_db(b"vectors")
+        self.vec_pending = self.env.open_db(b"vec_pending")
         with self.env.begin(write=True) as txn:
             fmt = txn.get(b"format", db=self.meta)
             if fmt is None:
@@ -176,6 +178,11 @@ class Store:
             return store
 
     rebuilt_because: Optional[str] = None
+    on_commit = None  # called after every change that is committed
+
+    def _changed(self) -> None:
+        if self.on_commit is not None:
+            self.on_commit()
 
     def _load(self) -> Snapshot:
         with self.env.begin() as txn:
@@ -308,6 +315,7 @@ class Store:
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
             self.snapshot = self._load()
+        self._changed()
 
     def _commit(self, batch: Batch) -> None:
         with self.env.begin(write=True) as txn:
@@ -322,6 +330,7 @@ class Store:
                     txn.put(_k(p), b"", db=self.dead)
                     txn.delete(_k(p), db=self.passages)
                     txn.delete(_k(p), db=self.vectors)
+                    txn.delete(_k(p), db=self.vec_pending)
                 txn.delete(ref.encode(), db=self.files)
             post: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
             seg_pids: list[int] = []
@@ -372,6 +381,7 @@ class Store:
             if old == model.encode():
                 return False
             txn.drop(self.vectors, delete=False)
+            txn.drop(self.vec_pending, delete=False)
             txn.put(b"model", model.encode(), db=self.meta)
             return old is not None
 
@@ -387,10 +397,13 @@ class Store:
                             if txn.get(_k(pid), db=self.passages) is None:
                                 continue  # replaced meanwhile
                             txn.put(_k(pid), quantize(v), db=self.vectors)
+                            txn.put(_k(pid), b"", db=self.vec_pending)
                             stored.append(pid)
                     break
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        if stored:
+            self._changed()
         return stored
 
     def all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
@@ -427,6 +440,7 @@ class Store:
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
             self.snapshot = self._load()
+        self._changed()
 
     def _has_dead(self, segs: list[int]) -> bool:
         with self.env.begin() as txn:

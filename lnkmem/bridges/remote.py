@@ -1,0 +1,231 @@
+"""Places behind Link's bridges: a folder through the files bridge (§8.2) and
+a collection of the storage bridge (§8.3). Both implement the place interface
+(list, stat, read, listdir) and, where the engine may write, conditional
+``write``/``delete``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import msgspec
+
+from lnkmem.bridges.http import BridgeClient, check, etag, quote, unquote
+from lnkmem.bridges.place import MAX_FILE, Entry, NotFound, check_relpath
+
+
+class _FileEntry(msgspec.Struct):
+    path: str
+    size: int
+    version: str
+    modified: Optional[str] = None
+
+
+class _FileList(msgspec.Struct):
+    entries: list[_FileEntry]
+
+
+class _CollEntry(msgspec.Struct):
+    name: str
+    size: int
+    version: str
+
+
+class _CollList(msgspec.Struct):
+    entries: list[_CollEntry]
+
+
+_files_list = msgspec.json.Decoder(_FileList)
+_coll_list = msgspec.json.Decoder(_CollList)
+
+
+def _hidden(path: str) -> bool:
+    return any(p.startswith(".") for p in path.split("/"))
+
+
+def _children(entries: list[Entry], base: str) -> list[tuple[str, str, int]]:
+    """Direct children of ``base`` among recursive entries (for `list`)."""
+    pre = base + "/" if base else ""
+    seen: dict[str, tuple[str, int]] = {}
+    for e in entries:
+        if not e.path.startswith(pre):
+            continue
+        rest = e.path[len(pre):]
+        name, sep, _ = rest.partition("/")
+        if sep:
+            seen.setdefault(name, ("folder", 0))
+        else:
+            seen[name] = ("file", e.size)
+    return [(n, k, s) for n, (k, s) in sorted(seen.items())]
+
+
+class FilesPlace:
+    """A folder through the files bridge: the agent's Home, or a team folder
+    (``folder=<named>``), optionally only below ``root`` (e.g. ``memory``)."""
+
+    def __init__(self, client: BridgeClient, folder: Optional[str] = None, root: str = "",
+                 exclude: tuple[str, ...] = ()):
+        self.client = client
+        self.folder = folder
+        self.root = root.strip("/")
+        self.exclude = tuple(e.strip("/") for e in exclude)
+        self.skipped = 0
+
+    def _full(self, path: str) -> str:
+        path = check_relpath(path)
+        return f"{self.root}/{path}" if self.root and path else (self.root or path)
+
+    def _params(self, path: str) -> dict:
+        p = {"path": path}
+        if self.folder:
+            p["folder"] = self.folder
+        return p
+
+    def _excluded(self, rel: str) -> bool:
+        return any(rel == e or rel.startswith(e + "/") for e in self.exclude)
+
+    def list(self, prefix: str = "") -> list[Entry]:
+        prefix = check_relpath(prefix)
+        out = self._list(prefix)
+        if prefix and not out and "/" in prefix:  # a file's path: look in its folder
+            out = [e for e in self._list(prefix.rsplit("/", 1)[0]) if e.path == prefix]
+        elif prefix and not out:
+            out = [e for e in self._list("") if e.path == prefix]
+        return out
+
+    def _list(self, prefix: str) -> list[Entry]:
+        full = self._full(prefix)
+        r = check(self.client.request("GET", "/v1/list", params=self._params(full)), f"list {full}")
+        cut = len(self.root) + 1 if self.root else 0
+        out = []
+        self.skipped = 0
+        for e in _files_list.decode(r.content).entries:
+            rel = e.path[cut:] if cut else e.path
+            if self.root and not e.path.startswith(self.root + "/"):
+                continue
+            if _hidden(rel) or self._excluded(rel):
+                continue
+            if e.size > MAX_FILE:
+                self.skipped += 1
+                continue
+            if full and prefix and not (e.path == full or e.path.startswith(full + "/")):
+                continue
+            out.append(Entry(rel, e.size, e.version))
+        return out
+
+    def stat(self, path: str) -> Optional[Entry]:
+        for e in self.list(path):
+            if e.path == check_relpath(path):
+                return e
+        return None
+
+    def read(self, path: str) -> tuple[bytes, str]:
+        if _hidden(path) or self._excluded(check_relpath(path)):
+            raise NotFound(path)
+        full = self._full(path)
+        r = check(self.client.request("GET", "/v1/read", params=self._params(full)), f"read {full}")
+        return r.content, unquote(etag(r))
+
+    def listdir(self, path: str) -> list[tuple[str, str, int]]:
+        rel = check_relpath(path)
+        entries = self.list(rel) if rel else self.list()
+        kids = _children(entries, rel)
+        if rel and not kids:
+            raise NotFound(path)
+        return kids
+
+    # writes: Home only, for the copy under memory/lnkmem/
+    def write(self, path: str, data: bytes, expect: Optional[str]) -> str:
+        full = self._full(path)
+        h = {"If-Match": quote(expect)} if expect else {"If-None-Match": "*"}
+        r = check(self.client.request("PUT", "/v1/write", params={"path": full}, content=data, headers=h),
+                  f"write {full}")
+        return unquote(etag(r))
+
+    def get(self, path: str, if_none_match: Optional[str] = None) -> tuple[Optional[bytes], str]:
+        """(bytes, version), or (None, version) when unchanged since ``if_none_match``."""
+        full = self._full(path)
+        h = {"If-None-Match": quote(if_none_match)} if if_none_match else {}
+        r = check(self.client.request("GET", "/v1/read", params=self._params(full), headers=h), f"read {full}")
+        if r.status_code == 304:
+            return None, if_none_match or ""
+        return r.content, unquote(etag(r))
+
+    def delete(self, path: str, expect: Optional[str] = None) -> None:
+        full = self._full(path)
+        h = {"If-Match": quote(expect)} if expect else {}
+        try:
+            check(self.client.request("DELETE", "/v1/write", params={"path": full}, headers=h), f"delete {full}")
+        except NotFound:
+            pass
+
+
+class Collection:
+    """A collection of the storage bridge (``conversations``, ``memory``), or a
+    team's (``/v1/teams/<id>/c/...``), optionally only below ``root``."""
+
+    def __init__(self, client: BridgeClient, name: str, team: Optional[str] = None, root: str = ""):
+        self.client = client
+        self.base = f"/v1/teams/{team}/c/{name}" if team else f"/v1/c/{name}"
+        self.root = root.strip("/")
+        self.skipped = 0
+
+    def _full(self, name: str) -> str:
+        name = check_relpath(name)
+        return f"{self.root}/{name}" if self.root and name else (self.root or name)
+
+    def list(self, prefix: str = "") -> list[Entry]:
+        prefix = check_relpath(prefix)
+        full = self._full(prefix)
+        r = check(self.client.request("GET", self.base, params={"prefix": full}), f"list {self.base}")
+        cut = len(self.root) + 1 if self.root else 0
+        out = []
+        for e in _coll_list.decode(r.content).entries:
+            if self.root and not e.name.startswith(self.root + "/"):
+                continue
+            rel = e.name[cut:]
+            if _hidden(rel) or e.size > MAX_FILE:
+                continue
+            if prefix and not (rel == prefix or rel.startswith(prefix.rstrip("/") + "/")):
+                continue
+            out.append(Entry(rel, e.size, e.version))
+        return out
+
+    def stat(self, path: str) -> Optional[Entry]:
+        for e in self.list(path):
+            if e.path == check_relpath(path):
+                return e
+        return None
+
+    def read(self, path: str) -> tuple[bytes, str]:
+        full = self._full(path)
+        r = check(self.client.request("GET", f"{self.base}/{full}"), f"read {full}")
+        return r.content, unquote(etag(r))
+
+    def get(self, path: str, if_none_match: Optional[str] = None) -> tuple[Optional[bytes], str]:
+        full = self._full(path)
+        h = {"If-None-Match": quote(if_none_match)} if if_none_match else {}
+        r = check(self.client.request("GET", f"{self.base}/{full}", headers=h), f"read {full}")
+        if r.status_code == 304:
+            return None, if_none_match or ""
+        return r.content, unquote(etag(r))
+
+    def listdir(self, path: str) -> list[tuple[str, str, int]]:
+        rel = check_relpath(path)
+        kids = _children(self.list(rel) if rel else self.list(), rel)
+        if rel and not kids:
+            raise NotFound(path)
+        return kids
+
+    def write(self, path: str, data: bytes, expect: Optional[str]) -> str:
+        full = self._full(path)
+        h = {"If-Match": quote(expect)} if expect else {"If-None-Match": "*"}
+        r = check(self.client.request("PUT", f"{self.base}/{full}", content=data, headers=h), f"write {full}")
+        return unquote(etag(r))
+
+    def delete(self, path: str, expect: Optional[str] = None) -> None:
+        full = self._full(path)
+        h = {"If-Match": quote(expect)} if expect else {}
+        try:
+            check(self.client.request("DELETE", f"{self.base}/{full}", headers=h), f"delete {full}")
+        except NotFound:
+            pass

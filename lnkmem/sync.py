@@ -1,0 +1,209 @@
+"""Writing the index copy back (§7.2, §7.3), after Litestream's replica loop.
+
+:class:`Replica` is the copy as files in one writable place (the storage
+bridge's memory collection under ``lnkmem/``, or Home's ``memory/lnkmem/``
+through the files bridge). :class:`WriteBack` is a small loop with clear
+states -- clean, dirty, writing, backing off -- that writes the cache back at
+most once per interval, within that interval after a change, and at once
+when asked (flush, end, end of input, SIGTERM). Every write is conditional;
+a 412 means another engine wrote first: the loop loads that version,
+re-indexes the sources over it and tries again, so nothing is lost and no
+version it has not seen is overwritten.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from typing import Callable, Optional
+
+from lnkmem.bridges.http import BridgeDown
+from lnkmem.bridges.place import Conflict, Forbidden, NotFound
+from lnkmem.index import copy as copyfmt
+from lnkmem.index.store import Store
+
+log = logging.getLogger("lnkmem")
+
+
+def interval() -> float:
+    raw = os.environ.get("LNKMEM_WRITEBACK_S", "")
+    try:
+        v = float(raw) if raw else 60.0
+    except ValueError:
+        v = 60.0
+    return max(v, 0.0)
+
+
+class Replica:
+    """The copy in a place with conditional writes (a Collection or FilesPlace rooted at the copy)."""
+
+    def __init__(self, place):
+        self.place = place
+
+    def manifest(self, if_none_match: Optional[str] = None):
+        """(manifest, version); (None, version) when unchanged; NotFound when there is none."""
+        data, version = self.place.get(copyfmt.MANIFEST, if_none_match)
+        if data is None:
+            return None, version
+        return copyfmt.decode_manifest(data), version
+
+    def fetch(self, name: str) -> bytes:
+        return self.place.read(name)[0]
+
+    def put_blob(self, name: str, data: bytes) -> None:
+        try:
+            self.place.write(name, data, None)  # If-None-Match: *
+        except Conflict:
+            pass  # content-addressed: the same file is already there
+
+    def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
+        return self.place.write(copyfmt.MANIFEST, data, expect)
+
+    def delete(self, name: str) -> None:
+        try:
+            self.place.delete(name)
+        except (NotFound, Forbidden, BridgeDown, Conflict):
+            pass
+
+
+def attach(store: Store, replica: Replica) -> str:
+    """Make the cache one version of the copy (§7.2). Returns what happened:
+    "reused" (same version), "loaded" (another version), "missing" (no copy)."""
+    state = copyfmt.copy_state(store)
+    for _ in range(5):
+        try:
+            manifest, version = replica.manifest(state.version)
+        except NotFound:
+            return "missing"
+        if manifest is None:
+            return "reused"
+        try:
+            copyfmt.load(store, manifest, version, replica.fetch)
+            return "loaded"
+        except NotFound:
+            continue  # a file vanished under a newer write: read the manifest again
+    raise BridgeDown("the copy kept changing while it was read")
+
+
+class WriteBack:
+    """The write-back loop of one cache and its copy."""
+
+    def __init__(self, store_of: Callable[[], Store], replica: Replica, reindex: Callable[[], None],
+                 every: Optional[float] = None, name: str = ""):
+        self.store_of = store_of
+        self.replica = replica
+        self.reindex = reindex
+        self.every = interval() if every is None else every
+        self.name = name
+        self.state = "clean"
+        self.last_write = 0.0
+        self.writes = 0
+        self.conflicts = 0
+        self.error: Optional[str] = None
+        self._cond = threading.Condition()
+        self._dirty_since: Optional[float] = None
+        self._flush_waiters: list[threading.Event] = []
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()  # one write-back at a time
+
+    def start(self) -> "WriteBack":
+        self._thread = threading.Thread(target=self._run, name=f"lnkmem-writeback{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def changed(self) -> None:
+        """The cache changed: write back within the interval."""
+        with self._cond:
+            if self._dirty_since is None:
+                self._dirty_since = time.monotonic()
+            self._cond.notify()
+
+    def flush(self, timeout: float = 60.0) -> Optional[str]:
+        """Write back now and wait for the bridge's acknowledgement; an error, or None."""
+        done = threading.Event()
+        with self._cond:
+            self._flush_waiters.append(done)
+            self._cond.notify()
+        if not done.wait(timeout):
+            return "the write-back did not finish in time"
+        return self.error
+
+    def stop(self, timeout: float = 60.0) -> Optional[str]:
+        err = self.flush(timeout)
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        return err
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._cond:
+                while True:
+                    if self._stop:
+                        return
+                    if self._flush_waiters:
+                        break
+                    if self._dirty_since is not None:
+                        due = max(self.last_write + self.every, self._dirty_since)
+                        wait = due - time.monotonic()
+                        if wait <= 0:
+                            break
+                        self._cond.wait(wait)
+                    else:
+                        self._cond.wait(1.0)
+                        if self._dirty_since is None and copyfmt.dirty(self.store_of()):
+                            self._dirty_since = time.monotonic()
+                waiters, self._flush_waiters = self._flush_waiters, []
+                self._dirty_since = None
+            try:
+                self.write()
+                self.error = None
+                backoff = 0.5
+            except Exception as e:  # keep it dirty and try again later
+                self.error = f"the copy could not be written: {e}"
+                log.warning("%s", self.error)
+                with self._cond:
+                    if self._dirty_since is None:
+                        self._dirty_since = time.monotonic()
+                    self.last_write = time.monotonic() - self.every + backoff * (1 + random.random())
+                backoff = min(backoff * 2, 30.0)
+            for w in waiters:
+                w.set()
+
+    def write(self) -> bool:
+        """One write-back, riding out 412s. True when something was written."""
+        with self._lock:
+            store = self.store_of()
+            for attempt in range(10):
+                state = copyfmt.copy_state(store)
+                if not copyfmt.dirty(store, state):
+                    self.state = "clean"
+                    return False
+                self.state = "writing"
+                exp = copyfmt.export(store, state)
+                for name, blob in exp.blobs.items():
+                    self.replica.put_blob(name, blob)
+                try:
+                    version = self.replica.put_manifest(copyfmt.encode_manifest(exp.manifest), state.version)
+                except Conflict:
+                    # another engine wrote first: load its version, re-apply ours, again
+                    self.conflicts += 1
+                    self.state = "reloading"
+                    attach(store, self.replica)
+                    self.reindex()
+                    continue
+                copyfmt.written(store, exp, version)
+                self.last_write = time.monotonic()
+                self.writes += 1
+                old = set(state.segments.values()) | set(state.vectors) | ({state.table} if state.table else set())
+                keep = set(exp.manifest.segments) | set(exp.manifest.vectors) | {exp.manifest.table}
+                for name in old - keep:
+                    self.replica.delete(name)
+                self.state = "dirty" if copyfmt.dirty(store) else "clean"
+                return True
+            raise BridgeDown("gave up after 10 conflicting writes")

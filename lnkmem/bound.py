@@ -1,31 +1,336 @@
-"""Bound and team sessions (§5.4, §5.5): agents served through bridges.
+"""Bound and team sessions (§5.4-§5.6): agents served through Link's bridges.
 
-(Under construction: the engine refuses Bound lines until the bridges land.)
+A :class:`Binding` is one agent of one owner bound with one key: its bridge
+clients, its :class:`Memory` (places behind the bridges, the local cache of
+the index copy, the write-back loop) and its open sessions. A
+:class:`TeamBinding` is a team's memory as seen by one agent. The key lives in
+the bridge clients only; it is never logged or repeated in a message.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import threading
+import logging
+import os
 from typing import Optional
+
+from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused, auth_header
+from lnkmem.bridges.local import LocalPlace
+from lnkmem.bridges.place import Forbidden, NotFound
+from lnkmem.bridges.remote import Collection, FilesPlace
+from lnkmem.config import AgentConfig
+from lnkmem.spec import parse_size
+from lnkmem.wire import Bound, Changed, FirstLine, Spec
+
+log = logging.getLogger("lnkmem")
+
+BIND_PATIENCE_S = 5.0
+NOT_WHOLE_TEAM = "this agent is not granted the whole team folder, so the team's memory is not served to it"
+
+
+class Refusal(Exception):
+    """Why a Bound or team line is refused (a message without secrets)."""
+
+
+class BoundSession:
+    """One connection's view of a binding (or of a team binding)."""
+
+    def __init__(self, owner, memory, deny: Optional[str] = None):
+        self.owner = owner
+        self.memory = memory
+        self.first_call_error = deny
+        self.mcp = None  # (mcp.Session, writer), set by the service
+
+    def memory_for(self):
+        return self.memory
+
+    def detach(self) -> None:
+        self.owner.detach(self)
+
+    def close(self) -> None:
+        if self.mcp is not None:
+            self.mcp[1].close()
+
+
+class _Held:
+    """What bindings and team bindings share: sessions, a memory, clients."""
+
+    memory = None
+    clients: list[BridgeClient]
+
+    def __init__(self):
+        self.sessions: set[BoundSession] = set()
+        self.clients = []
+        self.deny: Optional[str] = None
+
+    def session(self) -> BoundSession:
+        s = BoundSession(self, self.memory, self.deny)
+        self.sessions.add(s)
+        return s
+
+    def detach(self, s: BoundSession) -> None:
+        self.sessions.discard(s)
+        wb = self.memory.writeback if self.memory is not None else None
+        if not self.sessions and wb is not None:
+            threading.Thread(target=wb.flush, daemon=True).start()  # end of input: write back now
+
+    def flush(self) -> Optional[str]:
+        if self.memory is None or self.memory.writeback is None:
+            return None
+        return self.memory.writeback.flush()
+
+    def close(self) -> Optional[str]:
+        err = None
+        for s in list(self.sessions):
+            s.close()
+        if self.memory is not None:
+            err = self.flush()
+            self.memory.stop()
+        for c in self.clients:
+            c.close()
+        return err
+
+
+class Binding(_Held):
+    def __init__(self, owner: str, agent: str, key: str):
+        super().__init__()
+        self.owner, self.agent, self._key = owner, agent, key
+        self.teams: dict[str, TeamBinding] = {}
+
+    def same_key(self, key: str) -> bool:
+        return self._key.lower() == key.lower()
+
+
+class TeamBinding(_Held):
+    def __init__(self, team_id: str):
+        super().__init__()
+        self.team_id = team_id
 
 
 class Bindings:
+    """Every binding this process holds, keyed by (owner, agent)."""
+
     def __init__(self, service):
         self.service = service
+        self.held: dict[tuple[str, str], Binding] = {}
+
+    @property
+    def opts(self):
+        return self.service.opts
 
     def holds(self, owner: str, agent: str) -> bool:
-        return False
+        return (owner, agent) in self.held
 
-    async def open(self, first):
-        return None, "bound sessions are not served by this engine yet"
+    # --- opening ---------------------------------------------------------------
 
-    async def changed(self, c) -> Optional[str]:
-        return "no such binding"
+    async def open(self, first: FirstLine):
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.service.pool, self._open, first), None
+        except Refusal as e:
+            return None, str(e)
+
+    def _own_bridges(self, agent: str) -> set[str]:
+        own = set()
+        for s in (self.opts.files_bridge, self.opts.storage_bridge):
+            if s:
+                own.add(os.path.realpath(s))
+        if self.opts.bridges:
+            own.add(os.path.realpath(os.path.join(self.opts.bridges, agent, "storage.sock")))
+        return own
+
+    def _check_sockets(self, agent: str, b: Bound) -> None:
+        """§5.4: every socket named must be one of this machine's bridges, checked
+        before any connection is made, so the key goes nowhere else."""
+        own = self._own_bridges(agent)
+        named = [("files", b.files)] + ([("storage", b.storage.socket)] if b.storage else [])
+        for what, path in named:
+            if path is None:
+                continue
+            if not os.path.isabs(path) or os.path.realpath(path) not in own:
+                raise Refusal(f"the {what} bridge {path!r} is not one of this machine's bridges")
+
+    def _config(self, agent: str, b: Bound) -> tuple[AgentConfig, str]:
+        """The agent's config and the folder its local cache lives in."""
+        cfg = self.opts.agents.get(agent)
+        if cfg is not None:
+            if not cfg.owner:
+                cfg = dataclasses.replace(cfg, owner=b.owner)
+            return cfg, os.path.join(cfg.state, "bound")
+        if not self.opts.cache:
+            raise Refusal(f"agent {agent} is not in <agents> and no --cache is given for its index")
+        folder = os.path.join(self.opts.cache, b.owner, agent)
+        spec = Spec(model=self.opts.embed) if self.opts.embed else Spec()
+        cfg = AgentConfig(folder="", state=folder, agent=None, spec=spec, notes_path=None,
+                          notes_limit=parse_size(spec.notes), from_required=False, owner=b.owner,
+                          model_url=self.opts.embed_url or "", env={})
+        return cfg, folder
+
+    def _client(self, path: str, purpose: str, owner: str, agent: str, key: str) -> BridgeClient:
+        return BridgeClient(path, purpose, owner, agent, key)
+
+    def _bind(self, clients: list[BridgeClient]) -> None:
+        for c in clients:
+            try:
+                c.bind(BIND_PATIENCE_S)
+            except Refused as e:
+                raise Refusal(str(e)) from None
+            except BridgeDown as e:
+                raise Refusal(f"the {c.purpose} bridge is down: {e}") from None
+
+    def _open(self, first: FirstLine):
+        agent, b = first.agent, first.bound
+        self._check_sockets(agent, b)
+        has_memory_place = b.storage is not None and "memory" in b.storage.places
+        if b.index == "home" and not b.files:
+            raise Refusal('index "home" needs the files bridge (bound.files)')
+        if b.index == "memory" and not has_memory_place and not b.files:
+            raise Refusal("no place for the index copy: neither a storage memory place nor a files bridge")
+        cfg, cache = self._config(agent, b)
+        key = (b.owner, agent)
+        binding = self.held.get(key)
+        if binding is not None and not binding.same_key(b.key):
+            log.info("agent %s bound again with a new key", agent)
+            binding.close()
+            self.held.pop(key, None)
+            binding = None
+        if binding is None:
+            binding = self._new_binding(first, cfg, cache, has_memory_place)
+            self.held[key] = binding
+        if first.team is not None:
+            return self._team_session(binding, first, cfg, cache)
+        return binding.session()
+
+    def _new_binding(self, first: FirstLine, cfg: AgentConfig, cache: str, has_memory_place: bool) -> Binding:
+        from lnkmem.engine import Layout, Memory, NotesPlace
+        from lnkmem.notes import BridgeNotes, LocalNotes
+        from lnkmem.sync import Replica
+        agent, b = first.agent, first.bound
+        binding = Binding(b.owner, agent, b.key)
+        files = storage = None
+        if b.files:
+            files = self._client(b.files, "files", b.owner, agent, b.key)
+            binding.clients.append(files)
+        if b.storage:
+            storage = self._client(b.storage.socket, "storage", b.owner, agent, b.key)
+            binding.clients.append(storage)
+        try:
+            self._bind(binding.clients)
+        except Refusal:
+            for c in binding.clients:
+                c.close()
+            raise
+        places: dict[str, object] = {}
+        if files is not None:
+            places["home"] = FilesPlace(files, exclude=("memory/lnkmem",))
+        elif cfg.folder:
+            places["home"] = LocalPlace(cfg.folder, exclude=[cfg.state] + ([cfg.agent] if cfg.agent else []))
+        if storage is not None and "conversations" in b.storage.places:
+            places["chats"] = Collection(storage, "conversations")
+        elif cfg.agent:
+            places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
+        if cfg.agent:
+            places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
+        notes = None
+        if storage is not None and has_memory_place:
+            notes = BridgeNotes(Collection(storage, "memory"))
+        elif cfg.notes_path:
+            notes = LocalNotes(cfg.notes_path, cfg.state)
+        if notes is not None:
+            places["notes"] = NotesPlace(notes)
+        if b.index == "memory" and has_memory_place:
+            replica = Replica(Collection(storage, "memory", root="lnkmem"))
+        else:
+            replica = Replica(FilesPlace(files, root="memory/lnkmem"))
+        key = b.key
+        embed = None
+        url = cfg.model_url or self.opts.embed_url
+        if url:
+            model = cfg.spec.model or self.opts.embed or "default"
+            embed = (url, model, lambda: {"Authorization": auth_header(key, "embedding", b.owner, agent)})
+        layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
+                        os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
+        binding.memory = Memory(cfg, layout).start(watch=any(isinstance(p, LocalPlace) for p in places.values()))
+        return binding
+
+    def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str) -> BoundSession:
+        from lnkmem.engine import Layout, Memory
+        from lnkmem.sync import Replica
+        team, b = first.team, first.bound
+        tb = binding.teams.get(team.id)
+        if tb is not None:
+            return tb.session()
+        if not b.files or not b.storage:
+            raise Refusal("a team's memory needs both the files and the storage bridge")
+        files = next(c for c in binding.clients if c.purpose == "files")
+        storage = next(c for c in binding.clients if c.purpose == "storage")
+        tb = TeamBinding(team.id)
+        copy_place = Collection(storage, "memory", team=team.id, root="lnkmem")
+        try:  # a member granted part of the folder is refused the team copy
+            copy_place.get("manifest.json")
+        except Forbidden:
+            tb.deny = NOT_WHOLE_TEAM
+        except NotFound:
+            pass
+        except BridgeDown as e:
+            raise Refusal(f"the storage bridge is down: {e}") from None
+        if tb.deny is None:
+            places = {"home": FilesPlace(files, folder=team.named, root="memory", exclude=("lnkmem",))}
+            key = b.key
+            embed = None
+            url = cfg.model_url or self.opts.embed_url
+            if url and team.writes:
+                model = cfg.spec.model or self.opts.embed or "default"
+                embed = (url, model, lambda: {"Authorization": auth_header(key, "embedding", b.owner, first.agent)})
+            tcache = os.path.join(cache, "teams", team.id)
+            layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place), team.writes,
+                            embed, os.path.join(tcache, "tmp"))
+            tcfg = dataclasses.replace(cfg, notes_path=None)
+            tb.memory = Memory(tcfg, layout).start(watch=False)
+        binding.teams[team.id] = tb
+        return tb.session()
+
+    # --- controls ----------------------------------------------------------------
+
+    async def _in_pool(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.service.pool, fn, *args)
+
+    async def changed(self, c: Changed) -> Optional[str]:
+        binding = self.held[(c.owner, c.agent)]
+        if c.team is not None:
+            tb = binding.teams.get(c.team)
+            if tb is None or tb.memory is None:
+                return f"no team {c.team} of agent {c.agent} is served here"
+            return await self._in_pool(_relist_team, tb.memory)
+        if binding.memory is None:
+            return "the binding has no memory"
+        done = await self._in_pool(binding.memory.changed, c.path.strip("/"))
+        return None if done else "the change is still being indexed"
 
     async def flush(self, b) -> Optional[str]:
-        return "no such binding"
+        binding = self.held[(b.owner, b.agent)]
+        err = await self._in_pool(binding.flush)
+        for tb in list(binding.teams.values()):
+            err = err or await self._in_pool(tb.flush)
+        return err
 
     async def end(self, b) -> Optional[str]:
-        return "no such binding"
+        binding = self.held.pop((b.owner, b.agent))
+        err = await self._in_pool(binding.close)  # its own first
+        for tb in list(binding.teams.values()):
+            err = err or await self._in_pool(tb.close)
+        return err
 
     async def close_all(self) -> None:
-        return None
+        for key in list(self.held):
+            owner, agent = key
+            await self.end(type("B", (), {"owner": owner, "agent": agent})())
+
+
+def _relist_team(memory) -> Optional[str]:
+    """A team reader looks at the copy again, then the folder is listed again."""
+    if memory.layout.replica is not None and not memory.layout.writes:
+        memory.reattach()
+    return None if memory.changed("home") else "the change is still being indexed"

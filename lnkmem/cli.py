@@ -185,9 +185,14 @@ COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, 
 def main(argv: Optional[list[str]] = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("lnkmem: %(levelname)s: %(message)s"))
-    log = logging.getLogger("lnkmem")
-    log.addHandler(handler)
-    log.setLevel(os.environ.get("LNKMEM_LOG", "WARNING").upper())
+    level = os.environ.get("LNKMEM_LOG", "WARNING").upper()
+    for name in ("lnkmem", "httpx", "httpcore") if level == "DEBUG" else ("lnkmem",):
+        log = logging.getLogger(name)
+        log.addHandler(handler)
+        log.setLevel(level)
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # a stack dump for people, on demand
     try:
         args = _parser().parse_args(argv)
         return COMMANDS[args.cmd](args)

@@ -42,13 +42,14 @@ class NotesPlace:
 
     def list(self, prefix: str = "") -> list[Entry]:
         e = self.notes.entry()
-        return [e] if e else []
+        return [Entry("", e.size, e.version)] if e else []
 
     def read(self, path: str = "") -> tuple[bytes, str]:
         return self.notes.read_bytes()
 
     def stat(self, path: str = "") -> Optional[Entry]:
-        return self.notes.entry()
+        e = self.list()
+        return e[0] if e else None
 
 
 @dataclass
@@ -187,6 +188,10 @@ class Memory:
                 except queue.Empty:
                     pass
                 try:
+                    if "\0attach" in refs:
+                        refs.discard("\0attach")
+                        self._attach()
+                        refs.add("home")
                     for r in _outermost(refs):
                         self.refresh(r)
                 except Exception as e:  # keep serving; the next change retries
@@ -208,6 +213,10 @@ class Memory:
             log.info("index copy: %s", how)
         except Exception as e:  # the copy can't be read now: serve the cache, write back later
             log.warning("the index copy could not be read: %s", e)
+
+    def reattach(self) -> None:
+        """Look at the copy again (a team reader, told of a change)."""
+        self._queue.put(("\0attach", None))
 
     def refresh_all_quiet(self) -> None:
         self.refresh_all()

@@ -221,7 +221,7 @@ class Session:
         if args is None:
             args = {}
         self.calls += 1
-        if self.first_call_error and self.calls == 1:
+        if self.first_call_error:  # e.g. a team member not granted the whole folder
             self.send(result_line(id_, self._finish(_tool_error(self.first_call_error), modern)))
             return
         if not isinstance(args, dict):

@@ -147,3 +147,50 @@ class LocalNotes:
                         os.unlink(tmp)
                 return result
             raise ToolError("the notes kept changing under us; nothing was changed, try again")
+
+
+class BridgeNotes:
+    """The notes as `notes.md` of the storage bridge's memory collection.
+
+    A change is written through to the bridge before `remember` answers, as
+    a conditional write on the version just read; on 412 (someone else wrote
+    meanwhile) it reads again and re-applies, so two engines adding notes at
+    once lose neither.
+    """
+
+    NAME = "notes.md"
+
+    def __init__(self, collection):
+        self.coll = collection
+
+    def entry(self):
+        return self.coll.stat(self.NAME)
+
+    def read_bytes(self) -> tuple[bytes, str]:
+        return self.coll.read(self.NAME)
+
+    def read(self) -> str:
+        from lnkmem.bridges.place import NotFound
+        try:
+            return self.read_bytes()[0].decode("utf-8", "replace")
+        except NotFound:
+            return ""
+
+    def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
+        from lnkmem.bridges.http import BridgeDown
+        from lnkmem.bridges.place import Conflict, NotFound
+        for _ in range(20):
+            try:
+                data, version = self.coll.read(self.NAME)
+                current = data.decode("utf-8", "replace")
+            except NotFound:
+                current, version = "", None
+            result = apply(current, add, remove, limit)
+            try:
+                self.coll.write(self.NAME, result.text.encode("utf-8"), version)
+            except Conflict:
+                continue
+            except BridgeDown as e:
+                raise ToolError(f"the notes could not be written: {e}; nothing was changed") from None
+            return result
+        raise ToolError("the notes kept changing under us; nothing was changed, try again")

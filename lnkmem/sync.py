@@ -124,6 +124,12 @@ class WriteBack:
 
     def flush(self, timeout: float = 60.0) -> Optional[str]:
         """Write back now and wait for the bridge's acknowledgement; an error, or None."""
+        if self._thread is None or not self._thread.is_alive():  # stopped: write here
+            try:
+                self.write()
+                return None
+            except Exception as e:
+                return f"the copy could not be written: {e}"
         done = threading.Event()
         with self._cond:
             self._flush_waiters.append(done)
@@ -145,6 +151,8 @@ class WriteBack:
             with self._cond:
                 while True:
                     if self._stop:
+                        for w in self._flush_waiters:
+                            w.set()
                         return
                     if self._flush_waiters:
                         break

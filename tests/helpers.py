@@ -278,8 +278,8 @@ class Many:
         finally:
             s.close()
 
-    def connect(self) -> SocketClient:
-        return SocketClient(str(self.socket))
+    def connect(self, timeout: float = 10) -> SocketClient:
+        return SocketClient(str(self.socket), timeout)
 
     def hello(self, agent: str) -> SocketClient:
         c = self.connect()

@@ -1,0 +1,373 @@
+"""Bound sessions against the fake bridges (§5.4, §5.6, §6, §7.2, §7.3, §8)."""
+
+import json
+import os
+import signal
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from fakes.harness import FakeServer
+from tests.bridges import KEY, OTHER_KEY, Bridges
+from tests.helpers import Home, Many, agent_entry, until
+
+FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
+
+
+@pytest.fixture
+def bridges(tmp_path):
+    b = Bridges(tmp_path / "link")
+    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
+    b.write_home("docs/other.md", "Penguins prefer the south.\n")
+    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
+    yield b
+    b.stop()
+
+
+def serve(bridges, tmp_path, name="m", agents=None, env=None, extra=()):
+    e = dict(FAST)
+    e.update(env or {})
+    return Many(tmp_path / name / "mem.sock", agents, bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}"),
+                                                                         "--embed", "none", "--embed-url", ""] [:4 if agents is None else 2] + list(extra), env=e) if False else \
+        Many(tmp_path / name / "mem.sock", agents if agents is not None else {},
+             bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")] + list(extra), env=e)
+
+
+def indexed(c, query, ref, timeout=20):
+    return until(lambda: ref in [h["ref"] for h in c.search(query)["structuredContent"]["hits"]], timeout=timeout)
+
+
+def copy_files(bridges) -> dict:
+    d = bridges.store("memory") / "lnkmem"
+    return {p.name: p.read_bytes() for p in d.iterdir()} if d.exists() else {}
+
+
+def copy_refs(bridges) -> set:
+    """The refs the copy's file table holds (read straight from the copy's files)."""
+    files = copy_files(bridges)
+    m = json.loads(files["manifest.json"])
+    table = msgspec.msgpack.decode(zlib.decompress(files[m["table"]]))
+    assert all(name in files for name in m["segments"] + m["vectors"] + [m["table"]])
+    return {ref for ref, _ in table[0]}
+
+
+def log(server: FakeServer) -> list:
+    return server.log()
+
+
+def test_bound_session_reads_through_bridges_and_creates_the_copy(bridges, tmp_path):
+    with serve(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        hits = c.search("narwhals sleep")["structuredContent"]["hits"]
+        assert hits[0]["ref"] == "chats/t1.jsonl" and hits[0]["thread"] == "t1"
+        assert c.call("read", {"ref": "home/docs/other.md"})["structuredContent"]["text"] == "Penguins prefer the south."
+        assert [e["ref"] for e in c.call("list", {"ref": "home/docs"})["structuredContent"]["entries"]] == \
+            ["home/docs/other.md", "home/docs/plan.md"]
+        assert until(lambda: "manifest.json" in copy_files(bridges), timeout=10)
+        assert copy_refs(bridges) >= {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"}
+        # nothing but the copy and notes was written through the bridges
+        for e in log(bridges.storage) + log(bridges.files):
+            if e["method"] in ("PUT", "DELETE"):
+                assert "/v1/c/memory/lnkmem/" in e["path"] or e["path"].endswith("/notes.md"), e
+                assert e["if_match"] or e["if_none_match"], e
+
+
+def test_notes_written_through_conditionally_and_concurrently(bridges, tmp_path):
+    with serve(bridges, tmp_path, "x") as m1, serve(bridges, tmp_path, "y") as m2:
+        c1, c2 = m1.connect(), m2.connect()
+        assert c1.first(bridges.bound()) == {"ok": True} and c2.first(bridges.bound()) == {"ok": True}
+        errors = []
+
+        def add(c, who):
+            for i in range(8):
+                r = c.call("remember", {"add": f"{who} note {i}"})
+                if r["isError"]:
+                    errors.append(r)
+        ts = [threading.Thread(target=add, args=(c, w)) for c, w in ((c1, "one"), (c2, "two"))]
+        [t.start() for t in ts]
+        [t.join(60) for t in ts]
+        assert errors == []
+        notes = (bridges.store("memory") / "notes.md").read_text().splitlines()
+        assert sorted(notes) == sorted([f"- one note {i}" for i in range(8)] + [f"- two note {i}" for i in range(8)])
+        assert indexed(c1, "note", "notes")
+        puts = [e for e in log(bridges.storage) if e["method"] == "PUT" and e["path"].endswith("notes.md")]
+        assert puts and all(e["if_match"] or e["if_none_match"] == "*" for e in puts)
+        assert any(e["status"] == 412 for e in puts)  # they did race, and both survived
+        c1.close(), c2.close()
+
+
+def test_no_remember_without_bound_notes(bridges, tmp_path):
+    with serve(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound(notes=None)) == {"ok": True}
+        names = [t["name"] for t in c.request("tools/list")["result"]["tools"]]
+        assert "remember" not in names
+
+
+def test_foreign_bridge_is_never_contacted(bridges, tmp_path):
+    foreign = FakeServer.start("fakes.storage_bridge", "--unix", tmp_path / "foreign.sock", "--root",
+                               tmp_path / "froot", "--config", bridges.config)
+    try:
+        with serve(bridges, tmp_path) as m, m.connect() as c:
+            line = bridges.bound()
+            line["bound"]["storage"]["socket"] = str(tmp_path / "foreign.sock")
+            r = c.first(line)
+            assert "not one of this machine's bridges" in r["error"] and KEY not in r["error"]
+            assert c.closed()
+        assert foreign.log() == []
+        assert not any(e["path"] == "/v1/bind" for e in log(bridges.files))  # nothing bound at all
+    finally:
+        foreign.stop()
+
+
+def test_refused_key_and_bridge_down(bridges, tmp_path):
+    with serve(bridges, tmp_path) as m:
+        with m.connect() as c:
+            r = c.first(bridges.bound(key=OTHER_KEY))
+            assert "refused" in r["error"] and OTHER_KEY not in r["error"]
+        bridges.files.fault("403", count=1)
+        with m.connect() as c:
+            assert "refused" in c.first(bridges.bound())["error"]
+        bridges.storage.fault("down")
+        with m.connect() as c:
+            t0 = time.monotonic()
+            r = c.first(bridges.bound())
+            assert "down" in r["error"] and 4 < time.monotonic() - t0 < 15
+        bridges.storage.fault("ok")
+        with m.connect() as c:
+            assert c.first(bridges.bound()) == {"ok": True}
+
+
+def test_bound_line_refusals(bridges, tmp_path):
+    with serve(bridges, tmp_path) as m:
+        for line, words in [
+            (bridges.bound(files=False, places=("conversations",)), "no place for the index copy"),
+            (bridges.bound(storage=False, index="home", files=False), "needs the files bridge"),
+            ({"agent": "a1", "bound": {"owner": "o1", "key": "xyz"}}, "key"),
+            ({"agent": "a1", "bound": {"owner": "bad owner", "key": KEY}}, "owner"),
+        ]:
+            with m.connect() as c:
+                r = c.first(line)
+                assert words in r["error"], r
+    with Many(tmp_path / "nc" / "m.sock", {}, bridges.flags(), env=FAST) as m, m.connect() as c:
+        assert "--cache" in c.first(bridges.bound())["error"]
+
+
+def test_cache_reused_at_the_same_version_and_dropped_at_another(bridges, tmp_path):
+    with serve(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    version = json.loads(copy_files(bridges)["manifest.json"])
+    bridges.storage.request("DELETE", "/_log")
+    with serve(bridges, tmp_path) as m, m.connect() as c:  # same cache, same copy: reused
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        entries = log(bridges.storage)
+        man = [e for e in entries if e["path"].endswith("lnkmem/manifest.json") and e["method"] == "GET"]
+        assert man[0]["if_none_match"] and man[0]["status"] == 304
+        assert not any("/seg-" in e["path"] and e["method"] == "GET" for e in entries)
+    # another engine (another cache) changes the copy
+    bridges.write_home("docs/new.md", "Walruses arrive.\n")
+    with serve(bridges, tmp_path, "other") as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "walruses", "home/docs/new.md")
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    assert json.loads(copy_files(bridges)["manifest.json"]) != version
+    bridges.storage.request("DELETE", "/_log")
+    os.unlink(bridges.home() / "docs" / "new.md")  # the sources moved on too
+    with serve(bridges, tmp_path) as m, m.connect() as c:  # the first cache is stale: dropped, loaded
+        assert c.first(bridges.bound()) == {"ok": True}
+        until(lambda: "indexing" not in c.search("x")["structuredContent"], timeout=20)
+        entries = log(bridges.storage)
+        man = [e for e in entries if e["path"].endswith("lnkmem/manifest.json") and e["method"] == "GET"]
+        assert man[0]["status"] == 200
+        assert any("/seg-" in e["path"] and e["method"] == "GET" for e in entries)
+        assert until(lambda: c.search("walruses")["structuredContent"]["hits"] == [], timeout=10)
+
+
+def test_write_back_frequency(bridges, tmp_path):
+    with serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "1"}) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        time.sleep(1.5)
+        bridges.storage.request("DELETE", "/_log")
+        t0 = time.monotonic()
+        for i in range(16):  # a change every quarter second for four seconds
+            bridges.write_home(f"live/{i}.md", f"item{i} arrives\n")
+            with m.connect() as ctl:
+                assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/live/{i}.md"}}) == {"ok": True}
+            time.sleep(0.25)
+        time.sleep(1.5)
+        span = time.monotonic() - t0
+        puts = [e["time"] for e in log(bridges.storage)
+                if e["method"] == "PUT" and e["path"].endswith("manifest.json") and e["status"] == 200]
+        assert 3 <= len(puts) <= span / 1.0 + 1
+        gaps = [b - a for a, b in zip(puts, puts[1:])]
+        assert min(gaps) >= 0.9
+        assert "home/live/15.md" in copy_refs(bridges)
+
+
+def test_flush_end_and_controls(bridges, tmp_path):
+    with serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"}) as m:
+        c = m.connect()
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        bridges.write_home("docs/late.md", "Belugas sing.\n")
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/late.md"}}) == {"ok": True}
+        assert indexed(c, "belugas", "home/docs/late.md", timeout=1)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert "home/docs/late.md" in copy_refs(bridges)  # acknowledged before the ok
+        with m.connect() as ctl:
+            assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert c.closed()  # the binding's sessions are closed
+        with m.connect() as ctl:
+            assert "no binding" in ctl.first({"flush": {"owner": "o1", "agent": "a1"}})["error"]
+        with m.connect() as c2:  # a new Bound line binds again
+            assert c2.first(bridges.bound()) == {"ok": True}
+
+
+def test_sigterm_writes_back(bridges, tmp_path):
+    m = serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"})
+    c = m.connect()
+    assert c.first(bridges.bound()) == {"ok": True}
+    assert indexed(c, "narwhal", "home/docs/plan.md")
+    assert m.stop(signal.SIGTERM) == 0
+    assert "home/docs/plan.md" in copy_refs(bridges)
+    assert not m.socket.exists()
+
+
+def test_two_engines_race_and_converge(bridges, tmp_path):
+    env = {"LNKMEM_WRITEBACK_S": "0.2"}
+    with serve(bridges, tmp_path, "p", env=env) as m1, serve(bridges, tmp_path, "q", env=env) as m2:
+        c1, c2 = m1.connect(), m2.connect()
+        assert c1.first(bridges.bound()) == {"ok": True} and c2.first(bridges.bound()) == {"ok": True}
+        for i in range(6):
+            for m, who in ((m1, "p"), (m2, "q")):
+                bridges.write_home(f"{who}/{i}.md", f"{who}{i} token\n")
+                with m.connect() as ctl:
+                    ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/{who}/{i}.md"}})
+            time.sleep(0.1)
+        for m in (m1, m2, m1):
+            with m.connect() as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        refs = copy_refs(bridges)
+        assert {f"home/{w}/{i}.md" for w in "pq" for i in range(6)} <= refs
+        puts = [e for e in log(bridges.storage) if e["path"].endswith("manifest.json") and e["method"] == "PUT"]
+        assert all(e["if_match"] or e["if_none_match"] == "*" for e in puts)
+        c1.close(), c2.close()
+
+
+def test_503_storm_ridden_out(bridges, tmp_path):
+    with serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"}) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        bridges.storage.fault("503", count=10, retry_after=0)
+        with m.connect(timeout=60) as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert "home/docs/plan.md" in copy_refs(bridges)
+        assert sum(1 for e in log(bridges.storage) if e["status"] == 503) == 10
+
+
+def test_sigkill_during_write_back_leaves_old_or_new(bridges, tmp_path):
+    for i in range(40):
+        bridges.write_home(f"bulk/{i}.md", f"bulk file {i} " + "filler words " * 200 + "\n")
+    for k in range(6):
+        m = serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "0.05"})
+        c = m.connect()
+        assert c.first(bridges.bound()) == {"ok": True}
+        bridges.write_home(f"bulk/k{k}.md", f"killer{k} round\n")
+        with m.connect() as ctl:
+            ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/bulk/k{k}.md"}})
+        time.sleep(0.05 + 0.1 * k)
+        m.proc.send_signal(signal.SIGKILL)
+        m.proc.wait()
+        c.close()
+        if "manifest.json" in copy_files(bridges):
+            copy_refs(bridges)  # every file the manifest names is there: one whole version
+    with serve(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        for k in range(6):
+            assert indexed(c, f"killer{k}", f"home/bulk/k{k}.md")
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    assert {f"home/bulk/k{k}.md" for k in range(6)} <= copy_refs(bridges)
+
+
+def test_copy_in_home_and_own_bridges_dir(bridges, tmp_path):
+    agent_dir = tmp_path / "bdir" / "a1"
+    agent_dir.mkdir(parents=True)
+    os.symlink(bridges.storage_sock, agent_dir / "storage.sock")
+    with Many(tmp_path / "h" / "m.sock", {}, ["--files-bridge", str(bridges.files_sock), "--bridges",
+                                              str(tmp_path / "bdir"), "--cache", str(tmp_path / "ch")], env=FAST) as m:
+        with m.connect() as c:
+            line = bridges.bound(index="home")
+            line["bound"]["storage"]["socket"] = str(agent_dir / "storage.sock")
+            assert c.first(line) == {"ok": True}
+            assert indexed(c, "narwhal", "home/docs/plan.md")
+            assert until(lambda: (bridges.home() / "memory" / "lnkmem" / "manifest.json").exists(), timeout=10)
+            # the copy in Home is not indexed as Home
+            assert not any(h["ref"].startswith("home/memory/lnkmem")
+                           for h in c.search("seg manifest table")["structuredContent"]["hits"])
+        puts = [e for e in log(bridges.files) if e["method"] == "PUT"]
+        assert puts and all("memory%2Flnkmem%2F" in e["path"] or "memory/lnkmem/" in e["path"] for e in puts)
+
+
+def test_named_agent_caches_in_its_state(bridges, tmp_path):
+    h = Home(tmp_path / "local")
+    h.write("skills/s/SKILL.md", "walrus skill\n")
+    agents = {"a1": agent_entry(h, env={"LNK_OWNER": "o1"})}
+    with Many(tmp_path / "n" / "m.sock", agents, bridges.flags(), env=FAST) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        assert indexed(c, "walrus", "skills/s/SKILL.md")  # skills stay local
+        assert (h.state / "bound" / "index" / "data.mdb").exists()
+
+
+def test_embedding_header_proves_the_binding(bridges, tmp_path):
+    bfile = tmp_path / "ebind.json"
+    bfile.write_text(json.dumps(bridges.bindings))
+    model = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "e.sock", "--model", "fake-mini",
+                             "--bindings", bfile, "--log", tmp_path / "e.log")
+    try:
+        flags = ["--embed", "fake-mini", "--embed-url", model.listen]
+        with serve(bridges, tmp_path, extra=flags) as m, m.connect() as c:
+            assert c.first(bridges.bound()) == {"ok": True}
+            assert until(lambda: c.search("buying an automobile")["structuredContent"]["ranked"] == "meaning+words",
+                         timeout=20)
+        entries = model.log()
+        assert entries and all(e["status"] == 200 for e in entries)
+    finally:
+        model.stop()
+
+
+def test_the_key_is_never_written_or_logged(bridges, tmp_path):
+    from lnkmem.bridges.http import proof
+    secrets = [KEY, KEY.upper()] + [proof(KEY, p, "o1", "a1") for p in ("files", "storage", "embedding")]
+    m = serve(bridges, tmp_path, env={"LNKMEM_LOG": "debug"})
+    with m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert indexed(c, "narwhal", "home/docs/plan.md")
+        c.call("remember", {"add": "a note"})
+        with m.connect() as ctl:
+            ctl.first({"flush": {"owner": "o1", "agent": "a1"}})
+    m.stop()
+    err = m.proc.stderr.read().decode()
+    assert "DEBUG" in err  # debug logging was on
+    blobs = {"stderr": err}
+    for dirpath, _, names in os.walk(tmp_path):
+        for n in names:
+            p = Path(dirpath) / n
+            if p.is_file() and not p.is_symlink() and p != bridges.config:  # Link's own config holds the key
+                blobs[str(p)] = p.read_bytes().decode("latin-1")
+    assert len(blobs) > 10
+    for s in secrets:
+        assert [where for where, b in blobs.items() if s in b] == []

@@ -99,6 +99,17 @@ class Binding(_Held):
         self.owner, self.agent, self._key = owner, agent, key
         self.teams: dict[str, TeamBinding] = {}
 
+    def close(self) -> Optional[str]:
+        """Write back and end: its own memory first, then its teams' (§5.5)."""
+        err = super().close()
+        for tb in list(self.teams.values()):
+            err = err or tb.close()
+        self.teams.clear()
+        return err
+
+    def client(self, purpose: str) -> Optional[BridgeClient]:
+        return next((c for c in self.clients if c.purpose == purpose), None)
+
     def same_key(self, key: str) -> bool:
         return self._key.lower() == key.lower()
 
@@ -115,6 +126,8 @@ class Bindings:
     def __init__(self, service):
         self.service = service
         self.held: dict[tuple[str, str], Binding] = {}
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
     @property
     def opts(self):
@@ -181,6 +194,12 @@ class Bindings:
                 raise Refusal(f"the {c.purpose} bridge is down: {e}") from None
 
     def _open(self, first: FirstLine):
+        with self._locks_lock:
+            lock = self._locks.setdefault((first.bound.owner, first.agent), threading.Lock())
+        with lock:  # one Bound line of an agent at a time
+            return self._open_locked(first)
+
+    def _open_locked(self, first: FirstLine):
         agent, b = first.agent, first.bound
         self._check_sockets(agent, b)
         has_memory_place = b.storage is not None and "memory" in b.storage.places
@@ -197,31 +216,39 @@ class Bindings:
             self.held.pop(key, None)
             binding = None
         if binding is None:
-            binding = self._new_binding(first, cfg, cache, has_memory_place)
+            binding = self._new_binding(first)
             self.held[key] = binding
         if first.team is not None:
             return self._team_session(binding, first, cfg, cache)
+        if binding.memory is None:  # the agent's own memory starts with its first own session
+            binding.memory = self._own_memory(binding, first, cfg, cache, has_memory_place)
         return binding.session()
 
-    def _new_binding(self, first: FirstLine, cfg: AgentConfig, cache: str, has_memory_place: bool) -> Binding:
-        from lnkmem.engine import Layout, Memory, NotesPlace
-        from lnkmem.notes import BridgeNotes, LocalNotes
-        from lnkmem.sync import Replica
+    def _new_binding(self, first: FirstLine) -> Binding:
+        """Clients for the bridges the line names, each having taken the key."""
         agent, b = first.agent, first.bound
         binding = Binding(b.owner, agent, b.key)
-        files = storage = None
         if b.files:
-            files = self._client(b.files, "files", b.owner, agent, b.key)
-            binding.clients.append(files)
+            binding.clients.append(self._client(b.files, "files", b.owner, agent, b.key))
         if b.storage:
-            storage = self._client(b.storage.socket, "storage", b.owner, agent, b.key)
-            binding.clients.append(storage)
+            binding.clients.append(self._client(b.storage.socket, "storage", b.owner, agent, b.key))
         try:
             self._bind(binding.clients)
         except Refusal:
             for c in binding.clients:
                 c.close()
             raise
+        return binding
+
+    def _own_memory(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str,
+                    has_memory_place: bool):
+        """The agent's memory: its places behind the bridges, its copy, its cache."""
+        from lnkmem.engine import Layout, Memory, NotesPlace
+        from lnkmem.notes import BridgeNotes, LocalNotes
+        from lnkmem.sync import Replica
+        agent, b = first.agent, first.bound
+        files = binding.client("files")
+        storage = binding.client("storage")
         places: dict[str, object] = {}
         if files is not None:
             places["home"] = FilesPlace(files, exclude=("memory/lnkmem",))
@@ -252,8 +279,7 @@ class Bindings:
             embed = (url, model, lambda: {"Authorization": auth_header(key, "embedding", b.owner, agent)})
         layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
                         os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
-        binding.memory = Memory(cfg, layout).start(watch=any(isinstance(p, LocalPlace) for p in places.values()))
-        return binding
+        return Memory(cfg, layout).start(watch=any(isinstance(p, LocalPlace) for p in places.values()))
 
     def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str) -> BoundSession:
         from lnkmem.engine import Layout, Memory
@@ -264,8 +290,7 @@ class Bindings:
             return tb.session()
         if not b.files or not b.storage:
             raise Refusal("a team's memory needs both the files and the storage bridge")
-        files = next(c for c in binding.clients if c.purpose == "files")
-        storage = next(c for c in binding.clients if c.purpose == "storage")
+        files, storage = binding.client("files"), binding.client("storage")
         tb = TeamBinding(team.id)
         copy_place = Collection(storage, "memory", team=team.id, root="lnkmem")
         try:  # a member granted part of the folder is refused the team copy
@@ -318,10 +343,7 @@ class Bindings:
 
     async def end(self, b) -> Optional[str]:
         binding = self.held.pop((b.owner, b.agent))
-        err = await self._in_pool(binding.close)  # its own first
-        for tb in list(binding.teams.values()):
-            err = err or await self._in_pool(tb.close)
-        return err
+        return await self._in_pool(binding.close)  # its own first, then its teams
 
     async def close_all(self) -> None:
         for key in list(self.held):

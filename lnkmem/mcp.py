@@ -213,7 +213,7 @@ class Session:
             raise RpcError(INVALID_PARAMS, f"unknown tool: {name!r} (this memory serves {served})")
         meta = params.get("_meta")
         thread = meta.get(THREAD_KEY) if isinstance(meta, dict) else None
-        if memory.cfg.from_required and not (isinstance(thread, str) and thread):
+        if memory is not None and memory.cfg.from_required and not (isinstance(thread, str) and thread):
             raise RpcError(INVALID_PARAMS, f"the thread is missing: params._meta[{THREAD_KEY!r}] must name the conversation")
         if not isinstance(thread, str):
             thread = None

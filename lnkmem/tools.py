@@ -153,7 +153,7 @@ ARGS = {"search": SearchArgs, "read": ReadArgs, "list": ListArgs, "remember": Re
 
 def tool_names(memory: Memory) -> list[str]:
     names = ["search", "read", "list"]
-    if memory.notes is not None:
+    if memory is not None and memory.notes is not None:
         names.append("remember")
     return names
 

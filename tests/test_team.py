@@ -1,0 +1,128 @@
+"""A team's memory (§5.5): writers keep the team's copy, readers search it."""
+
+import json
+import time
+
+import pytest
+
+from tests.bridges import KEY, OTHER_KEY, Bridges
+from tests.helpers import Many, until
+
+FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
+
+
+@pytest.fixture
+def bridges(tmp_path):
+    b = Bridges(tmp_path / "link",
+                bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY},
+                          "a3": {"owner": "o3", "key": "c3" * 32}},
+                teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew", "a2": "o1/crew", "a3": "crew"},
+                              "grants": {"a1": "all", "a2": "all", "a3": "part"}}})
+    folder = b.team_folder("t1")
+    (folder / "memory").mkdir()
+    (folder / "memory" / "charter.md").write_text("The crew charters a schooner every July.\n")
+    (folder / "outside.md").write_text("schooner gossip outside memory/\n")
+    yield b
+    b.stop()
+
+
+def line(b, agent, owner, key, named, writes):
+    first = b.bound(agent=agent, owner=owner, key=key, notes=None)
+    first["team"] = {"id": "t1", "named": named, "writes": writes}
+    return first
+
+
+def engine(b, tmp_path, name, env=None):
+    e = dict(FAST)
+    e.update(env or {})
+    return Many(tmp_path / name / "m.sock", {}, b.flags() + ["--cache", str(tmp_path / f"c-{name}")], env=e)
+
+
+def refs(c, q):
+    return [h["ref"] for h in c.search(q)["structuredContent"]["hits"]]
+
+
+def writes_by(b, agent):
+    return [e for e in b.storage.log() + b.files.log()
+            if e.get("agent") == agent and e["method"] in ("PUT", "DELETE", "POST") and e["path"] != "/v1/bind"]
+
+
+def test_writer_and_reader_on_one_team(bridges, tmp_path):
+    with engine(bridges, tmp_path, "w") as mw, engine(bridges, tmp_path, "r") as mr:
+        w = mw.connect()
+        assert w.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
+        assert until(lambda: refs(w, "schooner") == ["home/charter.md"], timeout=15)  # memory/ only
+        with mw.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert (bridges.team_copy("t1") / "manifest.json").exists()
+        r = mr.connect()
+        assert r.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", False)) == {"ok": True}
+        assert until(lambda: refs(r, "schooner") == ["home/charter.md"], timeout=15)
+        # a file the writer has not indexed yet: the reader finds it by words after `changed`
+        (bridges.team_folder("t1") / "memory" / "fresh.md").write_text("Barnacles on the schooner hull.\n")
+        with mr.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o2", "agent": "a2", "path": "fresh.md", "team": "t1"}}) == {"ok": True}
+        assert refs(r, "barnacles") == ["home/fresh.md"]
+        for src in (["chats"], ["notes"], ["skills"]):
+            assert r.search("schooner", sources=src)["structuredContent"]["hits"] == []
+        names = [t["name"] for t in r.request("tools/list")["result"]["tools"]]
+        assert "remember" not in names
+        r.close(), w.close()
+        time.sleep(0.5)
+    assert writes_by(bridges, "a2") == []  # a reader writes nothing, ever
+
+
+def test_member_granted_part_is_refused_at_first_call(bridges, tmp_path):
+    with engine(bridges, tmp_path, "p") as m, m.connect() as c:
+        assert c.first(line(bridges, "a3", "o3", "c3" * 32, "crew", False)) == {"ok": True}
+        for _ in range(2):
+            r = c.call("search", {"query": "schooner"})
+            assert r["isError"] and "not granted the whole team folder" in r["content"][0]["text"]
+            assert "schooner" not in json.dumps(r)
+        r = c.call("read", {"ref": "home/charter.md"})
+        assert r["isError"] and "July" not in json.dumps(r)
+
+
+def test_two_writers_race_and_converge(bridges, tmp_path):
+    env = {"LNKMEM_WRITEBACK_S": "0.1"}
+    with engine(bridges, tmp_path, "x", env) as m1, engine(bridges, tmp_path, "y", env) as m2:
+        c1, c2 = m1.connect(), m2.connect()
+        assert c1.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
+        assert c2.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", True)) == {"ok": True}
+        mem = bridges.team_folder("t1") / "memory"
+        for i in range(5):
+            for m, who, owner, agent in ((m1, "x", "o1", "a1"), (m2, "y", "o2", "a2")):
+                (mem / f"{who}{i}.md").write_text(f"note{who}{i} for the crew\n")
+                with m.connect() as ctl:
+                    ctl.first({"changed": {"owner": owner, "agent": agent, "path": f"{who}{i}.md", "team": "t1"}})
+        for m, owner, agent in ((m1, "o1", "a1"), (m2, "o2", "a2"), (m1, "o1", "a1")):
+            with m.connect() as ctl:
+                assert ctl.first({"flush": {"owner": owner, "agent": agent}}) == {"ok": True}
+        c1.close(), c2.close()
+    # a fresh reader sees everything both wrote, from the copy
+    with engine(bridges, tmp_path, "z") as m3, m3.connect() as c3:
+        assert c3.first(line(bridges, "a1", "o1", KEY, "crew", False)) == {"ok": True}
+        for who in "xy":
+            for i in range(5):
+                assert until(lambda: refs(c3, f"note{who}{i}") == [f"home/{who}{i}.md"], timeout=15)
+    puts = [e for e in bridges.storage.log() if "/teams/t1/" in e["path"] and e["method"] == "PUT"
+            and e["path"].endswith("manifest.json")]
+    assert all(e["if_match"] or e["if_none_match"] == "*" for e in puts)
+
+
+def test_flush_and_end_cascade_to_teams(bridges, tmp_path):
+    with engine(bridges, tmp_path, "f", {"LNKMEM_WRITEBACK_S": "3600"}) as m:
+        own = m.connect()
+        assert own.first(bridges.bound(notes=None)) == {"ok": True}
+        team = m.connect()
+        assert team.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
+        assert until(lambda: refs(team, "schooner") == ["home/charter.md"], timeout=15)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert (bridges.team_copy("t1") / "manifest.json").exists()
+        assert (bridges.store("memory") / "lnkmem" / "manifest.json").exists()
+        puts = [e for e in bridges.storage.log() if e["method"] == "PUT" and e["path"].endswith("manifest.json")]
+        assert "/v1/c/memory/" in puts[0]["path"] and "/teams/t1/" in puts[-1]["path"]  # its own first
+        with m.connect() as ctl:
+            assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert own.closed() and team.closed()

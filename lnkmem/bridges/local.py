@@ -114,7 +114,8 @@ class LocalPlace:
             if not st.S_ISREG(s.st_mode):
                 raise NotFound(f"not a file: {path}")
             with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(MAX_FILE + 1)
+                # read(n) allocates n bytes up front: ask for what the file holds
+                data = f.read(min(s.st_size, MAX_FILE) + 1)
             return data, version_of(s)
         finally:
             os.close(fd)

@@ -28,17 +28,25 @@ STOPWORDS = frozenset(
 )
 
 _stemmer = snowballstemmer.stemmer("english")
-_memo: dict[str, str] = {}
+_memo: dict[str, str] = {}  # word -> its term, or "" for a word not indexed
 _MEMO_MAX = 2_000_000
 
 
+def _term(word: str) -> str:
+    if word in STOPWORDS or len(word) > MAX_WORD:
+        t = ""
+    else:
+        t = _stemmer.stemWord(word) if word.isalpha() else word
+    if len(_memo) < _MEMO_MAX:
+        _memo[word] = t
+    return t
+
+
 def stem(word: str) -> str:
-    s = _memo.get(word)
-    if s is None:
-        s = _stemmer.stemWord(word) if word.isalpha() else word
-        if len(_memo) < _MEMO_MAX:
-            _memo[word] = s
-    return s
+    t = _memo.get(word)
+    if t is None:
+        t = _term(word)
+    return t or word
 
 
 def words(text: str) -> list[str]:
@@ -46,16 +54,18 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
-def term_counts(text: str) -> tuple[Counter, int]:
+def term_counts(text: str) -> tuple[dict, int]:
     """(term -> frequency, length) of a passage: stopped, stemmed terms."""
-    raw = Counter(_WORD.findall(text.casefold()))
-    counts: Counter = Counter()
+    counts: dict[str, int] = {}
     length = 0
-    for w, n in raw.items():
-        if w in STOPWORDS or len(w) > MAX_WORD:
-            continue
-        counts[stem(w)] += n
-        length += n
+    memo = _memo
+    for w, n in Counter(_WORD.findall(text.casefold())).items():
+        t = memo.get(w)
+        if t is None:
+            t = _term(w)
+        if t:
+            counts[t] = counts.get(t, 0) + n
+            length += n
     return counts, length
 
 
@@ -63,7 +73,9 @@ def query_terms(text: str) -> list[str]:
     """Distinct terms of a query in order of first appearance."""
     seen: dict[str, None] = {}
     for w in words(text):
-        if w in STOPWORDS or len(w) > MAX_WORD:
-            continue
-        seen.setdefault(stem(w), None)
+        t = _memo.get(w)
+        if t is None:
+            t = _term(w)
+        if t:
+            seen.setdefault(t, None)
     return list(seen)

@@ -116,7 +116,7 @@ def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
     for p in passages:
         counts, length = analyze.term_counts(p.text)
         for t, n in name_terms.items():
-            counts[t] += n
+            counts[t] = counts.get(t, 0) + n
         out.append((counts, length + name_len))
     return out
 

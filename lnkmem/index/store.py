@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -332,7 +331,11 @@ class Store:
                     txn.delete(_k(p), db=self.vectors)
                     txn.delete(_k(p), db=self.vec_pending)
                 txn.delete(ref.encode(), db=self.files)
-            post: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+            # postings of the whole batch as flat columns (C-speed extends), then
+            # grouped by term with one sort
+            p_terms: list[str] = []
+            p_tfs: list[int] = []
+            p_pids: list[int] = []
             seg_pids: list[int] = []
             seg_lens: list[int] = []
             seg_refs: list[str] = []
@@ -346,21 +349,27 @@ class Store:
                     seg_pids.append(pid)
                     seg_lens.append(length)
                     seg_refs.append(f.ref)
-                    for term, tf in counts.items():
-                        entry = post[term]
-                        entry[0].append(pid)
-                        entry[1].append(tf if tf < 65535 else 65535)
+                    p_terms.extend(counts.keys())
+                    p_tfs.extend(counts.values())
+                    p_pids.extend([pid] * len(counts))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind)), db=self.files)
             if seg_pids:
                 sk = _k(seg)
-                items = []
-                for term in sorted(post):
-                    p, t = post[term]
-                    items.append((term.encode() + b"\0" + sk,
-                                  np.asarray(p, "<u4").tobytes() + np.asarray(t, "<u2").tobytes()))
+                names = sorted(dict.fromkeys(p_terms))
+                ids = {t: i for i, t in enumerate(names)}  # term -> its rank in key order
+                r = np.fromiter(map(ids.__getitem__, p_terms), np.int64, len(p_terms))
+                pid_arr = np.asarray(p_pids, "<u4")
+                order = np.lexsort((pid_arr, r))
+                r, pid_arr = r[order], pid_arr[order]
+                tf_arr = np.minimum(np.asarray(p_tfs, np.int64)[order], 65535).astype("<u2")
+                bounds = np.flatnonzero(np.diff(r)) + 1
+                starts = np.concatenate(([0], bounds))
+                ends = np.concatenate((bounds, [len(r)]))
+                items = [(names[r[a]].encode() + b"\0" + sk, pid_arr[a:b].tobytes() + tf_arr[a:b].tobytes())
+                         for a, b in zip(starts.tolist(), ends.tolist())]
                 txn.cursor(db=self.postings).putmulti(items)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),
-                               seg_refs, "\n".join(sorted(post)).encode())
+                               seg_refs, "\n".join(names).encode())
                 txn.put(sk, _enc.encode(meta), db=self.segments)
                 txn.put(b"next_seg", str(seg + 1).encode(), db=self.meta)
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)

@@ -115,7 +115,7 @@ class Memory:
                 log.warning("no ranking by meaning: %s", e)
         if self.layout.replica is not None and self.layout.writes:
             from lnkmem.sync import WriteBack
-            self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.refresh_all_quiet)
+            self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy)
 
     # --- life ----------------------------------------------------------------
 
@@ -159,6 +159,9 @@ class Memory:
     def _run(self) -> None:
         try:
             self.store = self.open_store()
+            if self.embedder:
+                self.vindex.load(self.store)
+            self.opened.set()  # searches answer from the cache while the copy is looked at
             if self.layout.replica is not None:
                 self._attach()
             self.store.on_commit = self._committed
@@ -169,7 +172,6 @@ class Memory:
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
                 self.vindex.load(self.store)
                 threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
-            self.opened.set()
             self.refresh_all()
             self.ready.set()
             self._embed_wake.set()
@@ -213,13 +215,18 @@ class Memory:
             log.info("index copy: %s", how)
         except Exception as e:  # the copy can't be read now: serve the cache, write back later
             log.warning("the index copy could not be read: %s", e)
+            return
+        if how == "loaded" and self.vindex is not None:
+            self.vindex.load(self.store)  # passage ids now name the copy's passages
+
+    def reload_from_copy(self) -> None:
+        """Another engine wrote the copy first: take its version, re-apply the sources."""
+        self._attach()
+        self.refresh_all()
 
     def reattach(self) -> None:
         """Look at the copy again (a team reader, told of a change)."""
         self._queue.put(("\0attach", None))
-
-    def refresh_all_quiet(self) -> None:
-        self.refresh_all()
 
     def refresh_all(self, progress: Optional[Callable[[int, int], None]] = None) -> int:
         plan = indexer.plan(self.store, self.places)
@@ -279,7 +286,8 @@ class Memory:
                 self._stop.wait(min(self.embedder.circuit.cooldown, 30))
                 self._embed_wake.set()  # try again after the pause
                 return
-            stored = set(self.store.put_vectors(pids, vecs))
+            live = [x for x in passages if x is not None]
+            stored = set(self.store.put_vectors(pids, vecs, live))
             keep = [i for i, p in enumerate(pids) if p in stored]
             self.vindex.add([pids[i] for i in keep], vecs[keep])
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import msgspec
 
-from lnkmem import __version__, tools
+from lnkmem import __version__, tooldefs
 from lnkmem.errors import InvalidParams, ToolError
 from lnkmem.wire import convert
 
@@ -198,8 +198,8 @@ class Session:
         if method == "ping":
             self.send(result_line(id_, self._finish({}, modern)))
         elif method == "tools/list":
-            names = tools.tool_names(self.memory)
-            self.send(result_line(id_, self._finish({"tools": [tools.TOOLS[n] for n in names]}, modern, True)))
+            names = tooldefs.tool_names(self.memory)
+            self.send(result_line(id_, self._finish({"tools": [tooldefs.TOOLS[n] for n in names]}, modern, True)))
         elif method == "tools/call":
             self._call(id_, params, modern)
         else:
@@ -208,8 +208,8 @@ class Session:
     def _call(self, id_, params: dict, modern: Optional[str]) -> None:
         name = params.get("name")
         memory = self.memory
-        if not isinstance(name, str) or name not in tools.tool_names(memory):
-            served = ", ".join(tools.tool_names(memory))
+        if not isinstance(name, str) or name not in tooldefs.tool_names(memory):
+            served = ", ".join(tooldefs.tool_names(memory))
             raise RpcError(INVALID_PARAMS, f"unknown tool: {name!r} (this memory serves {served})")
         meta = params.get("_meta")
         thread = meta.get(THREAD_KEY) if isinstance(meta, dict) else None
@@ -228,7 +228,7 @@ class Session:
             self.send(result_line(id_, self._finish(_tool_error("arguments: must be an object"), modern)))
             return
         try:
-            typed = convert(args, tools.ARGS[name])
+            typed = convert(args, tooldefs.ARGS[name])
         except ValueError as e:
             self.send(result_line(id_, self._finish(_tool_error(f"bad arguments: {e}"), modern)))
             return
@@ -266,6 +266,7 @@ def _tool_error(message: str) -> dict:
 
 
 def _run_tool(memory, name: str, args, thread: Optional[str]) -> dict:
+    from lnkmem import tools  # the index and its numpy: imported on the first call, not at start
     try:
         text, structured = tools.call(memory, name, args, thread)
     except ToolError as e:

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lnkmem.config import AgentConfig
@@ -16,10 +17,35 @@ READ_CHUNK = 1 << 16
 START_DELAY_S = 0.05  # let `initialize` be answered before indexing starts
 
 
-def serve_stdio(cfg: AgentConfig) -> int:
-    from lnkmem.engine import Memory
+class _Later:
+    """The memory, built on a thread after start so that `initialize` is
+    answered before the index (numpy, LMDB) is even imported."""
 
-    memory = Memory(cfg)
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.memory = None
+        self.built = threading.Event()
+
+    def build(self) -> None:
+        time.sleep(START_DELAY_S)  # let `initialize` be answered first
+        try:
+            from lnkmem.engine import Memory
+            self.memory = Memory(self.cfg)
+        finally:
+            self.built.set()
+        self.memory.start()
+
+    def __call__(self):
+        self.built.wait()
+        return self.memory
+
+    def stop(self) -> None:
+        if self.memory is not None:
+            self.memory.stop()
+
+
+def serve_stdio(cfg: AgentConfig) -> int:
+    memory = _Later(cfg)
     pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lnkmem-tool")
     out = sys.stdout.buffer
     out_lock = threading.Lock()
@@ -35,9 +61,9 @@ def serve_stdio(cfg: AgentConfig) -> int:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
-        session = Session(lambda: memory, send, pool)
+        session = Session(memory, send, pool)
         lines = LineBuffer()
-        loop.call_later(START_DELAY_S, memory.start)
+        threading.Thread(target=memory.build, name="lnkmem-start", daemon=True).start()
 
         def feed(chunk: bytes) -> None:
             if not chunk:

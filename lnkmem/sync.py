@@ -91,11 +91,11 @@ def attach(store: Store, replica: Replica) -> str:
 class WriteBack:
     """The write-back loop of one cache and its copy."""
 
-    def __init__(self, store_of: Callable[[], Store], replica: Replica, reindex: Callable[[], None],
+    def __init__(self, store_of: Callable[[], Store], replica: Replica, reload: Callable[[], None],
                  every: Optional[float] = None, name: str = ""):
         self.store_of = store_of
         self.replica = replica
-        self.reindex = reindex
+        self.reload = reload  # load the copy's newer version and re-apply the sources
         self.every = interval() if every is None else every
         self.name = name
         self.state = "clean"
@@ -202,8 +202,7 @@ class WriteBack:
                     # another engine wrote first: load its version, re-apply ours, again
                     self.conflicts += 1
                     self.state = "reloading"
-                    attach(store, self.replica)
-                    self.reindex()
+                    self.reload()
                     continue
                 copyfmt.written(store, exp, version)
                 self.last_write = time.monotonic()

@@ -394,16 +394,19 @@ class Store:
             txn.put(b"model", model.encode(), db=self.meta)
             return old is not None
 
-    def put_vectors(self, pids: list[int], vecs: np.ndarray) -> list[int]:
-        """Store unit vectors (int8 with a scale) of passages still live; returns those stored."""
+    def put_vectors(self, pids: list[int], vecs: np.ndarray, passages: Optional[list] = None) -> list[int]:
+        """Store unit vectors (int8 with a scale) of passages still live and, when
+        ``passages`` are given, still the passages embedded; returns those stored."""
+        expect = [_enc.encode(p) for p in passages] if passages is not None else None
         stored = []
         with self.write_lock:
             while True:
                 try:
                     with self.env.begin(write=True) as txn:
                         stored = []
-                        for pid, v in zip(pids, vecs):
-                            if txn.get(_k(pid), db=self.passages) is None:
+                        for i, (pid, v) in enumerate(zip(pids, vecs)):
+                            now = txn.get(_k(pid), db=self.passages)
+                            if now is None or (expect is not None and bytes(now) != expect[i]):
                                 continue  # replaced meanwhile
                             txn.put(_k(pid), quantize(v), db=self.vectors)
                             txn.put(_k(pid), b"", db=self.vec_pending)

@@ -34,8 +34,8 @@ def test_serve_confined(home, tmp_path):
     home.write("skills/s/SKILL.md", "lighthouse skill\n")
     home.notes.write_text("- first note\n")
     before = _tree(home.folder, home.agent / "chats", home.agent / "skills", ROOT / "lnkmem", sys.prefix)
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--ro-bind", str(tmp_path), str(tmp_path),
+    # everything read-only (the program and its venv wherever they are), but the notes' folder
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--bind", str(home.state.parent), str(home.state.parent),
             "--unshare-net", "--die-with-parent", "--new-session",
             PROGRAM, "serve", *home.args()]

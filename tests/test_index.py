@@ -145,3 +145,21 @@ def test_damaged_index_is_rebuilt(home):
     with Server.start(home) as s:
         s.wait_indexed()
         assert refs(s.search("sturgeon")) == ["home/a.md"]
+
+
+def test_documents_converted_with_lnk_documents(home):
+    from fakes.lnk_documents import make_docx, make_pdf
+    from tests.helpers import ROOT
+    (home.folder / "report.pdf").write_bytes(make_pdf("The albatross census counted 412 birds."))
+    (home.folder / "memo.docx").write_bytes(make_docx("Budget memo: the heron survey needs funds."))
+    (home.folder / "page.html").write_text("<html><body><h1>Puffins</h1><p>Puffins nest in burrows.</p></body></html>")
+    (home.folder / "broken.pdf").write_bytes(b"%PDF-1.4 not really a pdf at all")
+    env = {"PATH": f"{ROOT / 'fakes' / 'bin'}:{os.environ['PATH']}"}
+    with Server.start(home, env=env) as s:
+        s.wait_indexed()
+        assert refs(s.search("albatross census")) == ["home/report.pdf"]
+        assert refs(s.search("heron survey")) == ["home/memo.docx"]
+        assert refs(s.search("burrows")) == ["home/page.html"]
+        assert refs(s.search("broken")) == ["home/broken.pdf"]  # failed conversion: by name
+        text = s.call("read", {"ref": "home/report.pdf"})["structuredContent"]["text"]
+        assert "412 birds" in text

@@ -31,6 +31,7 @@ WATCH_DEBOUNCE_MS = 100
 CANDIDATES = 100  # each ranking's depth before fusion
 QUERY_CACHE = 256
 EMBED_BATCH = 256
+RETRY_S = 5.0  # a first pass that failed is tried again after this long
 
 
 class NotesPlace:
@@ -172,7 +173,11 @@ class Memory:
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
                 self.vindex.load(self.store)
                 threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
-            self.refresh_all()
+            try:
+                self.refresh_all()
+            except Exception as e:  # a source failing (a bridge down or talking nonsense): serve, retry
+                log.warning("indexing failed: %s; trying again in %gs", e, RETRY_S)
+                self._retry_all()
             self.ready.set()
             self._embed_wake.set()
             while not self._stop.is_set():
@@ -189,6 +194,10 @@ class Memory:
                             events.append(d)
                 except queue.Empty:
                     pass
+                retry = "\0all" in refs
+                if retry:
+                    refs.discard("\0all")
+                    refs.update(self.places)
                 try:
                     if "\0attach" in refs:
                         refs.discard("\0attach")
@@ -198,6 +207,8 @@ class Memory:
                         self.refresh(r)
                 except Exception as e:  # keep serving; the next change retries
                     log.exception("indexing failed: %s", e)
+                    if retry:
+                        self._retry_all()
                 for d in events:
                     d.set()
                 self._embed_wake.set()
@@ -223,6 +234,12 @@ class Memory:
         """Another engine wrote the copy first: take its version, re-apply the sources."""
         self._attach()
         self.refresh_all()
+
+    def _retry_all(self) -> None:
+        """Look at every source again a little later."""
+        t = threading.Timer(RETRY_S, self._queue.put, (("\0all", None),))
+        t.daemon = True
+        t.start()
 
     def reattach(self) -> None:
         """Look at the copy again (a team reader, told of a change)."""
@@ -363,10 +380,18 @@ class Memory:
                 paths.append(d)
         if not paths:
             return
+        caught_up = False
         try:
             for changes in watchfiles.watch(*paths, stop_event=self._stop, debounce=WATCH_DEBOUNCE_MS,
-                                            step=20, rust_timeout=500, yield_on_timeout=False,
+                                            step=20, rust_timeout=300, yield_on_timeout=True,
                                             raise_interrupt=False, watch_filter=None):
+                if not changes:
+                    if not caught_up:  # watching now: look once more at what changed before
+                        caught_up = True
+                        for source, place in self.places.items():
+                            if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
+                                self.changed(source, wait=False)
+                    continue
                 refs = {self.ref_for(p) for _, p in changes}
                 for r in refs:
                     if r:

@@ -13,6 +13,7 @@ from typing import Iterator, NamedTuple
 
 TARGET = 1200
 LIMIT = 2400
+SMALL = 300  # a piece this short (a title, a lead line) joins what follows
 
 
 class Piece(NamedTuple):
@@ -113,7 +114,8 @@ def chunk_text(text: str) -> list[Piece]:
             continue
         cur_size = sum(len(x) + 1 for x in cur)
         only_headings = all(x.lstrip().startswith("#") or not x.strip() for x in cur)
-        if cur and cur_size + size > TARGET and not only_headings:
+        too_small = cur_size < SMALL and cur_size + size <= LIMIT
+        if cur and cur_size + size > TARGET and not only_headings and not too_small:
             flush()
         if not cur:
             cur_first, cur_heading = first, heading

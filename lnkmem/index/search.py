@@ -9,8 +9,8 @@ import numpy as np
 from lnkmem.index import analyze
 from lnkmem.index.store import SOURCE_CODE, Store
 
-K1 = 0.9
-B = 0.4
+K1 = 1.2  # tuned on BEIR SciFact train (docs/BENCHMARKS.md)
+B = 0.75
 
 
 def bm25(store: Store, query: str, limit: int, sources: Optional[Sequence[str]] = None,

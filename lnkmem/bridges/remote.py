@@ -9,8 +9,8 @@ from typing import Optional
 
 import msgspec
 
-from lnkmem.bridges.http import BridgeClient, check, etag, quote, unquote
-from lnkmem.bridges.place import MAX_FILE, Entry, NotFound, check_relpath
+from lnkmem.bridges.http import BridgeClient, BridgeDown, check, etag, quote, unquote
+from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
 
 
 class _FileEntry(msgspec.Struct):
@@ -40,6 +40,22 @@ _coll_list = msgspec.json.Decoder(_CollList)
 
 def _hidden(path: str) -> bool:
     return any(p.startswith(".") for p in path.split("/"))
+
+
+def _unclean(path: str) -> bool:
+    """A name from a bridge that is no clean relative path ('..', '/x', 'a//b', NUL)."""
+    try:
+        return not path or check_relpath(path) != path
+    except Forbidden:
+        return True
+
+
+def _entries(decoder, r, what: str):
+    """A list answer's entries; BridgeDown when the bridge answered something else."""
+    try:
+        return decoder.decode(r.content).entries
+    except msgspec.DecodeError as e:  # a ValidationError is one too
+        raise BridgeDown(f"{what}: the bridge's answer is not understood ({e})") from None
 
 
 def _children(entries: list[Entry], base: str) -> list[tuple[str, str, int]]:
@@ -98,11 +114,11 @@ class FilesPlace:
         cut = len(self.root) + 1 if self.root else 0
         out = []
         self.skipped = 0
-        for e in _files_list.decode(r.content).entries:
+        for e in _entries(_files_list, r, f"list {full}"):
             rel = e.path[cut:] if cut else e.path
             if self.root and not e.path.startswith(self.root + "/"):
                 continue
-            if _hidden(rel) or self._excluded(rel):
+            if _hidden(rel) or self._excluded(rel) or _unclean(rel):
                 continue
             if e.size > MAX_FILE:
                 self.skipped += 1
@@ -179,11 +195,11 @@ class Collection:
         r = check(self.client.request("GET", self.base, params={"prefix": full}), f"list {self.base}")
         cut = len(self.root) + 1 if self.root else 0
         out = []
-        for e in _coll_list.decode(r.content).entries:
+        for e in _entries(_coll_list, r, f"list {self.base}"):
             if self.root and not e.name.startswith(self.root + "/"):
                 continue
             rel = e.name[cut:]
-            if _hidden(rel) or e.size > MAX_FILE:
+            if _hidden(rel) or e.size > MAX_FILE or _unclean(rel):
                 continue
             if prefix and not (rel == prefix or rel.startswith(prefix.rstrip("/") + "/")):
                 continue

@@ -105,19 +105,25 @@ class Embedder:
         self.client.close()
 
     def _post(self, texts: list[str], timeout: float) -> np.ndarray:
+        deadline = time.monotonic() + timeout  # for the whole answer: a slow drip must not hold a search
+        body = bytearray()
         try:
-            r = self.client.post(self.url, json={"model": self.model, "input": texts},
-                                 headers=self.headers(), timeout=timeout)
-        except httpx.TransportError as e:
+            with self.client.stream("POST", self.url, json={"model": self.model, "input": texts},
+                                    headers=self.headers(), timeout=timeout) as r:
+                if r.status_code == 429 or r.status_code >= 500:
+                    raise _Retryable(f"the model answered {r.status_code}")
+                if r.status_code != 200:
+                    raise EmbeddingUnavailable(f"the model refused: {r.status_code}")
+                for chunk in r.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_RESPONSE:
+                        raise EmbeddingUnavailable("the model's answer is too large")
+                    if time.monotonic() > deadline:
+                        raise _Retryable(f"the model's answer took over {timeout:g}s")
+        except (httpx.TransportError, httpx.DecodingError) as e:
             raise _Retryable(f"cannot reach the model: {type(e).__name__}") from None
-        if r.status_code == 429 or r.status_code >= 500:
-            raise _Retryable(f"the model answered {r.status_code}")
-        if r.status_code != 200:
-            raise EmbeddingUnavailable(f"the model refused: {r.status_code}")
-        if len(r.content) > MAX_RESPONSE:
-            raise EmbeddingUnavailable("the model's answer is too large")
         try:
-            ans = _answer.decode(r.content)
+            ans = _answer.decode(body)
         except msgspec.DecodeError as e:
             raise EmbeddingUnavailable(f"the model's answer is not understood: {e}") from None
         if len(ans.data) != len(texts):

@@ -57,6 +57,7 @@ class BridgeClient:
         self.purpose = purpose
         self.agent = agent
         self.patience = patience
+        self.timeout = timeout
         self._auth = auth_header(key_hex, purpose, owner, agent)
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=timeout,
                                    base_url="http://bridge")
@@ -72,9 +73,18 @@ class BridgeClient:
               headers: Optional[dict] = None) -> httpx.Response:
         h = {"Authorization": self._auth}
         h.update(headers or {})
+        deadline = time.monotonic() + self.timeout  # for the whole answer: a slow drip must not hang us
         try:
-            r = self.client.request(method, url, params=params, content=content, headers=h)
-        except httpx.TransportError as e:
+            with self.client.stream(method, url, params=params, content=content, headers=h) as s:
+                raw = bytearray()
+                for chunk in s.iter_raw():
+                    raw += chunk
+                    if len(raw) > MAX_BODY:
+                        raise BridgeDown(f"{self.purpose} bridge answered over {MAX_BODY} bytes")
+                    if time.monotonic() > deadline:
+                        raise _Retry(f"{self.purpose} bridge answered too slowly (over {self.timeout:g}s)")
+            r = httpx.Response(s.status_code, headers=s.headers, content=bytes(raw), request=s.request)
+        except (httpx.TransportError, httpx.DecodingError) as e:
             raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})") from None
         if content:
             self.sent_bytes += len(content)
@@ -82,8 +92,6 @@ class BridgeClient:
             after = r.headers.get("Retry-After", "")
             raise _Retry(f"{self.purpose} bridge answered {r.status_code}",
                          float(after) if after.replace(".", "", 1).isdigit() else 0.0)
-        if len(r.content) > MAX_BODY:
-            raise BridgeDown(f"{self.purpose} bridge answered over {MAX_BODY} bytes")
         return r
 
     def request(self, method: str, url: str, params=None, content: Optional[bytes] = None,

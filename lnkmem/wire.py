@@ -227,6 +227,8 @@ def decode(data: bytes | str, type_):
         return msgspec.json.decode(data, type=type_)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise ValueError(explain(e)) from None
+    except RecursionError:  # msgspec's answer to JSON nested about 1000 deep
+        raise ValueError("not valid JSON here (nested too deeply)") from None
 
 
 def convert(obj, type_):

@@ -16,7 +16,7 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(text.lower())
     if not m or m.group(2) not in _UNITS:
         raise ValueError(f"not a size: {text!r} (expected a number and B, KB, KiB, MB or MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    return int(min(float(m.group(1)) * _UNITS[m.group(2)], 2.0**62))  # "9" * 400 KB: no limit, not inf
 
 
 def parse_spec(text: str | None) -> Spec:

@@ -1,0 +1,668 @@
+"""Fuzzing (issue 7, part 1): every input lnkmem reads, malformed every way.
+
+Nothing may crash a session or the process, hang it, or change stored data;
+every refusal says what was wrong. Pure parsers are fuzzed in-process; the
+protocol is fuzzed against the real program: one long-lived `serve` fed many
+generated lines, one `serve-many` fed many generated first lines, and bridges
+and the model answering garbage (fakes/garbage_server.py).
+
+Hypothesis runs derandomized (the same examples on every run); FUZZ_SCALE
+multiplies the example counts for a longer run (docs/RELIABILITY.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fakes.harness import FakeServer
+from lnkmem import notes as notes_mod
+from lnkmem.errors import ToolError, UsageError
+from lnkmem.threads import notes_refusal
+from tests.helpers import Home, Many, Server, agent_entry, base_env, refs, run_cli, until
+
+SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
+
+
+def fuzz(n: int) -> settings:
+    return settings(max_examples=max(1, int(n * SCALE)), deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck), print_blob=False)
+
+
+# --- strategies -------------------------------------------------------------------
+
+scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+           | st.text(max_size=30))
+json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                           max_leaves=12)
+weird_text = st.text(max_size=40) | st.sampled_from([
+    "", " ", "..", "../..", "/etc/passwd", "home/../../etc/passwd", "home/\x00x", "home/\u2025/x", "home/\uff0e\uff0e/x",
+    "home\\..\\x", "notes/x", "chats/../../x", "\u202eevil", "o1", "agent-x", "team-t", "task-1", "a" * 5000])
+
+
+def _line(obj) -> bytes:
+    ascii_only = bool(zlib.crc32(repr(obj).encode("utf-8", "surrogatepass")) & 1)
+    text = json.dumps(obj, ensure_ascii=ascii_only, allow_nan=False)
+    return text.encode("utf-8", "surrogatepass")
+
+
+TOOL_ARGS = st.fixed_dictionaries({}, optional={
+    "query": weird_text | json_values, "limit": st.integers(-5, 60) | json_values,
+    "sources": st.lists(st.sampled_from(["home", "chats", "skills", "notes", "web", ""]), max_size=5) | json_values,
+    "under": weird_text | json_values, "ref": weird_text | json_values,
+    "lines": st.lists(st.integers(-3, 10**12), max_size=3) | json_values,
+    "add": weird_text | json_values, "remove": weird_text | json_values, "extra": json_values})
+META = st.fixed_dictionaries({}, optional={
+    "link.local/thread": weird_text | json_values,
+    "io.modelcontextprotocol/protocolVersion": st.sampled_from(["2026-07-28", "2025-11-25", "1900-01-01"]) | json_values,
+    "io.modelcontextprotocol/clientCapabilities": json_values})
+PARAMS = st.fixed_dictionaries({}, optional={
+    "name": st.sampled_from(["search", "read", "list", "remember", "nope"]) | json_values,
+    "arguments": TOOL_ARGS | json_values, "_meta": META | json_values,
+    "protocolVersion": st.sampled_from(["2025-06-18", "2024-11-05", "x"]) | json_values,
+    "requestId": st.integers(0, 5) | json_values, "capabilities": json_values})
+METHODS = ["initialize", "notifications/initialized", "ping", "tools/list", "tools/call", "notifications/cancelled",
+           "server/discover", "resources/list", "nope/nope", ""]
+REQUESTS = st.fixed_dictionaries({}, optional={
+    "jsonrpc": st.just("2.0") | json_values, "id": st.integers(-2**65, 2**65) | st.text(max_size=10) | json_values,
+    "method": st.sampled_from(METHODS) | json_values, "params": PARAMS | json_values,
+    "result": json_values, "error": json_values})
+NO_NEWLINE = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b" "))
+MCP_LINES = st.one_of(REQUESTS.map(_line), REQUESTS.map(_line), json_values.map(_line), NO_NEWLINE,
+                      st.text(max_size=200).map(lambda t: t.replace("\n", " ").encode("utf-8", "surrogatepass")))
+
+
+# --- the MCP line protocol against one long-lived `serve` ---------------------------------
+
+def _expect(line: bytes):
+    """What §4 says one line gets: None (no answer), ("error", code, id) or ("answer", id)."""
+    if not line.strip():
+        return None
+    try:
+        msg = msgspec.json.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return ("error", -32700, None)
+    if not isinstance(msg, dict):
+        return ("error", -32600, None)
+    has_id = "id" in msg
+    id_ = msg.get("id")
+    if has_id and not (isinstance(id_, str) or (isinstance(id_, int) and not isinstance(id_, bool))):
+        return ("error", -32600, None)
+    if msg.get("jsonrpc") != "2.0":
+        return ("error", -32600, id_ if has_id else None) if (has_id or "method" in msg) else None
+    method = msg.get("method")
+    if not isinstance(method, str):
+        if has_id and ("result" in msg or "error" in msg):
+            return None
+        return ("error", -32600, id_ if has_id else None)
+    params = msg.get("params", {})
+    if params is not None and not isinstance(params, dict):
+        return ("error", -32602, id_) if has_id else None
+    if not has_id:
+        return None
+    return ("answer", id_)
+
+
+class Wire:
+    """Lines to and from a running `serve`, with a probe after each line."""
+
+    def __init__(self, server: Server):
+        self.s = server
+        self.seen: list[dict] = []
+
+    def _next(self, timeout: float) -> dict:
+        line = self.s.lines.get(timeout=timeout)
+        assert line is not None, f"serve ended: {self.s.stderr[-2000:]!r}"
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        return json.loads(line)
+
+    def exchange(self, line: bytes, timeout: float = 20) -> list[dict]:
+        """Send ``line`` and a ping; the answers that came before the ping's, and any to ``want``."""
+        probe = f"probe-{uuid.uuid4().hex}"
+        want = _expect(line)
+        self.s.send_raw(line + b"\n" + json.dumps({"jsonrpc": "2.0", "id": probe, "method": "ping"}).encode() + b"\n")
+        got, probed = [], False
+        deadline = time.monotonic() + timeout
+        need_id = want is not None and want[0] == "answer"
+        while not probed or (need_id and not any(r.get("id") == want[1] for r in got)):
+            r = self._next(max(0.01, deadline - time.monotonic()))
+            if r.get("id") == probe:
+                assert r.get("result") == {}, r
+                probed = True
+            else:
+                got.append(r)
+        return got
+
+
+def _check_answers(line: bytes, got: list[dict]) -> None:
+    want = _expect(line)
+    if want is None:
+        assert got == [], (line[:200], got)
+        return
+    assert len(got) == 1, (line[:200], got)
+    r = got[0]
+    assert r.get("jsonrpc") == "2.0"
+    if want[0] == "error":
+        assert r["id"] == want[2] and r["error"]["code"] == want[1], (line[:200], r)
+        assert r["error"]["message"].strip()
+        return
+    assert r["id"] == want[1]
+    if "error" in r:
+        assert r["error"]["code"] in (-32601, -32602, -32022), (line[:200], r)  # never -32603
+        assert r["error"]["message"].strip()
+    else:
+        res = r["result"]
+        if res.get("isError"):
+            text = res["content"][0]["text"]
+            assert text.strip() and "internal error" not in text, (line[:200], res)
+
+
+def _tree(*roots: Path) -> dict:
+    out = {}
+    for root in roots:
+        for dirpath, dirnames, files in os.walk(root):
+            for n in files:
+                p = Path(dirpath) / n
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "other"
+            for n in dirnames:
+                out[str(Path(dirpath) / n)] = "dir"
+    return out
+
+
+@pytest.fixture
+def served(home):
+    home.write("docs/plan.md", "The wombat census starts in March.\n")
+    home.chat("owner-zq81", [{"role": "user", "text": "count the wombats"}])
+    home.notes.write_text("- The owner likes wombats.\n")
+    env = {"LNK_MEMORY_FROM": "1", "LNK_OWNER": "owner-zq81", "LNK_MEMORY_SPEC": '{"tokens": 300}'}
+    with Server.start(home, env=env) as s:
+        s.initialize()
+        assert until(lambda: "indexing" not in s.call("search", {"query": "zz"}, thread="owner-zq81")["structuredContent"],
+                     timeout=30)
+        yield s
+
+
+def test_mcp_lines_fuzzed_against_serve(served, home):
+    before = _tree(home.folder, home.agent / "chats", home.agent / "skills") | {"notes": home.notes.read_bytes()}
+    wire = Wire(served)
+    tried = []
+
+    @fuzz(1500)
+    @given(MCP_LINES)
+    def one(line):
+        tried.append(line)
+        _check_answers(line, wire.exchange(line))
+
+    one()
+    fixed = [b"", b"   ", b"\r", b"\x00", b"\xff\xfe\xfd", b"[" * 100000, b"{" * 50000, b'{"a":' * 3000 + b"1" + b"}" * 3000,
+             b"[" * 999 + b"]" * 999, b'"' + b"\\u0000" * 1000 + b'"', b"1e999", b"NaN", b"-", b"{}", b"[]", b"null",
+             b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', b'{"jsonrpc":"2.0","id":true,"method":"ping"}',
+             b'{"jsonrpc":"2.0","id":' + b"9" * 5000 + b',"method":"ping"}',
+             b'{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"search","arguments":{"query":"' + b"w" * 5000 + b'"}}}',
+             b'{"jsonrpc":"2.0","id":"y","method":"tools/call","params":{"name":"read","arguments":{"ref":"home/docs/plan.md","lines":[1,' + b"9" * 30 + b']}}}']
+    for line in fixed:
+        _check_answers(line, wire.exchange(line))
+    # remember from every kind of thread that is not the owner's: refused, notes untouched
+    for i, thread in enumerate(["agent-bob", "team-t1", "task-7", "stranger", "owner-zq8", "owner-zq81x", "Owner-zq81",
+                                "owner-zq81\u200b", "\uff4fwner-zq81", " owner-zq81", "", "agent-owner-zq81"]):
+        line = _line({"jsonrpc": "2.0", "id": f"r{i}", "method": "tools/call",
+                      "params": {"name": "remember", "arguments": {"add": "intruder"}, "_meta": {"link.local/thread": thread}}})
+        got = wire.exchange(line)
+        assert len(got) == 1 and (got[0].get("error") or got[0]["result"]["isError"]), (thread, got)
+    # a line over 8 MiB: -32600, skipped, the server goes on
+    served.send_raw(b'{"jsonrpc":"2.0","id":"big","method":"ping","params":{"x":"' + b"a" * (8 << 20) + b'"}}\n')
+    big = wire._next(20)
+    assert big["error"]["code"] == -32600 and big["id"] is None
+    # still alive, still right, nothing changed
+    assert served.proc.poll() is None
+    assert refs(served.call("search", {"query": "wombat census"}, thread="owner-zq81"))[0] == "home/docs/plan.md"
+    after = _tree(home.folder, home.agent / "chats", home.agent / "skills") | {"notes": home.notes.read_bytes()}
+    assert after == before
+    assert sorted(p.name for p in home.notes.parent.iterdir()) == ["lnkmem", "notes.md"]
+    assert len(tried) >= min(50, int(1500 * SCALE))
+
+
+# --- first lines and controls against one `serve-many` -------------------------------
+
+KEY = "a1" * 32
+BOUND = st.fixed_dictionaries({}, optional={
+    "owner": st.sampled_from(["o1", "bad owner", ""]) | json_values, "key": st.sampled_from([KEY, "xyz"]) | json_values,
+    "files": weird_text | json_values, "storage": st.fixed_dictionaries({}, optional={
+        "socket": weird_text | json_values, "places": st.dictionaries(st.text(max_size=12), st.text(max_size=5)) | json_values}),
+    "notes": st.sampled_from(["4 KB", "9" * 400 + " KB", "lots"]) | json_values,
+    "index": st.sampled_from(["memory", "home", "elsewhere"]) | json_values, "extra": json_values})
+BINDING = st.fixed_dictionaries({}, optional={"owner": st.sampled_from(["o1", "o9"]) | json_values,
+                                               "agent": st.sampled_from(["a1", "a2"]) | json_values,
+                                               "path": weird_text | json_values, "team": weird_text | json_values})
+FIRST = st.fixed_dictionaries({}, optional={
+    "agent": st.sampled_from(["a1", "a2", "", "a b", "x" * 200]) | json_values, "bound": BOUND | json_values,
+    "team": st.fixed_dictionaries({}, optional={"id": weird_text, "named": weird_text, "writes": json_values}) | json_values,
+    "changed": BINDING | json_values, "flush": BINDING | json_values, "end": BINDING | json_values, "hello": json_values})
+FIRST_LINES = st.one_of(FIRST.map(_line), FIRST.map(_line), FIRST.map(_line), json_values.map(_line), NO_NEWLINE)
+
+
+def _first(sock_path: Path, data: bytes, timeout: float = 40) -> tuple[dict, socket.socket]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(str(sock_path))
+    try:
+        s.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before it read it all: the answer is there to read
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(65536)
+        assert chunk, f"closed without an answer to {data[:100]!r}"
+        buf += chunk
+    assert buf.count(b"\n") == 1
+    return json.loads(buf), s
+
+
+def _closed(s: socket.socket) -> bool:
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return True
+    except OSError:
+        return True
+
+
+def test_first_lines_and_controls_fuzzed_against_serve_many(tmp_path):
+    h = Home(tmp_path / "a1")
+    h.write("docs/d.md", "Platypus eggs hatch in ten days.\n")
+    h.notes.write_text("- keep\n")
+    agents = {"a1": agent_entry(h, env={"LNK_OWNER": "o1"})}
+    sock = tmp_path / "run" / "m.sock"
+    with Many(sock, agents, ["--stay"], env={"LNKMEM_FIRST_LINE_S": "1"}) as m:
+        with m.hello("a1") as c:
+            until(lambda: "indexing" not in c.search("x")["structuredContent"], timeout=20)
+        before = _tree(h.folder, h.agent / "chats") | {"notes": h.notes.read_bytes()}
+        kinds = {"ok": 0, "error": 0}
+
+        @fuzz(250)
+        @given(FIRST_LINES)
+        def one(line):
+            answer, s = _first(sock, line + b"\n")
+            try:
+                assert set(answer) in ({"ok"}, {"error"}), answer
+                if "error" in answer:
+                    kinds["error"] += 1
+                    assert isinstance(answer["error"], str) and answer["error"].strip()
+                    assert KEY not in answer["error"]
+                    assert _closed(s)
+                else:
+                    kinds["ok"] += 1
+                    assert answer == {"ok": True}
+                    try:
+                        obj = json.loads(line)
+                    except ValueError:
+                        obj = None
+                    if isinstance(obj, dict) and obj.get("agent") == "a1" and "bound" not in obj:  # a Hello
+                        s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+                        assert json.loads(s.makefile("rb").readline()) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+            finally:
+                s.close()
+
+        one()
+        assert kinds["error"] > 50 and kinds["ok"] >= 1, kinds
+        # the edges of a first line
+        answer, s = _first(sock, b"{" + b" " * (1 << 20) + b"}\n")
+        assert "over" in answer["error"] and _closed(s)
+        t0 = time.monotonic()
+        answer, s = _first(sock, b'{"agent": "a1"')  # no newline: the 1 s limit of this run
+        assert "within" in answer["error"] and time.monotonic() - t0 < 5
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(str(sock))
+        s.sendall(b'{"agent": "a1"}')
+        s.shutdown(socket.SHUT_WR)  # half-closed before the line ended
+        assert "ended before" in json.loads(s.makefile("rb").readline())["error"]
+        s.close()
+        answer, s = _first(sock, b'{"agent": "a1", "zz": ' + b"[" * 5000 + b"]" * 5000 + b"}\n")
+        assert "error" in answer and _closed(s)
+        # nothing changed, and the service serves as before
+        assert m.proc.poll() is None
+        with m.hello("a1") as c:
+            assert refs(c.search("platypus eggs")) == ["home/docs/d.md"]
+            for bad in (b"not json\n", b"[" * 100000 + b"\n", b'{"jsonrpc":"2.0","id":9,"method":5}\n'):
+                c.send_raw(bad)
+                assert c.recv()["error"]["code"] in (-32700, -32600)
+            assert c.request("ping")["result"] == {}
+        assert _tree(h.folder, h.agent / "chats") | {"notes": h.notes.read_bytes()} == before
+
+
+# --- $LNK_MEMORY_SPEC, Agents, sizes: in-process and through the program ------------------
+
+SPEC_KEYS = ("model", "tokens", "notes", "engine")
+SPECS = st.one_of(
+    st.text(max_size=60),
+    json_values.map(json.dumps),
+    st.fixed_dictionaries({}, optional={"model": st.text(max_size=250) | json_values,
+                                        "tokens": st.integers(-10, 2_000_000) | json_values,
+                                        "notes": st.from_regex(r"\s*[0-9]{1,500}(\.[0-9]{1,5})?\s*(b|kb|KiB|MB|mib|GB|x)?\s*",
+                                                               fullmatch=True) | json_values,
+                                        "engine": json_values, "other": json_values}).map(json.dumps))
+
+
+@fuzz(600)
+@given(SPECS)
+def test_spec_any_text(text):
+    from lnkmem.spec import notes_limit, parse_spec
+    try:
+        spec = parse_spec(text)
+    except UsageError as e:
+        msg = str(e)
+        assert msg.startswith("LNK_MEMORY_SPEC: ") and len(msg) > 20
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(obj, dict):
+            named = msg[len("LNK_MEMORY_SPEC: "):].split(":")[0]
+            assert named in obj or "expected" in msg or "not valid JSON" in msg or "unknown field" in msg, (text, msg)
+        return
+    assert notes_limit(spec) >= 0 and 1 <= spec.tokens <= 1_000_000
+    assert spec.model is None or (0 < len(spec.model) <= 200)
+
+
+@fuzz(300)
+@given(st.sampled_from(SPEC_KEYS), json_values)
+def test_spec_wrong_value_names_its_key(key, value):
+    from lnkmem.spec import parse_spec
+    try:
+        parse_spec(json.dumps({key: value}))
+    except UsageError as e:
+        assert f"LNK_MEMORY_SPEC: {key}" in str(e) and "expected" in str(e), str(e)
+
+
+def test_spec_and_agents_refused_by_the_program(home, tmp_path):
+    for spec, key in [('{"tokens": 0}', "tokens"), ('{"tokens": "10"}', "tokens"), ('{"model": ""}', "model"),
+                      ('{"model": "a\\u0007b"}', "model"), ('{"notes": "4 GB"}', "notes"), ('{"notes": 4}', "notes"),
+                      ('{"colour": "red"}', "colour"), ("[]", "object"), ("{", "JSON"), ('{"model": "' + "m" * 201 + '"}', "model"),
+                      ('{"engine": ' + "[" * 3000 + "]" * 3000 + "}", "engine"), ("\udcff", "")]:
+        r = run_cli("command", *home.args(), env={"LNK_MEMORY_SPEC": spec})
+        err = r.stderr.decode()
+        assert r.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, (spec, err)
+        assert err.startswith("lnk-lnkmem: LNK_MEMORY_SPEC") and key in err, (spec, err)
+    r = run_cli("command", *home.args(), env={"LNK_MEMORY_SPEC": '{"notes": "' + "9" * 400 + ' KB"}'})
+    assert r.returncode == 0, r.stderr  # absurd but valid: no limit, no crash
+    good = agent_entry(home)
+    for agents, words in [("[]", "agents"), ("{", "agents"), ('{"a b": ' + json.dumps(good) + "}", "ID"),
+                          ('{"a1": {"argv": ["/bin/sh", "-c", "id"]}}', "lnk-lnkmem"),
+                          ('{"a1": {"argv": ["lnk-lnkmem", "serve", "rel", "rel2"]}}', "absolute"),
+                          ('{"a1": {"argv": ' + json.dumps(good["argv"]) + ', "env": {"LNK_MEMORY_SPEC": "{"}}}', "a1"),
+                          ('{"a1": {"argv": [], "x": ' + "[" * 5000 + "]" * 5000 + "}}", "agents"),
+                          ('{"a1": {"argv": ' + json.dumps(good["argv"]) + ', "env": {"K": 5}}}', "env")]:
+        r = run_cli("serve-many", str(tmp_path / "s" / "m.sock"), agents, timeout=20)
+        err = r.stderr.decode()
+        assert r.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, (agents[:80], err)
+        assert words in err, (agents[:80], err)
+
+
+@fuzz(300)
+@given(st.text(max_size=40) | st.from_regex(r"[0-9]{1,400}(\.[0-9]{0,3})?\s?[kKmM]?[iI]?[bB]?", fullmatch=True))
+def test_sizes(text):
+    from lnkmem.spec import parse_size
+    from lnkmem.wire import Spec
+    try:
+        n = parse_size(text)
+        assert n >= 0
+    except ValueError as e:
+        assert "not a size" in str(e)
+        with pytest.raises(msgspec.ValidationError):  # what the spec accepts always parses
+            msgspec.convert({"notes": text}, Spec)
+
+
+AGENT_TEXT = st.one_of(st.text(max_size=80), json_values.map(json.dumps),
+                       st.dictionaries(st.text(max_size=10) | st.just("a1"),
+                                       st.fixed_dictionaries({}, optional={"argv": st.lists(st.text(max_size=12), max_size=6) | json_values,
+                                                                           "env": st.dictionaries(st.text(max_size=10), st.text(max_size=10)) | json_values,
+                                                                           "allow": json_values}),
+                                       max_size=3).map(json.dumps))
+
+
+@fuzz(300)
+@given(AGENT_TEXT)
+def test_agents_any_text(text):
+    from lnkmem.many import parse_agents
+    try:
+        out = parse_agents(text)
+    except UsageError as e:
+        assert str(e).startswith("agents: ") and "\n" not in str(e)
+        return
+    assert isinstance(out, dict)
+
+
+# --- conversations, notes and threads: pure functions --------------------------------------
+
+CHAT_LINES = st.one_of(
+    json_values.map(json.dumps),
+    st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "assistant", "tool"]) | json_values,
+                                        "text": st.text(max_size=50) | json_values, "at": json_values, "from": json_values,
+                                        "content": st.lists(st.fixed_dictionaries({"type": st.just("text") | json_values,
+                                                                                   "text": st.text(max_size=20) | json_values}))
+                                        | json_values}).map(json.dumps),
+    st.fixed_dictionaries({"type": st.sampled_from(["user", "assistant", "x"]) | json_values,
+                           "message": st.fixed_dictionaries({}, optional={"role": json_values, "content": json_values}) | json_values,
+                           "timestamp": json_values}).map(json.dumps),
+    st.text(max_size=100), st.just("[" * 5000), st.just('{"role": "user", "text": "half'))
+
+
+@fuzz(300)
+@given(st.lists(CHAT_LINES, max_size=12), st.booleans())
+def test_conversation_lines(lines, trailing):
+    from lnkmem.index import chats
+    data = "\n".join(lines) + ("\n" if trailing else "")
+    msgs, skipped = chats.messages(data)
+    nonblank = sum(1 for ln in data.split("\n") if ln.strip())
+    assert len(msgs) + skipped == nonblank
+    assert all(isinstance(m.role, str) and isinstance(m.text, str) and m.line >= 1 for m in msgs)
+    pieces, _ = chats.chunk_conversation("t.jsonl", data)
+    assert all(1 <= p.first <= p.last for p in pieces)
+    rendered = list(chats.render(data, 1, None))
+    assert len(rendered) == len(msgs)
+
+
+@fuzz(300)
+@given(st.text(max_size=300), st.none() | weird_text, st.none() | weird_text, st.integers(0, 400))
+def test_notes_changes_lose_nothing(current, add, remove, limit):
+    try:
+        change = notes_mod.apply(current, add, remove, limit)
+    except ToolError as e:
+        assert str(e).strip()
+        return
+    before = current.splitlines()
+    after = change.text.splitlines()
+    if remove is not None:  # exactly one line went
+        assert len(after) == len(before) - 1 + (add is not None)
+    kept = after[:-1] if add is not None else after
+    assert all(line in before for line in kept)
+    assert change.bytes == len(change.text.encode()) <= limit
+
+
+@fuzz(400)
+@given(weird_text | st.text(max_size=20), st.sampled_from(["o1", "owner-zq81", "", "agent-x"]), st.booleans())
+def test_thread_rules(thread, owner, required):
+    why = notes_refusal(thread, owner, required)
+    if not required:
+        assert why is None
+        return
+    mine = bool(owner) and bool(thread) and (thread == owner or thread.startswith(owner + "/")) \
+        and not thread.startswith(("agent-", "team-", "task-"))
+    assert (why is None) == mine, (thread, owner, why)
+    if why is not None:
+        assert why.strip()
+
+
+# --- bridges and the model answering garbage -------------------------------------------------
+
+from fakes.garbage_server import GARBAGE_MODES  # noqa: E402
+
+FAST_MODES = [m for m in GARBAGE_MODES if m not in ("hang", "drip", "huge")]
+
+
+@pytest.fixture(scope="module")
+def garbage(tmp_path_factory):
+    d = tmp_path_factory.mktemp("garbage")
+    g = FakeServer.start("fakes.garbage_server", "--unix", d / "g.sock")
+    yield g
+    g.stop()
+
+
+def _garbage(g: FakeServer, **kw) -> None:
+    status, _, body = g.request("POST", "/_garbage", kw)
+    assert status == 200, body
+
+
+@fuzz(30)
+@given(st.sampled_from(GARBAGE_MODES), st.integers(1, 80), st.sampled_from([None, 1, 2]))
+def test_embedder_against_garbage(garbage, mode, n, count):
+    from lnkmem.embed import Circuit, Embedder, EmbeddingUnavailable
+    kw = {"mode": mode, "count": count}
+    if mode == "huge":
+        kw["size"] = 65 << 20
+    if mode in ("drip", "hang"):
+        kw["delay"] = 0.2 if mode == "drip" else 1.5
+    _garbage(garbage, **kw)
+    e = Embedder(garbage.listen, "m", timeout=0.5, attempts=2, circuit=Circuit(0.01))
+    t0 = time.monotonic()
+    try:
+        v = e.embed([f"text {i}" for i in range(n)], patient=bool(n % 2))
+        assert v.shape == (n, 8)
+    except EmbeddingUnavailable as ex:
+        assert str(ex).strip()
+    finally:
+        e.close()
+        _garbage(garbage, mode="ok")
+    assert time.monotonic() - t0 < 5  # never the drip's 1 MiB x 0.2 s
+
+
+@fuzz(40)
+@given(st.sampled_from(GARBAGE_MODES), st.sampled_from(["list", "read", "clist", "cget", "put", "bind"]),
+       st.sampled_from([None, 1]))
+def test_bridge_places_against_garbage(garbage, mode, op, count):
+    from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused
+    from lnkmem.bridges.place import Conflict, Forbidden, NotFound
+    from lnkmem.bridges.remote import Collection, FilesPlace
+    kw = {"mode": mode, "count": count}
+    if mode == "huge":
+        kw["size"] = 8 << 20
+    if mode in ("drip", "hang"):
+        kw["delay"] = 0.2 if mode == "drip" else 1.5
+    _garbage(garbage, **kw)
+    c = BridgeClient(garbage.socket_path, "files", "o1", "a1", KEY, timeout=0.5, patience=0.3)
+    fp, co = FilesPlace(c), Collection(c, "memory", root="lnkmem")
+    t0 = time.monotonic()
+    try:
+        if op == "list":
+            out = fp.list("")
+            assert all(e.path and ".." not in e.path.split("/") and not e.path.startswith("/") for e in out)
+        elif op == "read":
+            fp.read("docs/garbage.md")
+        elif op == "clist":
+            co.list("")
+        elif op == "cget":
+            co.get("manifest.json")
+        elif op == "put":
+            co.write(f"x-{uuid.uuid4().hex}.bin", b"abc", None)
+        else:
+            c.bind(0.5)
+    except (BridgeDown, NotFound, Forbidden, Conflict, Refused) as ex:
+        assert str(ex).strip() and KEY not in str(ex)
+    finally:
+        c.close()
+        _garbage(garbage, mode="ok")
+    assert time.monotonic() - t0 < 5
+
+
+@fuzz(300)
+@given(st.binary(max_size=300) | json_values.map(lambda v: json.dumps(v).encode()) |
+       st.fixed_dictionaries({"entries": st.lists(st.fixed_dictionaries(
+           {}, optional={"path": weird_text | json_values, "name": weird_text | json_values,
+                         "size": st.integers(-5, 10**12) | json_values, "version": st.text(max_size=5) | json_values}),
+           max_size=4)}).map(lambda v: json.dumps(v).encode()))
+def test_bridge_list_decoders(body):
+    import httpx
+    from lnkmem.bridges.http import BridgeDown
+    from lnkmem.bridges.remote import _coll_list, _entries, _files_list
+    for dec in (_files_list, _coll_list):
+        try:
+            _entries(dec, httpx.Response(200, content=body), "list")
+        except BridgeDown as e:
+            assert "not understood" in str(e)
+
+
+def test_bound_session_rides_out_garbage_bridges_and_model(tmp_path):
+    """A bound session whose bridges and model talk nonsense: every call is answered,
+    refusals say why, and once they talk sense again the index recovers."""
+    run = tmp_path / "run"
+    g = FakeServer.start("fakes.garbage_server", "--unix", run / "g.sock")
+    try:
+        gs = str(run / "g.sock")
+        _garbage(g, mode="wrongshape", path="/v1/list", count=1)  # the very first listing is nonsense
+        flags = ["--files-bridge", gs, "--storage-bridge", gs, "--cache", str(tmp_path / "cache"),
+                 "--embed", "m", "--embed-url", g.listen]
+        line = {"agent": "a1", "bound": {"owner": "o1", "key": KEY, "files": gs, "notes": "4 KB",
+                                         "storage": {"socket": gs, "places": {"conversations": "b", "memory": "b"}}}}
+        with Many(tmp_path / "m" / "m.sock", {}, flags, env={"LNKMEM_WRITEBACK_S": "0.2"}) as m, m.connect(timeout=60) as c:
+            assert c.first(line) == {"ok": True}
+            assert until(lambda: "home/docs/garbage.md" in refs(c.search("quokkas", sources=["home"])), timeout=20), \
+                "the index never recovered from one bad listing"
+            for mode in FAST_MODES:
+                _garbage(g, mode=mode, count=3)
+                for tool, args in (("search", {"query": "quokkas"}), ("list", {"ref": "home/docs"}),
+                                   ("read", {"ref": "home/docs/garbage.md"}), ("read", {"ref": "chats/t1.jsonl"}),
+                                   ("remember", {"add": f"after {mode}"})):
+                    r = c.call(tool, args)
+                    if r["isError"]:
+                        assert r["content"][0]["text"].strip() and KEY not in json.dumps(r)
+                with m.connect(timeout=60) as ctl:
+                    a = ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs"}})
+                    assert a == {"ok": True} or a["error"].strip()
+                _garbage(g, mode="ok")
+            assert m.proc.poll() is None
+            assert set(refs(c.search("quokkas", sources=["home", "chats"]))) == {"home/docs/garbage.md", "chats/t1.jsonl"}
+            assert c.call("remember", {"add": "the end"})["isError"] is False
+            with m.connect(timeout=60) as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    finally:
+        g.stop()
+
+
+def test_garbage_conversation_files_are_skipped_not_fatal(home):
+    chats = home.agent / "chats"
+    (chats / "bin.jsonl").write_bytes(os.urandom(5000))
+    (chats / "latin.jsonl").write_bytes('{"role": "user", "text": "caf\xe9 ocelot"}\n'.encode("latin-1"))
+    (chats / "deep.jsonl").write_text("[" * 100000 + "\n" + '{"role": "user", "text": "ocelot deep"}\n')
+    (chats / "huge.jsonl").write_text('{"role": "user", "text": "' + "ocelot " * 700000 + '"}\n')  # over 4 MiB
+    (chats / "long.jsonl").write_text('{"role": "user", "text": "' + "lynx " * 200000 + 'ocelot"}\n')
+    (chats / "half.jsonl").write_text('{"role": "user", "text": "ocelot whole"}\n{"role": "user", "text": "ocelot ha')
+    (chats / "types.jsonl").write_text("\n".join(json.dumps(x) for x in [
+        {"role": 5, "text": "ocelot"}, {"role": "user", "text": ["ocelot"]}, {"role": "user", "content": [{"type": "image"}]},
+        {"type": "user", "message": "ocelot"}, {"type": "user", "message": {"content": [{"type": "text", "text": "ocelot harness"}]}},
+        None, [], "ocelot", {"role": "user", "text": "ocelot fine", "at": {"when": 1}}]) + "\n")
+    (chats / "t.compact.md").write_bytes(b"ocelot compact \xff\xfe\n")
+    (chats / ".hidden.jsonl").write_text('{"role": "user", "text": "ocelot hidden"}\n')
+    with Server.start(home) as s:
+        s.wait_indexed()
+        found = set(refs(s.search("ocelot", limit=50)))
+        assert {"chats/latin.jsonl", "chats/deep.jsonl", "chats/half.jsonl", "chats/types.jsonl",
+                "chats/t.compact.md", "chats/long.jsonl"} <= found
+        assert not found & {"chats/huge.jsonl", "chats/.hidden.jsonl", "chats/bin.jsonl"}
+        for name in ("bin.jsonl", "deep.jsonl", "half.jsonl", "types.jsonl", "huge.jsonl", "long.jsonl"):
+            r = s.call("read", {"ref": f"chats/{name}"})
+            assert not r["isError"] or r["content"][0]["text"].strip()
+        assert s.request("ping")["result"] == {}

@@ -520,7 +520,8 @@ def table(r: dict) -> str:
         tgt = f"≥ {target:.3f}" if target else "—"
         rows.append((name, f"{n10:.4f}", f"{r100:.4f}", f"{tn:.4f}", tgt, ok(n10 >= target) if target else ""))
 
-    row("Words: our BM25 (k1 0.9, b 0.4)", "words", T_WORDS)
+    from lnkmem.index import search as _search
+    row(f"Words: our BM25 (k1 {_search.K1:g}, b {_search.B:g})", "words", T_WORDS)
     row(f"Meaning: {MODEL} cosine (int8 vectors, brute force)", "meaning")
     for m in GRIDS:
         pname, v, _ = tuned[m]
@@ -584,8 +585,8 @@ def table(r: dict) -> str:
     notes = [
         "",
         f"Method. Each document is `home/<id>.md` (title, blank line, abstract) indexed by `indexer.build`; the "
-        f"chunker makes the title a passage of its own when title and abstract exceed its 1,200-character target, "
-        f"so a document ranks at its best passage (words and meaning lists are {DEEP} passages deep; deduplicated "
+        f"chunker keeps a short title with the abstract after it and cuts longer documents into passages of about "
+        f"1,200 characters, so a document ranks at its best passage (words and meaning lists are {DEEP} passages deep; deduplicated "
         f"by document, first place kept). Fusion fuses the top {CANDIDATES} passages of each list, as `Engine.rank` "
         f"does, so fused Recall@100 counts only what those {2 * CANDIDATES} passages reach. Meaning uses the vectors "
         f"as stored (int8 with a scale) and loaded back; the float vectors give nDCG@10 {r['meaning_float_ndcg']:.4f} "

@@ -126,6 +126,12 @@ class LocalNotes:
             return f.read(), version_of(os.fstat(f.fileno()))
 
     def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
+        try:
+            return self._change(add, remove, limit)
+        except OSError as e:  # a full disk; <state> on another filesystem than the notes (EXDEV)
+            raise ToolError(f"the notes could not be written: {e.strerror or e}; nothing was changed") from None
+
+    def _change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
         with self._locked():
             for _ in range(20):
                 current, seen = self._read()

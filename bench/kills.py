@@ -1,0 +1,498 @@
+"""The kill loop (issue 7, part 2): SIGKILL at random moments, then check nothing is lost.
+
+Run: ``.venv/bin/python bench/kills.py [--kills 200] [--seed 7] [--json FILE]``
+
+Two kinds of run alternate, each ended by a SIGKILL at a random moment:
+
+- **local**: `lnk-lnkmem serve` over stdio on a Home of generated files, with a
+  model (``fakes.embedding_server``, slowed), while files change and
+  `remember` adds notes: the kill lands while indexing, embedding or
+  remembering (every fourth local run starts from no index at all, so that
+  the whole Home is being indexed and embedded).
+- **bound**: `lnk-lnkmem serve-many` bound to the fake files and storage
+  bridges, write-back every 50 ms, while files change in the bridge's Home
+  (``changed`` controls) and `remember` writes the notes through the storage
+  bridge: the kill lands while indexing, writing the copy back or
+  remembering.
+
+After each kill (the engine is dead):
+
+- the notes hold every note whose `remember` was answered, each once, and
+  nothing else; nothing but ``lnkmem/`` and ``notes.md`` beside them;
+- the local index (or the bound cache) opens and is consistent, or is
+  detected as damaged (then the engine rebuilds it: counted); a copy of it,
+  brought up to date in-process, holds exactly the passages a clean index
+  of the same files holds; every stored vector belongs to a live passage;
+- the bound copy, when there is one, is one whole version: every file its
+  manifest names is there, and it loads into a consistent index.
+
+Every tenth bound run, and at the end, the engine is started once more and
+let settle (indexed, flushed, SIGTERM): the copy must then hold exactly the
+refs of the bridge's Home, the conversations and the notes, with the same
+passages as a clean index, and every manifest write must have been
+conditional. Prints a summary; ``--json`` writes the figures.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.dont_write_bytecode = True
+
+import argparse
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+import msgspec  # noqa: E402
+
+from fakes.harness import FakeServer  # noqa: E402
+from lnkmem.config import from_args  # noqa: E402
+from lnkmem.errors import DamagedIndex  # noqa: E402
+from lnkmem.index import copy as copyfmt  # noqa: E402
+from lnkmem.index.store import Store  # noqa: E402
+from tests.bridges import KEY, Bridges  # noqa: E402
+from tests.helpers import PROGRAM, Home, Many, base_env  # noqa: E402
+
+WORDS = ("alpha beta gamma delta river stone maple cedar falcon otter harbor lantern copper velvet meadow "
+         "summit glacier ember willow quartz saffron tundra canyon orchid comet nebula prairie lagoon").split()
+
+
+class Failure(AssertionError):
+    pass
+
+
+def check(cond, what: str) -> None:
+    if not cond:
+        raise Failure(what)
+
+
+# --- what an index holds, compared --------------------------------------------------------
+
+def contents(store: Store, versions: bool = True) -> dict:
+    """ref -> (version?, sorted passages): what an index says of each file."""
+    out = {}
+    for ref, rec in store.all_files().items():
+        ps = store.passages_of(rec.pids)
+        check(all(p is not None for p in ps), f"{ref}: a passage of the file table is missing")
+        body = sorted((p.first, p.last, p.text, p.thread, p.role, p.at) for p in ps)
+        out[ref] = ((rec.version, rec.size) if versions else None, rec.kind, body)
+    return out
+
+
+def vectors_ok(store: Store) -> int:
+    """Every stored vector belongs to a live passage, all of one length; returns their count."""
+    n, dims = 0, set()
+    with store.env.begin() as txn:
+        for k, v in txn.cursor(db=store.vectors):
+            check(txn.get(k, db=store.passages) is not None, "a vector of a passage that is gone")
+            dims.add(len(v))
+            n += 1
+    check(len(dims) <= 1, f"vectors of several lengths: {dims}")
+    return n
+
+
+def open_checked(path: Path) -> tuple[Store, bool]:
+    """Open an index as the engine would; (store, was it damaged)."""
+    try:
+        return Store(str(path)), False
+    except (DamagedIndex, Exception):  # noqa: BLE001 - anything the engine's own open would wipe
+        return Store.open(str(path)), True
+
+
+def refreshed(cfg, state: Path):
+    """The index at ``state`` brought up to date in-process, as `lnk-lnkmem index` would."""
+    from lnkmem.engine import Memory
+    memory = Memory(cfg)
+    memory.store = memory.open_store()
+    memory.refresh_all()
+    return memory.store
+
+
+# --- the local runs ---------------------------------------------------------------------
+
+class Local:
+    def __init__(self, base: Path, rng: random.Random, model: FakeServer):
+        self.base, self.rng, self.model = base, rng, model
+        self.home = Home(base / "local")
+        self.ref_state = base / "local-reference"
+        self.notes: list[str] = []  # acknowledged adds, in order
+        self.sent = 0
+        for i in range(60):
+            self.write(f"d{i % 6}/f{i}.md")
+        for t in range(6):
+            self.chat(f"t{t}")
+        self.env = base_env()
+        self.env.update({"LNK_MEMORY_NOTES": str(self.home.notes), "LNK_MEMORY_SPEC": '{"model": "fake-mini"}',
+                         "LNK_MEMORY_MODEL": model.listen, "LNKMEM_BATCH_FILES": "3"})
+        self.check_env = {k: v for k, v in self.env.items() if k != "LNK_MEMORY_MODEL"}  # checks embed nothing
+        self.ref_cfg = from_args(str(self.home.folder), str(self.ref_state), str(self.home.agent), self.check_env)
+
+    def text(self, n: int) -> str:
+        paras = ["# " + " ".join(self.rng.choice(WORDS) for _ in range(3))]
+        for _ in range(n):
+            paras.append(" ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(20, 60))))
+        return "\n\n".join(paras) + "\n"
+
+    def write(self, rel: str) -> None:
+        self.home.write(rel, self.text(self.rng.randint(1, 6)))
+
+    def chat(self, thread: str) -> None:
+        p = self.home.agent / "chats" / f"{thread}.jsonl"
+        with open(p, "a") as f:
+            for _ in range(self.rng.randint(1, 4)):
+                f.write(json.dumps({"role": self.rng.choice(["user", "assistant"]),
+                                    "text": " ".join(self.rng.choice(WORDS) for _ in range(15))}) + "\n")
+
+    def mutate(self) -> None:
+        for _ in range(self.rng.randint(3, 10)):
+            self.write(f"d{self.rng.randint(0, 7)}/f{self.rng.randint(0, 90)}.md")
+        files = sorted(self.home.folder.rglob("*.md"))
+        if len(files) > 40:
+            self.rng.choice(files).unlink()
+        self.chat(f"t{self.rng.randint(0, 8)}")
+
+    def run(self, k: int) -> dict:
+        self.mutate()
+        fresh = k % 4 == 0
+        if fresh:
+            shutil.rmtree(self.home.state, ignore_errors=True)
+        self.model.fault("slow", delay=0.03 * self.rng.randint(0, 4))
+        proc = subprocess.Popen([PROGRAM, "serve", *self.home.args()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=self.env)
+        answers: "queue.Queue[dict]" = queue.Queue()
+
+        def pump() -> None:
+            for line in proc.stdout:
+                try:
+                    answers.put(json.loads(line))
+                except ValueError:
+                    answers.put({"bad": line.decode(errors="replace")})
+        threading.Thread(target=pump, daemon=True).start()
+        err = []
+        threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True).start()
+        pending: dict[str, str] = {}
+
+        def send(obj) -> None:
+            try:
+                proc.stdin.write(json.dumps(obj).encode() + b"\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass
+        send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {"protocolVersion": "2025-11-25"}})
+        when = self.rng.uniform(0.05, 1.4)
+        t0 = time.monotonic()
+        moment = "start"
+        while time.monotonic() - t0 < when:
+            if self.rng.random() < 0.5:
+                self.sent += 1
+                note = f"note k{k} n{self.sent} {self.rng.choice(WORDS)}"
+                rid = f"r{self.sent}"
+                pending[rid] = note
+                send({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                      "params": {"name": "remember", "arguments": {"add": note}}})
+                moment = "remember"
+            else:
+                send({"jsonrpc": "2.0", "id": f"s{k}", "method": "tools/call",
+                      "params": {"name": "search", "arguments": {"query": self.rng.choice(WORDS)}}})
+            time.sleep(self.rng.uniform(0.01, 0.15))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        time.sleep(0.05)
+        indexing = False
+        while not answers.empty():
+            a = answers.get()
+            check("bad" not in a, f"a line that is not JSON on stdout: {a}")
+            rid = a.get("id")
+            if rid in pending:
+                check("result" in a, f"remember answered with an error: {a}")
+                if not a["result"]["isError"]:
+                    self.notes.append(pending.pop(rid))
+                else:
+                    check("notes" in a["result"]["content"][0]["text"], f"remember refused: {a}")
+                    pending.pop(rid)
+            if isinstance(a.get("result"), dict) and "indexing" in (a["result"].get("structuredContent") or {}):
+                indexing = True
+        for line in (b"".join(err)).decode(errors="replace").splitlines():
+            check("Traceback" not in line, "a traceback on stderr")
+        return {"fresh": fresh, "moment": moment, "indexing": indexing, "after_s": round(when, 3),
+                "unanswered": list(pending.values())}
+
+    def verify(self, info: dict) -> dict:
+        # the notes: every answered add, once; unanswered ones whole or absent; nothing else
+        text = self.home.notes.read_text() if self.home.notes.exists() else ""
+        check(text == "" or text.endswith("\n"), "the notes end mid-line")
+        lines = text.splitlines()
+        for note in self.notes:
+            check(lines.count(f"- {note}") == 1, f"an answered note is lost or doubled: {note}")
+        allowed = {f"- {n}" for n in self.notes} | {f"- {n}" for n in info["unanswered"]}
+        stray = [ln for ln in lines if ln not in allowed]
+        check(not stray, f"lines nobody wrote in the notes: {stray[:3]}")
+        self.notes = [ln[2:] for ln in lines]  # an unanswered one that landed is kept from now on
+        beside = sorted(p.name for p in self.home.notes.parent.iterdir())
+        check(set(beside) <= {"lnkmem", "notes.md"}, f"files beside the notes: {beside}")
+        # the index: consistent (or detected damaged), and right once brought up to date
+        damaged = False
+        vecs = unembedded = 0
+        idx = self.home.state / "index"
+        if (idx / "data.mdb").exists():
+            with tempfile.TemporaryDirectory(dir=self.base) as tmp:
+                shutil.copytree(idx, Path(tmp) / "index")
+                store, damaged = open_checked(Path(tmp) / "index")
+                vecs = vectors_ok(store)
+                unembedded = store.snapshot.live - vecs
+                store.close()
+                cfg = from_args(str(self.home.folder), tmp, str(self.home.agent), self.check_env)
+                killed = refreshed(cfg, Path(tmp))
+                got = contents(killed)
+                vectors_ok(killed)
+                killed.close()
+            ref = refreshed(self.ref_cfg, self.ref_state)
+            want = contents(ref)
+            ref.close()
+            check(set(got) == set(want), f"refs differ: {sorted(set(got) ^ set(want))[:5]}")
+            bad = [r for r in want if got[r] != want[r]]
+            check(not bad, f"passages differ for {bad[:5]}")
+        temps = [p.name for p in self.home.state.glob("notes-*")] if self.home.state.exists() else []
+        return {"damaged": damaged, "vectors": vecs, "unembedded": unembedded, "temp_notes_left": len(temps)}
+
+
+# --- the bound runs ---------------------------------------------------------------------
+
+def copy_store(bridges: Bridges, where: Path) -> tuple[Store, bool] | None:
+    """The copy in the storage bridge loaded into a fresh index (one whole version), or None."""
+    d = bridges.store("memory") / "lnkmem"
+    man = d / "manifest.json"
+    if not man.exists():
+        return None
+    manifest = copyfmt.decode_manifest(man.read_bytes())
+    names = manifest.segments + manifest.vectors + [manifest.table]
+    missing = [n for n in names if not (d / n).exists()]
+    check(not missing, f"the copy's manifest names files that are not there: {missing[:3]}")
+    shutil.rmtree(where, ignore_errors=True)
+    store = Store(str(where))
+    copyfmt.load(store, manifest, "check", lambda n: (d / n).read_bytes())
+    store._load()  # raises DamagedIndex when the tables disagree
+    return store, True
+
+
+class Bound:
+    def __init__(self, base: Path, rng: random.Random):
+        self.base, self.rng = base, rng
+        self.bridges = Bridges(base / "link")
+        self.cache = base / "bound-cache"
+        self.notes: list[str] = []
+        self.sent = 0
+        for i in range(30):
+            self.write(f"b{i % 4}/g{i}.md")
+        (self.bridges.store("conversations") / "c1.jsonl").write_text(
+            json.dumps({"role": "user", "text": "the otter holds the lantern"}) + "\n")
+        self.local = Home(base / "bound-reference-home")  # only for the reference's state path
+
+    def write(self, rel: str) -> None:
+        words = " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(20, 120)))
+        self.bridges.write_home(rel, f"# {rel}\n\n{words}\n")
+
+    def engine(self, env: dict | None = None) -> Many:
+        e = {"LNKMEM_WRITEBACK_S": "0.05"}
+        e.update(env or {})
+        return Many(self.base / "run" / "m.sock", {}, self.bridges.flags() + ["--cache", str(self.cache)], env=e)
+
+    def run(self, k: int) -> dict:
+        changed = []
+        for _ in range(self.rng.randint(2, 6)):
+            rel = f"b{self.rng.randint(0, 5)}/g{self.rng.randint(0, 40)}.md"
+            self.write(rel)
+            changed.append(rel)
+        m = self.engine()
+        pending: dict[str, str] = {}
+        moment = "bind"
+        when = self.rng.uniform(0.1, 1.5)
+        t0 = time.monotonic()
+        errors = []
+
+        def work() -> None:
+            nonlocal moment
+            try:
+                c = m.connect(timeout=5)
+                if c.first(self.bridges.bound()) != {"ok": True}:
+                    return
+                for rel in changed:
+                    with m.connect(timeout=5) as ctl:
+                        moment = "changed"
+                        ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/{rel}"}})
+                    self.sent += 1
+                    note = f"bound k{k} n{self.sent}"
+                    pending[note] = note
+                    moment = "remember"
+                    r = c.call("remember", {"add": note})
+                    if not r["isError"]:
+                        self.notes.append(pending.pop(note))
+                    moment = "write-back"
+            except (OSError, EOFError, ValueError, AssertionError):
+                pass
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        t.join(max(0.0, when - (time.monotonic() - t0)))
+        m.proc.send_signal(signal.SIGKILL)
+        m.proc.wait()
+        t.join(5)
+        err = m.proc.stderr.read().decode(errors="replace")
+        check("Traceback" not in err, f"a traceback: {err[-500:]}")
+        check(not errors, f"client errors: {errors}")
+        return {"moment": moment, "after_s": round(when, 3), "unanswered": list(pending)}
+
+    def verify(self, info: dict) -> dict:
+        notes = self.bridges.store("memory") / "notes.md"
+        text = notes.read_text() if notes.exists() else ""
+        lines = text.splitlines()
+        for note in self.notes:
+            check(lines.count(f"- {note}") == 1, f"an answered note is lost or doubled: {note}")
+        allowed = {f"- {n}" for n in self.notes} | {f"- {n}" for n in info["unanswered"]}
+        check(all(ln in allowed for ln in lines), "lines nobody wrote in the notes")
+        self.notes = [ln[2:] for ln in lines]
+        got = copy_store(self.bridges, self.base / "copy-check")
+        if got:
+            got[0].close()
+        damaged = False
+        idx = self.cache / "o1" / "a1" / "index"
+        if (idx / "data.mdb").exists():
+            with tempfile.TemporaryDirectory(dir=self.base) as tmp:
+                shutil.copytree(idx, Path(tmp) / "index")
+                store, damaged = open_checked(Path(tmp) / "index")
+                vectors_ok(store)
+                store.close()
+        return {"damaged": damaged, "copy": bool(got)}
+
+    def settle(self) -> dict:
+        """Start once more, let it index and flush, end it: the copy must hold everything."""
+        m = self.engine({"LNKMEM_WRITEBACK_S": "3600"})
+        try:
+            c = m.connect(timeout=60)
+            check(c.first(self.bridges.bound()) == {"ok": True}, "bind failed at settle")
+            deadline = time.monotonic() + 60
+            while "indexing" in c.search("zz")["structuredContent"]:
+                check(time.monotonic() < deadline, "indexing never finished")
+                time.sleep(0.05)
+            with m.connect(timeout=60) as ctl:
+                check(ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home"}}) == {"ok": True}, "changed")
+            with m.connect(timeout=60) as ctl:
+                check(ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}, "flush failed")
+            c.close()
+        finally:
+            check(m.stop() == 0, "serve-many did not end cleanly")
+        store, _ = copy_store(self.bridges, self.base / "copy-check")
+        got = contents(store, versions=False)
+        store.close()
+        home = self.bridges.home()
+        want_refs = {f"home/{p.relative_to(home).as_posix()}" for p in home.rglob("*") if p.is_file()
+                     and not p.relative_to(home).as_posix().startswith("memory/lnkmem/")}
+        want_refs |= {f"chats/{p.name}" for p in self.bridges.store("conversations").iterdir()}
+        if (self.bridges.store("memory") / "notes.md").exists():
+            want_refs.add("notes")
+        check(set(got) == want_refs, f"the copy's refs differ: {sorted(set(got) ^ want_refs)[:5]}")
+        # the same passages as a clean index of the same files, read locally
+        from lnkmem.bridges.local import LocalPlace
+        from lnkmem.engine import Layout, Memory, NotesPlace
+        from lnkmem.notes import LocalNotes
+        ref_state = self.base / "bound-reference"
+        shutil.rmtree(ref_state, ignore_errors=True)
+        places = {"home": LocalPlace(str(home), exclude=[str(home / "memory" / "lnkmem")]),
+                  "chats": LocalPlace(str(self.bridges.store("conversations"))),
+                  "notes": NotesPlace(LocalNotes(str(self.bridges.store("memory") / "notes.md"), str(ref_state)))}
+        cfg = from_args(str(self.local.folder), str(ref_state), None, {})
+        mem = Memory(cfg, Layout(places, None, 0, str(ref_state / "index"), tmpdir=str(ref_state / "tmp")))
+        mem.store = mem.open_store()
+        mem.refresh_all()
+        want = contents(mem.store, versions=False)
+        mem.store.close()
+        bad = [r for r in want if got.get(r, (None, None, None))[1:] != want[r][1:]]
+        check(not bad, f"the copy's passages differ for {bad[:5]}")
+        puts = [json.loads(ln) for ln in (self.bridges.base / "storage.log").read_text().splitlines()]
+        puts = [e for e in puts if e["method"] == "PUT" and e["path"].endswith("manifest.json")]
+        check(all(e["if_match"] or e["if_none_match"] == "*" for e in puts), "an unconditional manifest write")
+        return {"refs": len(got), "manifest_writes": len(puts), "conflicts": sum(e["status"] == 412 for e in puts)}
+
+
+# --- the loop ---------------------------------------------------------------------------
+
+def run(kills: int = 200, seed: int = 7, base: Path | None = None, say=print) -> dict:
+    rng = random.Random(seed)
+    own = base is None
+    base = Path(tempfile.mkdtemp(prefix="lnkmem-kills-")) if own else base
+    model = FakeServer.start("fakes.embedding_server", "--unix", base / "model.sock", "--model", "fake-mini")
+    local, bound = Local(base, rng, model), Bound(base, rng)
+    figures = {"kills": 0, "local": 0, "bound": 0, "damaged_detected": 0, "settles": 0, "notes_answered": 0,
+               "moments": {}, "remember_in_flight": 0, "while_indexing": 0, "fresh_index_runs": 0, "temp_notes_left": 0, "lost": 0,
+               "failures": []}
+    t0 = time.monotonic()
+    try:
+        for k in range(kills):
+            kind = "local" if k % 2 == 0 else "bound"
+            try:
+                if kind == "local":
+                    info = local.run(k)
+                    res = local.verify(info)
+                    info["moment"] = "indexing" if info["indexing"] else ("embedding" if res["unembedded"] else "serving")
+                    figures["while_indexing"] += info["indexing"]
+                    figures["fresh_index_runs"] += info["fresh"]
+                    figures["temp_notes_left"] = res["temp_notes_left"]
+                else:
+                    info = bound.run(k)
+                    res = bound.verify(info)
+                    if (k // 2) % 10 == 9 or k >= kills - 2:
+                        figures["settles"] += 1
+                        res.update(bound.settle())
+                figures[kind] += 1
+                figures["kills"] += 1
+                figures["remember_in_flight"] += bool(info["unanswered"])
+                figures["damaged_detected"] += res["damaged"]
+                key = f"{kind}:{info['moment']}"
+                figures["moments"][key] = figures["moments"].get(key, 0) + 1
+            except Failure as e:
+                figures["failures"].append(f"kill {k} ({kind}): {e}")
+                figures["lost"] += 1
+                say(f"FAIL kill {k} ({kind}): {e}")
+            if (k + 1) % 20 == 0:
+                say(f"{k + 1} kills, {len(figures['failures'])} failures, {time.monotonic() - t0:.0f}s")
+        figures["notes_answered"] = len(local.notes) + len(bound.notes)
+    finally:
+        model.stop()
+        bound.bridges.stop()
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
+    figures["seconds"] = round(time.monotonic() - t0, 1)
+    return figures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kills", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    figures = run(args.kills, args.seed)
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 1 if figures["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -162,7 +162,7 @@ class Bindings:
         for what, path in named:
             if path is None:
                 continue
-            if not os.path.isabs(path) or os.path.realpath(path) not in own:
+            if not os.path.isabs(path) or "\0" in path or os.path.realpath(path) not in own:
                 raise Refusal(f"the {what} bridge {path!r} is not one of this machine's bridges")
 
     def _config(self, agent: str, b: Bound) -> tuple[AgentConfig, str]:

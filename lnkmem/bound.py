@@ -211,10 +211,10 @@ class Bindings:
         key = (b.owner, agent)
         binding = self.held.get(key)
         if binding is not None and not binding.same_key(b.key):
+            fresh = self._new_binding(first)  # the bridges judge the new key first: a bad one ends nothing
             log.info("agent %s bound again with a new key", agent)
             binding.close()
-            self.held.pop(key, None)
-            binding = None
+            self.held[key] = binding = fresh
         if binding is None:
             binding = self._new_binding(first)
             self.held[key] = binding

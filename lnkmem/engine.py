@@ -327,8 +327,9 @@ class Memory:
         """Best (pid, score) pairs and how they were ranked ("words" or "meaning+words")."""
         from lnkmem.index.hybrid import fuse
         from lnkmem.index.search import bm25
-        words = bm25(self.store, query, limit, sources, under, candidates=max(limit, CANDIDATES))
-        if self.embedder is not None and self.vindex.count():
+        meaning = self.embedder is not None and self.vindex.count() > 0
+        words = bm25(self.store, query, limit, sources, under, candidates=max(limit, CANDIDATES) if meaning else limit)
+        if meaning:
             q = self.query_vector(query)
             if q is not None:
                 meaning = self.vindex.search(self.store, q, max(limit, CANDIDATES), sources, under)

@@ -28,25 +28,27 @@ STOPWORDS = frozenset(
 )
 
 _stemmer = snowballstemmer.stemmer("english")
-_memo: dict[str, str] = {}  # word -> its term, or "" for a word not indexed
 _MEMO_MAX = 2_000_000
 
 
-def _term(word: str) -> str:
-    if word in STOPWORDS or len(word) > MAX_WORD:
-        t = ""
-    else:
-        t = _stemmer.stemWord(word) if word.isalpha() else word
-    if len(_memo) < _MEMO_MAX:
-        _memo[word] = t
-    return t
+class _Terms(dict):
+    """word -> its term ("" for a word not indexed), filled on first sight."""
+
+    def __missing__(self, word: str) -> str:
+        if word in STOPWORDS or len(word) > MAX_WORD:
+            t = ""
+        else:
+            t = _stemmer.stemWord(word) if word.isalpha() else word
+        if len(self) < _MEMO_MAX:
+            self[word] = t
+        return t
+
+
+_memo = _Terms()
 
 
 def stem(word: str) -> str:
-    t = _memo.get(word)
-    if t is None:
-        t = _term(word)
-    return t or word
+    return _memo[word] or word
 
 
 def words(text: str) -> list[str]:
@@ -56,26 +58,16 @@ def words(text: str) -> list[str]:
 
 def term_counts(text: str) -> tuple[dict, int]:
     """(term -> frequency, length) of a passage: stopped, stemmed terms."""
-    counts: dict[str, int] = {}
-    length = 0
-    memo = _memo
-    for w, n in Counter(_WORD.findall(text.casefold())).items():
-        t = memo.get(w)
-        if t is None:
-            t = _term(w)
-        if t:
-            counts[t] = counts.get(t, 0) + n
-            length += n
-    return counts, length
+    counts = Counter(map(_memo.__getitem__, _WORD.findall(text.casefold())))
+    counts.pop("", None)  # stop words and over-long words
+    return counts, sum(counts.values())
 
 
 def query_terms(text: str) -> list[str]:
     """Distinct terms of a query in order of first appearance."""
     seen: dict[str, None] = {}
     for w in words(text):
-        t = _memo.get(w)
-        if t is None:
-            t = _term(w)
+        t = _memo[w]
         if t:
             seen.setdefault(t, None)
     return list(seen)

@@ -77,51 +77,48 @@ def _split_long(first: int, lines: list[str]) -> Iterator[tuple[int, int, str]]:
 
 
 def chunk_text(text: str) -> list[Piece]:
-    """Passages of a text file (markdown-aware)."""
+    """Passages of a text file (markdown-aware); each is exactly its lines."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     pieces: list[Piece] = []
     heading = ""
-    cur: list[str] = []
-    cur_first = cur_last = 0
-    cur_heading = ""
+    # the piece being gathered: its line range, size, and whether it holds more than headings
+    first_line = last_line = 0
+    size = 0
+    has_body = False
+    piece_heading = ""
 
     def flush() -> None:
-        nonlocal cur
-        if cur:
-            body = "\n".join(lines[cur_first - 1 : cur_last])  # exactly its lines
+        nonlocal size, has_body
+        if size:
+            body = "\n".join(lines[first_line - 1 : last_line])
             if body.strip():
-                pieces.append(Piece(cur_first, cur_last, body, cur_heading))
-            cur = []
+                pieces.append(Piece(first_line, last_line, body, piece_heading))
+        size, has_body = 0, False
 
     for first, last, block, is_heading in _paragraphs(lines):
+        block_size = sum(len(x) + 1 for x in block)
         if is_heading:
             heading = block[0].strip().lstrip("#").strip()
-            if cur and all(x.lstrip().startswith("#") or not x.strip() for x in cur):
-                # headings in a row (a title, then a section) stay together
-                cur.append(block[0])
-                cur_last, cur_heading = last, heading
+            if size and not has_body:  # headings in a row (a title, then a section) stay together
+                last_line, size, piece_heading = last, size + block_size, heading
                 continue
             flush()
-            cur, cur_first, cur_last, cur_heading = [block[0]], first, last, heading
+            first_line, last_line, size, piece_heading = first, last, block_size, heading
             continue
-        size = sum(len(x) + 1 for x in block)
-        if size > LIMIT:
+        if block_size > LIMIT:
             flush()
             for a, b, t in _split_long(first, block):
                 pieces.append(Piece(a, b, t, heading))
             continue
-        cur_size = sum(len(x) + 1 for x in cur)
-        only_headings = all(x.lstrip().startswith("#") or not x.strip() for x in cur)
-        too_small = cur_size < SMALL and cur_size + size <= LIMIT
-        if cur and cur_size + size > TARGET and not only_headings and not too_small:
+        too_small = size < SMALL and size + block_size <= LIMIT  # a title joins what follows
+        if size and size + block_size > TARGET and has_body and not too_small:
             flush()
-        if not cur:
-            cur_first, cur_heading = first, heading
-        else:
-            cur.append("")  # keep the blank line between paragraphs
-        cur.extend(block)
-        cur_last = last
+        if not size:
+            first_line, piece_heading = first, heading
+        size += block_size + 1
+        has_body = True
+        last_line = last
     flush()
     return pieces

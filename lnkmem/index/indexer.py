@@ -20,7 +20,7 @@ from lnkmem.index.store import Batch, NewFile, Passage, Store
 
 # A batch is committed every so many bytes or files (tests make them small
 # with LNKMEM_BATCH_FILES to kill indexing between batches).
-BATCH_BYTES = 8 * 1024 * 1024
+BATCH_BYTES = 4 * 1024 * 1024
 BATCH_FILES = int(os.environ.get("LNKMEM_BATCH_FILES", "4000"))
 
 

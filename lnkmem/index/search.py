@@ -48,7 +48,13 @@ def bm25(store: Store, query: str, limit: int, sources: Optional[Sequence[str]] 
             touched.append(pids)
     if not touched:
         return []
-    cand = np.unique(np.concatenate(touched)) if len(touched) > 1 else touched[0]
+    if len(touched) > 1:  # the union of the terms' passages, in pid order
+        seen = np.zeros(cap, bool)
+        for t in touched:
+            seen[t] = True
+        cand = np.flatnonzero(seen)
+    else:
+        cand = touched[0]
     if sources is not None and set(sources) != set(SOURCE_CODE):
         codes = np.array([SOURCE_CODE[s] for s in sources], np.uint8)
         cand = cand[np.isin(snap.src[cand], codes)]

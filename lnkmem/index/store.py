@@ -339,13 +339,14 @@ class Store:
             seg_pids: list[int] = []
             seg_lens: list[int] = []
             seg_refs: list[str] = []
+            new_passages: list[tuple[bytes, bytes]] = []
             for f in batch.files:
                 pids = []
                 for passage, (counts, length) in zip(f.passages, f.counts):
                     pid = next_pid
                     next_pid += 1
                     pids.append(pid)
-                    txn.put(_k(pid), _enc.encode(passage), db=self.passages)
+                    new_passages.append((_k(pid), _enc.encode(passage)))
                     seg_pids.append(pid)
                     seg_lens.append(length)
                     seg_refs.append(f.ref)
@@ -353,6 +354,8 @@ class Store:
                     p_tfs.extend(counts.values())
                     p_pids.extend([pid] * len(counts))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind)), db=self.files)
+            # ids only grow: appending packs the pages full
+            txn.cursor(db=self.passages).putmulti(new_passages, append=True)
             if seg_pids:
                 sk = _k(seg)
                 names = sorted(dict.fromkeys(p_terms))

@@ -270,10 +270,15 @@ def test_503_storm_ridden_out(bridges, tmp_path):
     with serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"}) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
+        with m.connect() as ctl:  # the first write-back is out of the way
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.write_home("docs/storm.md", "Written during a storm.\n")
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/storm.md"}}) == {"ok": True}
         bridges.storage.fault("503", count=10, retry_after=0)
         with m.connect(timeout=60) as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-        assert "home/docs/plan.md" in copy_refs(bridges)
+        assert "home/docs/storm.md" in copy_refs(bridges)
         assert sum(1 for e in log(bridges.storage) if e["status"] == 503) == 10
 
 

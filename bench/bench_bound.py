@@ -1,0 +1,308 @@
+"""Bound sessions' benchmark (issue 5): `serve-many` against the fake bridges.
+
+Run: ``.venv/bin/python bench/bench_bound.py [--quick] [--record]``
+
+A Home of 1,000 generated markdown files (``bench/corpus.py``'s vocabulary and
+writer) lies in the fake files bridge (``<files_root>/homes/a1/``); the fake
+storage bridge keeps the copy (``<storage_root>/stores/a1/memory/lnkmem/``);
+``LNKMEM_WRITEBACK_S`` is 0.5. Each start is a new ``serve-many`` process, left
+idle a moment before the Bound line is sent. Measures:
+
+- Bound line sent -> ``{"ok": true}``, and -> the first search answering with
+  no ``indexing`` (searches polled every 20 ms on the bound session), with
+  - no copy at all (empty cache, nothing in the storage bridge),
+  - a cold cache (empty ``--cache`` folder, the copy present),
+  - a warm cache (the ``--cache`` of a previous run that flushed);
+- after one changed file (a paragraph appended, then a ``changed`` control):
+  the bytes PUT to the storage bridge (its request log) until a ``flush``
+  control is answered, vs the copy's total size (the files under
+  ``stores/a1/memory/lnkmem/``); the flush control's round trip.
+
+Prints a markdown table with targets and pass/fail; ``--record`` writes it to
+the ``bench:bound`` section of ``docs/BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.dont_write_bytecode = True
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+from bench_many import Corpus, loadavg, log, machine, record  # noqa: E402
+from tests.bridges import KEY, OTHER_KEY, Bridges  # noqa: E402
+from tests.helpers import Many  # noqa: E402
+
+OUT = os.path.join(HERE, "out", "bound")
+WRITEBACK_S = "0.5"
+T_BYTES_PCT = 5.0
+
+FULL = dict(files=1000, warm=5, cold=5, nocopy=3, changes=10)
+QUICK = dict(files=300, warm=1, cold=1, nocopy=1, changes=3)
+
+
+class Run:
+    """One serve-many process for the bound agent a1."""
+
+    def __init__(self, base: Path, br: Bridges, cache: Path, name: str):
+        env = {"LNKMEM_WRITEBACK_S": WRITEBACK_S}
+        self.br = br
+        self.m = Many(base / name / "mem.sock", {}, br.flags() + ["--cache", str(cache), "--stay"], env=env)
+        if self.m.proc.poll() is not None:
+            raise RuntimeError(f"serve-many did not start: {self.m.stderr()[-2000:]}")
+        time.sleep(0.5)  # idle: the Bound line is timed, not the process start
+        self.c = None
+
+    def bind(self) -> tuple:
+        """(seconds to ok, seconds to the first search with nothing indexing, polls)."""
+        c = self.c = self.m.connect(timeout=300)
+        t0 = time.perf_counter()
+        r = c.first(self.br.bound())
+        t_ok = time.perf_counter() - t0
+        if r != {"ok": True}:
+            raise RuntimeError(f"Bound: {r}")
+        polls = 0
+        while True:
+            polls += 1
+            sc = c.search("zzzzprobe")["structuredContent"]
+            if "indexing" not in sc:
+                break
+            time.sleep(0.02)
+        return t_ok, time.perf_counter() - t0, polls
+
+    def control(self, obj: dict) -> float:
+        with self.m.connect(timeout=300) as ctl:
+            t0 = time.perf_counter()
+            r = ctl.first(obj)
+            dt = time.perf_counter() - t0
+        if r != {"ok": True}:
+            raise RuntimeError(f"{obj}: {r}")
+        return dt
+
+    def flush(self) -> float:
+        return self.control({"flush": {"owner": "o1", "agent": "a1"}})
+
+    def stop(self) -> None:
+        if self.c is not None:
+            self.c.close()
+        if self.m.stop() != 0:
+            log(self.m.stderr()[-3000:])
+
+
+def copy_dir(br: Bridges) -> Path:
+    return br.storage_root / "stores" / "a1" / "memory" / "lnkmem"
+
+
+def copy_size(br: Bridges) -> tuple:
+    d = copy_dir(br)
+    files = [p for p in d.iterdir() if p.is_file()] if d.exists() else []
+    return sum(p.stat().st_size for p in files), len(files)
+
+
+def start(base, br, cache, name, label, r) -> Run:
+    run = Run(base, br, cache, name)
+    t_ok, t_ready, polls = run.bind()
+    r.setdefault(label, []).append((t_ok, t_ready))
+    log(f"  {label}: ok {t_ok * 1e3:.1f} ms, nothing indexing {t_ready * 1e3:.0f} ms ({polls} polls)")
+    return run
+
+
+def bench(P: dict) -> dict:
+    base = Path(OUT)
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    br = Bridges(base / "link", bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o1", "key": OTHER_KEY}})
+    br.write_home("notes/one.md", "A second agent's Home, with one file.\n", agent="a2")
+    r: dict = {"P": P, "load": [loadavg()]}
+    try:
+        cp = Corpus(seed=23)
+        r["home_bytes"] = cp.home(br.home("a1"), P["files"])
+        homefiles = sorted(p for p in br.home("a1").rglob("*.md"))
+        log(f"Home: {len(homefiles)} files, {r['home_bytes'] / 1e6:.1f} MB")
+        warm_cache = base / "cache-warm"
+
+        # no copy: index the sources through the bridge and create the copy
+        run = start(base, br, warm_cache, "n0", "nocopy", r)
+        t = time.perf_counter()
+        run.flush()
+        r["first_flush"] = time.perf_counter() - t
+        r["copy_first"] = copy_size(br)
+        log(f"  first flush {r['first_flush'] * 1e3:.0f} ms; copy {r['copy_first'][0] / 1e6:.2f} MB "
+            f"in {r['copy_first'][1]} files")
+
+        # one changed file: bytes written back, and the flush's round trip
+        r["changes"] = []
+        time.sleep(1.0)  # let the write-back loop settle (quiet, clean)
+        for i in range(P["changes"]):
+            f = homefiles[(i * 97 + 13) % len(homefiles)]
+            ref = "home/" + f.relative_to(br.home("a1")).as_posix()
+            word = f"zanzibarquokka{i}"
+            br.storage.request("DELETE", "/_log")
+            with open(f, "a") as fh:
+                fh.write(f"\n\nA late paragraph on the {word}, added by the benchmark.\n")
+            t_changed = run.control({"changed": {"owner": "o1", "agent": "a1", "path": ref}})
+            t_flush = run.flush()
+            entries = br.storage.log()
+            puts = [e for e in entries if e["method"] == "PUT" and "/lnkmem/" in e["path"]]
+            put_bytes = sum(e["size"] for e in puts)
+            manifests = [e for e in puts if e["path"].endswith("manifest.json")]
+            span = (max(e["time"] for e in puts) - min(e["time"] for e in puts)) if puts else 0.0
+            total, nfiles = copy_size(br)
+            hits = [h["ref"] for h in run.c.search(word)["structuredContent"]["hits"]]
+            if hits[:1] != [ref]:
+                raise RuntimeError(f"the changed file is not found: {word} -> {hits}")
+            kinds: dict = {}
+            for e in puts:
+                k = e["path"].rsplit("/", 1)[-1].split("-", 1)[0].split(".", 1)[0]
+                kinds[k] = kinds.get(k, 0) + e["size"]
+            r["changes"].append(dict(changed=t_changed, flush=t_flush, bytes=put_bytes, puts=len(puts),
+                                     writebacks=len(manifests), span=span, total=total, files=nfiles,
+                                     kinds=kinds))
+            log(f"  change {i}: changed {t_changed * 1e3:.1f} ms, flush {t_flush * 1e3:.1f} ms, "
+                f"{put_bytes} B in {len(puts)} PUTs ({len(manifests)} write-backs, {kinds}) "
+                f"of {total} B ({nfiles} files): {100 * put_bytes / total:.2f}%")
+            time.sleep(0.6)
+        run.flush()
+        run.stop()
+
+        # warm: the same cache, the copy unchanged since it flushed
+        for k in range(P["warm"]):
+            run = start(base, br, warm_cache, f"w{k}", "warm", r)
+            with run.m.connect() as again:  # the binding is held: a new session of it
+                t = time.perf_counter()
+                if again.first(br.bound()) != {"ok": True}:
+                    raise RuntimeError("a second Bound line was refused")
+                r.setdefault("again", []).append(time.perf_counter() - t)
+            with run.m.connect() as other:  # another agent's first Bound line, in a process past its first
+                t = time.perf_counter()
+                if other.first(br.bound(agent="a2", key=OTHER_KEY)) != {"ok": True}:
+                    raise RuntimeError("agent a2's Bound line was refused")
+                r.setdefault("second_agent", []).append(time.perf_counter() - t)
+            run.stop()
+
+        # cold: an empty cache, the copy present
+        for k in range(P["cold"]):
+            start(base, br, base / f"cache-cold{k}", f"c{k}", "cold", r).stop()
+
+        # no copy at all again (and an empty cache)
+        for k in range(1, P["nocopy"]):
+            shutil.rmtree(copy_dir(br))
+            start(base, br, base / f"cache-none{k}", f"n{k}", "nocopy", r).stop()
+    finally:
+        br.stop()
+    r["load"].append(loadavg())
+    return r
+
+
+def ok(b: bool) -> str:
+    return "pass" if b else "**FAIL**"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.0f}" if x >= 0.1 else f"{x * 1e3:.1f}"
+
+
+def row_times(label: str, xs: list) -> list:
+    oks, readys = [a for a, _ in xs], [b for _, b in xs]
+    n = len(xs)
+    agg = "median" if n > 1 else "one run"
+    return [
+        f"| Bound → `ok`, {label} ({agg} of {n}) | {ms(statistics.median(oks))} ms "
+        f"({', '.join(ms(x) for x in oks)}) | — |  |",
+        f"| Bound → first search with nothing indexing, {label} ({agg} of {n}) | {ms(statistics.median(readys))} ms "
+        f"({', '.join(ms(x) for x in readys)}) | — |  |",
+    ]
+
+
+def table(r: dict) -> str:
+    P = r["P"]
+    ch = r["changes"]
+    pcts = [100 * c["bytes"] / c["total"] for c in ch]
+    worst = max(pcts)
+    flushes = [c["flush"] for c in ch]
+    acked = [c["changed"] + c["flush"] for c in ch]
+    kinds: dict = {}
+    for c in ch:
+        for k, v in c["kinds"].items():
+            kinds[k] = kinds.get(k, 0) + v
+    kinds_txt = ", ".join(f"{k} {v / len(ch) / 1e3:.1f} kB" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    total = statistics.median(c["total"] for c in ch)
+    each_kb = ", ".join(f"{c['bytes'] / 1e3:.1f}" for c in ch)
+    wbs = [c["writebacks"] for c in ch]
+    rows = ["| Figure | Value | Target | Result |", "|---|---|---|---|"]
+    rows += row_times("warm cache", r["warm"])
+    rows += row_times("cold cache, copy present", r["cold"])
+    rows += row_times("no copy at all", r["nocopy"])
+    rows += [f"| Bound → `ok`, the binding already held (a second session; median of {len(r['again'])}) "
+             f"| {ms(statistics.median(r['again']))} ms | — |  |",
+             f"| Bound → `ok`, another agent's first Bound line in a process that has bound one "
+             f"(median of {len(r['second_agent'])}) | {ms(statistics.median(r['second_agent']))} ms | — |  |"]
+    rows += [
+        f"| Bytes written back after one changed file (median; each of {len(ch)}) "
+        f"| {statistics.median(c['bytes'] for c in ch) / 1e3:.1f} kB "
+        f"({each_kb}) | — |  |",
+        f"| … as a share of the copy ({total / 1e6:.2f} MB in {ch[-1]['files']} files), worst of {len(ch)} "
+        f"| {worst:.2f} % (median {statistics.median(pcts):.2f} %) | < {T_BYTES_PCT:g} % | {ok(worst < T_BYTES_PCT)} |",
+        f"| Write-back: `flush` round trip after one change (median / max) | {ms(statistics.median(flushes))} / "
+        f"{ms(max(flushes))} ms | — |  |",
+        f"| One change acknowledged in the copy: `changed` + `flush` round trips (median / max) "
+        f"| {ms(statistics.median(acked))} / {ms(max(acked))} ms | — |  |",
+        f"| First write-back of the whole copy (`flush` after the first index) | {ms(r['first_flush'])} ms "
+        f"({r['copy_first'][0] / 1e6:.2f} MB, {r['copy_first'][1]} files) | — |  |",
+    ]
+    notes = [
+        "",
+        f"Home: {P['files']} generated markdown files, {r['home_bytes'] / 1e6:.1f} MB, in the fake files bridge; the copy "
+        f"in the fake storage bridge's `memory` collection; the local cache under `--cache`; words ranking (no "
+        f"model); `LNKMEM_WRITEBACK_S={WRITEBACK_S}`. Times are client-side from the Bound line's send; each start "
+        f"is a fresh `serve-many` (idle 0.5 s first); \"nothing indexing\" polls `search` every 20 ms. Warm: the "
+        f"`--cache` of the run that created and flushed the copy; cold: an empty `--cache`, the copy in the bridge; "
+        f"no copy: an empty `--cache` and no copy (the first run, then the copy deleted). Bytes: the storage bridge's "
+        f"log of PUT bodies below `lnkmem/` from the file's change to the `flush` answer (a paragraph appended to one "
+        f"file, then a `changed` control, then `flush`; write-backs in that window: {', '.join(map(str, wbs))}: "
+        f"the loop may write before the flush asks), by kind per change: {kinds_txt}; the copy's size is every file "
+        f"under `stores/a1/memory/lnkmem/` after the flush. Load average (1 min) at the start / end: "
+        f"{r['load'][0]:.2f} / {r['load'][1]:.2f}.",
+    ]
+    return "\n".join(rows + notes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="lnkmem: bound sessions' benchmark")
+    ap.add_argument("--quick", action="store_true", help="a 300-file Home, one start of each kind")
+    ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
+    ap.add_argument("--json", help="also write the raw figures to this file")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    mach = machine()
+    r = bench(QUICK if a.quick else FULL)
+    text = table(r)
+    print(f"lnkmem bound sessions benchmark — {when}")
+    print(f"Machine: {mach}\n")
+    print(text)
+    print(f"\n(total {time.monotonic() - t0:.0f} s)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(r, when=when, machine=mach), f, indent=1)
+    if a.record:
+        cmd = ".venv/bin/python bench/bench_bound.py" + (" --quick" if a.quick else "")
+        record(text, cmd, when, mach, "bound", "Bound sessions: the copy, its cache and write-back")
+        log("recorded in docs/BENCHMARKS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

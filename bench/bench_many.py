@@ -1,0 +1,529 @@
+"""`serve-many`'s benchmark (issue 4): the real program on a real Unix socket.
+
+Run: ``.venv/bin/python bench/bench_many.py [--quick] [--record]``
+
+Measures, with generated Homes (``bench/corpus.py``'s vocabulary and writer,
+seeded; written below ``bench/out/many/``, fresh each run):
+
+- Hello answered: connect + ``{"agent": id}`` -> ``{"ok": true}``, client-side,
+  p50/p99 over 500 connections to agents already open and indexed (also: while
+  other agents are indexing, and an agent's very first Hello);
+- sessions accepted per second: connect + Hello + close, sequentially and from
+  8 concurrent clients (threads);
+- search latency p50/p99 (``tools/call search``, line sent -> answer line) with
+  ONE session, then with 50 concurrent sessions over 10 agents (5 each, every
+  session searching again as soon as it is answered), each agent a Home of
+  ~300 markdown files; queries from the corpus vocabulary; indexing finished
+  first (searches polled until ``structuredContent`` has no ``indexing``);
+- RSS per served agent: VmRSS of the process after 1 agent vs after 11, each a
+  1,000-file Home indexed in that process and searched once:
+  (RSS_11 - RSS_1) / 10; and the same on the built indexes (a restart).
+
+Prints a markdown table with targets and pass/fail; ``--record`` writes it to
+the ``bench:many`` section of ``docs/BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.dont_write_bytecode = True
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+import corpus  # noqa: E402
+from tests.helpers import Home, Many, SocketClient, agent_entry  # noqa: E402
+
+DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+OUT = os.path.join(HERE, "out", "many")
+AVG_FILE = 5_000  # bytes, as bench/corpus.py (50 MB over 10,000 files)
+
+# targets
+T_HELLO_MS = 5.0
+T_CONC_RATIO = 4.0
+T_RSS_MB = 20.0
+
+FULL = dict(hellos=500, sessions=1000, conc_clients=8, search_agents=10, search_files=300,
+            single_queries=1000, conc_sessions=50, paced_queries=80, sat_queries=40, think_s=0.2, gap_s=0.005, rss_agents=11, rss_files=1000)
+QUICK = dict(hellos=200, sessions=300, conc_clients=8, search_agents=5, search_files=100,
+             single_queries=300, conc_sessions=50, paced_queries=20, sat_queries=10, think_s=0.2, gap_s=0.005, rss_agents=3, rss_files=300)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def pct(xs, p: float) -> float:
+    """The p-th percentile (nearest rank)."""
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
+    return s[k]
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            mem = f", {int(f.readline().split()[1]) / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{model}, {os.cpu_count()} cores{mem}; Linux {platform.release()}; Python {platform.python_version()}"
+
+
+def loadavg() -> float:
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def proc_status(pid: int) -> dict:
+    """The memory lines of /proc/<pid>/status, in KiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("Vm", "Rss")):
+                k, v = line.split(":", 1)
+                out[k] = int(v.split()[0])
+    return out
+
+
+# --- generated Homes -------------------------------------------------------------
+
+
+class Corpus:
+    """One vocabulary and writer shared by every generated Home; queries from them."""
+
+    def __init__(self, seed: int = 11):
+        self.rng = random.Random(seed)
+        self.vocab = corpus.Vocabulary(self.rng)
+        self.writer = corpus.Writer(self.vocab, self.rng)
+
+    def home(self, folder: Path, n_files: int) -> int:
+        """Write ``n_files`` markdown files (~5 KB each, lognormal) below ``folder``; returns bytes."""
+        rng = self.rng
+        folders = corpus._folders(self.vocab, rng, max(5, n_files // 16))
+        total = 0
+        used: set = set()
+        for i, size in enumerate(corpus._sizes(rng, n_files, n_files * AVG_FILE)):
+            stem = "-".join(x for x in self.vocab.sample(rng, rng.randint(2, 4)) if x.isalpha()) or "note"
+            rel = f"{rng.choice(folders)}/{stem}".lstrip("/")
+            if rel in used:
+                rel += f"-{i}"
+            used.add(rel)
+            p = folder / (rel + ".md")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            data = self.writer.document(min(size, 200_000)).encode()
+            p.write_bytes(data)
+            total += len(data)
+        return total
+
+    def queries(self, n: int) -> list:
+        return corpus.make_queries(self.vocab, self.writer, self.rng, n)
+
+
+# --- talking to serve-many -------------------------------------------------------
+
+
+def hello_raw(path: str, agent: str) -> float:
+    """Connect, send a Hello, read the answer, close; returns seconds to the answer."""
+    line = json.dumps({"agent": agent}).encode() + b"\n"
+    t0 = time.perf_counter()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.sendall(line)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+        dt = time.perf_counter() - t0
+    finally:
+        s.close()
+    if json.loads(buf) != {"ok": True}:
+        raise RuntimeError(f"Hello for {agent}: {buf!r}")
+    return dt
+
+
+def session(m: Many, agent: str) -> SocketClient:
+    c = m.connect(timeout=120)
+    r = c.first({"agent": agent})
+    if r != {"ok": True}:
+        raise RuntimeError(f"Hello for {agent}: {r}")
+    c.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                             "clientInfo": {"name": "bench", "version": "0"}})
+    c.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return c
+
+
+def wait_indexed(c: SocketClient, timeout: float = 600) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if "indexing" not in c.search("zzzzprobe")["structuredContent"]:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise TimeoutError("indexing did not finish")
+
+
+async def search_sessions(path: str, agents: list, queries: list, think: float, nq: int) -> tuple:
+    """One MCP session per entry of ``agents``, all in this thread (asyncio, so the client adds no
+    thread switching of its own); each sends ``nq`` searches, waiting ``think`` seconds on average
+    (exponential) between an answer and its next search, or none. Returns (latencies per session,
+    searches with hits, wall seconds)."""
+    async def open_session(agent: str):
+        rd, wr = await asyncio.open_unix_connection(path, limit=16 * 1024 * 1024)
+        wr.write(json.dumps({"agent": agent}).encode() + b"\n")
+        if json.loads(await rd.readline()) != {"ok": True}:
+            raise RuntimeError(f"Hello for {agent} refused")
+        wr.write(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}}
+        ).encode() + b"\n" + json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode() + b"\n")
+        await rd.readline()
+        return rd, wr
+
+    conns = [await open_session(a) for a in agents]
+    lats: list = [[] for _ in agents]
+    hits = [0]
+
+    async def run(i: int) -> None:
+        rd, wr = conns[i]
+        rng = random.Random(i + (1000 if think else 0))
+        if think:
+            await asyncio.sleep(rng.uniform(0, think))
+        for n in range(1, nq + 1):
+            q = rng.choice(queries) if len(agents) > 1 else queries[(n - 1) % len(queries)]
+            line = json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                               "params": {"name": "search", "arguments": {"query": q, "limit": 10}}}).encode() + b"\n"
+            t0 = time.perf_counter()
+            wr.write(line)
+            ans = await rd.readline()
+            lats[i].append(time.perf_counter() - t0)
+            msg = json.loads(ans)
+            if msg.get("id") != n or "result" not in msg or msg["result"].get("isError"):
+                raise RuntimeError(f"search {q!r}: {ans[:300]!r}")
+            hits[0] += bool(msg["result"]["structuredContent"]["hits"])
+            if think:
+                await asyncio.sleep(rng.expovariate(1 / think))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(run(i) for i in range(len(agents))))
+    wall = time.perf_counter() - t0
+    for _, wr in conns:
+        wr.close()
+    return lats, hits[0], wall
+
+
+def make_agents(base: Path, cp: Corpus, prefix: str, n: int, files: int) -> tuple:
+    homes, sizes = {}, 0
+    for i in range(n):
+        h = Home(base / f"{prefix}{i}")
+        sizes += cp.home(h.folder, files)
+        homes[f"{prefix}{i}"] = h
+    return homes, sizes
+
+
+# --- phases --------------------------------------------------------------------------
+
+
+def phase_sessions(base: Path, cp: Corpus, P: dict, r: dict) -> None:
+    homes, size = make_agents(base, cp, "s", P["search_agents"], P["search_files"])
+    r["search_home_mb"] = size / P["search_agents"] / 1e6
+    log(f"  {len(homes)} Homes of {P['search_files']} files ({r['search_home_mb']:.1f} MB each); Agents entries")
+    agents = {a: agent_entry(h) for a, h in homes.items()}
+    queries = cp.queries(max(P["single_queries"], 200))
+    sock = base / "run" / "mem.sock"
+    m = Many(sock, agents, ["--stay"])
+    path = str(sock)
+    try:
+        names = list(homes)
+        # the very first Hello of each agent opens its index and starts indexing
+        firsts = [hello_raw(path, a) for a in names]
+        r["hello_first_ms"] = statistics.median(firsts) * 1e3
+        r["hello_first_max_ms"] = max(firsts) * 1e3
+        # Hellos while those agents index
+        probe = session(m, names[0])
+        busy = []
+        t_end = time.monotonic() + 60
+        while len(busy) < 200 and time.monotonic() < t_end:
+            busy.append(hello_raw(path, names[len(busy) % len(names)]))
+            time.sleep(0.005)
+        still = "indexing" in probe.search("zzzzprobe")["structuredContent"]
+        r["hello_busy"] = (pct(busy, 50) * 1e3, pct(busy, 99) * 1e3, len(busy), still)
+        log(f"  first Hello {r['hello_first_ms']:.1f} ms; while indexing p50/p99 "
+            f"{r['hello_busy'][0]:.2f}/{r['hello_busy'][1]:.2f} ms (still indexing after: {still})")
+        t0 = time.monotonic()
+        sessions = {a: session(m, a) for a in names}
+        for a, c in sessions.items():
+            wait_indexed(c)
+        r["search_index_s"] = time.monotonic() - t0
+        log(f"  all indexed ({r['search_index_s']:.1f} s more)")
+        # searched once each, so no cold first search is timed below
+        for c in sessions.values():
+            for q in queries[:10]:
+                c.search(q)
+
+        # Hello answered, idle
+        lat = [hello_raw(path, names[i % len(names)]) for i in range(P["hellos"])]
+        r["hello"] = (pct(lat, 50) * 1e3, pct(lat, 99) * 1e3, max(lat) * 1e3, len(lat))
+        log(f"  Hello p50/p99 {r['hello'][0]:.2f}/{r['hello'][1]:.2f} ms")
+
+        # sessions accepted per second
+        n = P["sessions"]
+        t0 = time.perf_counter()
+        for i in range(n):
+            hello_raw(path, names[i % len(names)])
+        r["sess_seq"] = n / (time.perf_counter() - t0)
+        k = P["conc_clients"]
+        errs: list = []
+
+        def client(j: int) -> None:
+            try:
+                for i in range(n // k):
+                    hello_raw(path, names[(i + j) % len(names)])
+            except Exception as e:  # noqa: BLE001
+                errs.append(repr(e))
+
+        ts = [threading.Thread(target=client, args=(j,)) for j in range(k)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        r["sess_conc"] = (n // k * k) / (time.perf_counter() - t0)
+        if errs:
+            raise RuntimeError(f"concurrent Hellos failed: {errs[:3]}")
+        log(f"  sessions/s: {r['sess_seq']:.0f} sequential, {r['sess_conc']:.0f} with {k} clients")
+
+        for c in sessions.values():
+            c.close()
+
+        # search: one session, then 50 concurrent sessions over the agents (paced, then saturating)
+        S = P["conc_sessions"]
+        runs = [("single", [names[0]], 0.0, P["single_queries"]),
+                ("single_paced", [names[0]], P["gap_s"], P["single_queries"]),
+                ("paced", [names[i % len(names)] for i in range(S)], P["think_s"], P["paced_queries"]),
+                ("sat", [names[i % len(names)] for i in range(S)], 0.0, P["sat_queries"])]
+        for label, who, think, nq in runs:
+            lats, hits, wall = asyncio.run(search_sessions(path, who, queries, think, nq))
+            flat = [x for xs in lats for x in xs]
+            r[label] = (pct(flat, 50) * 1e3, pct(flat, 99) * 1e3, len(flat), len(flat) / wall, max(flat) * 1e3, hits)
+            log(f"  {len(who)} session(s), {label}: p50/p99 {r[label][0]:.2f}/{r[label][1]:.2f} ms, "
+                f"{r[label][3]:.0f} searches/s")
+        probe.close()
+    finally:
+        if m.stop() != 0:
+            log(m.stderr()[-3000:])
+
+
+def rss_run(base: Path, homes: dict, agents: dict, label: str) -> tuple:
+    """RSS after the first agent, then after all of them, in one serve-many process."""
+    sock = base / f"run-{label}" / "mem.sock"
+    m = Many(sock, agents, ["--stay"])
+    pid = m.proc.pid
+    names = list(homes)
+    open_ = []
+    rows = []
+    try:
+        t0 = time.monotonic()
+        for i, a in enumerate(names):
+            c = session(m, a)
+            wait_indexed(c)
+            c.search("project plan meeting")
+            open_.append(c)
+            if i == 0 or i == len(names) - 1:
+                time.sleep(1.0)
+                rows.append(proc_status(pid))
+        secs = time.monotonic() - t0
+        for c in open_:
+            c.close()
+    finally:
+        if m.stop() != 0:
+            log(m.stderr()[-3000:])
+    return rows[0], rows[-1], secs
+
+
+def phase_rss(base: Path, cp: Corpus, P: dict, r: dict) -> None:
+    n = P["rss_agents"]
+    homes, size = make_agents(base, cp, "r", n, P["rss_files"])
+    r["rss_home_mb"] = size / n / 1e6
+    log(f"  {n} Homes of {P['rss_files']} files ({r['rss_home_mb']:.1f} MB each)")
+    agents = {a: agent_entry(h) for a, h in homes.items()}
+    for label in ("fresh", "built"):
+        first, last, secs = rss_run(base, homes, agents, label)
+        per = {k: (last.get(k, 0) - first.get(k, 0)) / (n - 1) / 1024 for k in ("VmRSS", "RssAnon", "RssFile")}
+        r[f"rss_{label}"] = dict(first=first["VmRSS"] / 1024, last=last["VmRSS"] / 1024, per=per,
+                                 hwm=last.get("VmHWM", 0) / 1024, secs=secs,
+                                 anon=(first.get("RssAnon", 0) / 1024, last.get("RssAnon", 0) / 1024),
+                                 file=(first.get("RssFile", 0) / 1024, last.get("RssFile", 0) / 1024))
+        log(f"  {label}: RSS {first['VmRSS'] / 1024:.0f} -> {last['VmRSS'] / 1024:.0f} MiB, "
+            f"{per['VmRSS']:.1f} MiB per extra agent ({secs:.0f} s)")
+
+
+def bench(P: dict) -> dict:
+    base = Path(OUT)
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    cp = Corpus()
+    r: dict = {"P": P, "load": [loadavg()]}
+    log("sessions, Hellos, searches")
+    phase_sessions(base, cp, P, r)
+    log("RSS per agent")
+    phase_rss(base, cp, P, r)
+    r["load"].append(loadavg())
+    return r
+
+
+# --- the table -----------------------------------------------------------------------
+
+
+def ok(b: bool) -> str:
+    return "pass" if b else "**FAIL**"
+
+
+def table(r: dict) -> str:
+    P = r["P"]
+    h50, h99, hmax, hn = r["hello"]
+    b50, b99, bn, still = r["hello_busy"]
+    s50, s99, sn, srate, smax, shits = r["single"]
+    p50, p99, pn, prate, pmax, _ = r["single_paced"]
+    c50, c99, cn, crate, cmax, _ = r["paced"]
+    x50, x99, xn, xrate, xmax, _ = r["sat"]
+    ratio = c99 / s99
+    ratio_alike = c99 / p99
+    S, A = P["conc_sessions"], P["search_agents"]
+    fr, bu = r["rss_fresh"], r["rss_built"]
+    n = P["rss_agents"]
+    rows = [
+        "| Figure | Value | Target | Result |",
+        "|---|---|---|---|",
+        f"| Hello answered, p50 / p99 ({hn} connections, agents open) | {h50:.2f} / {h99:.2f} ms (max {hmax:.1f}) "
+        f"| p99 < {T_HELLO_MS:g} ms | {ok(h99 < T_HELLO_MS)} |",
+        f"| Hello answered while {P['search_agents']} agents index, p50 / p99 ({bn}) | {b50:.2f} / {b99:.2f} ms | — |  |",
+        f"| An agent's first Hello (opens its index), median / max | {r['hello_first_ms']:.1f} / "
+        f"{r['hello_first_max_ms']:.1f} ms | — |  |",
+        f"| Sessions accepted per second, sequential (connect + Hello + close) | {r['sess_seq']:.0f} /s | — |  |",
+        f"| Sessions accepted per second, {P['conc_clients']} concurrent clients | {r['sess_conc']:.0f} /s | — |  |",
+        f"| Search p50 / p99, one session, back-to-back ({sn} queries, {srate:.0f}/s) | {s50:.2f} / {s99:.2f} ms "
+        f"(max {smax:.0f}) | — |  |",
+        f"| Search p50 / p99, one session, paced (a pause between searches; {pn}, {prate:.0f}/s) "
+        f"| {p50:.2f} / {p99:.2f} ms (max {pmax:.0f}) | — |  |",
+        f"| Search p50 / p99, {S} concurrent sessions over {A} agents, paced ({cn} searches, {crate:.0f}/s) "
+        f"| {c50:.2f} / {c99:.2f} ms (max {cmax:.0f}) | — |  |",
+        f"| p99 under {S} paced sessions ÷ one session's p99 (back-to-back) | {ratio:.1f}× | < {T_CONC_RATIO:g}× "
+        f"| {ok(ratio < T_CONC_RATIO)} |",
+        f"| p99 under {S} paced sessions ÷ one paced session's p99 (like for like) | {ratio_alike:.1f}× "
+        f"| < {T_CONC_RATIO:g}× | {ok(ratio_alike < T_CONC_RATIO)} |",
+        f"| Search p50 / p99, {S} sessions saturating the process ({xn} searches, {xrate:.0f}/s) "
+        f"| {x50:.2f} / {x99:.2f} ms (max {xmax:.0f}); {x99 / s99:.0f}× one session's p99 | — |  |",
+        f"| RSS per extra agent, indexed in the process: (RSS_{n} − RSS_1) / {n - 1} | {fr['per']['VmRSS']:.1f} MiB "
+        f"(anon {fr['per']['RssAnon']:.1f}, file-mapped {fr['per']['RssFile']:.1f}) | < {T_RSS_MB:g} MB "
+        f"| {ok(fr['per']['VmRSS'] * 1.048576 < T_RSS_MB)} |",
+        f"| RSS_1 → RSS_{n}, indexed in the process | {fr['first']:.0f} → {fr['last']:.0f} MiB "
+        f"(VmHWM {fr['hwm']:.0f}) | — |  |",
+        f"| RSS per extra agent, built indexes (restart) | {bu['per']['VmRSS']:.1f} MiB "
+        f"(anon {bu['per']['RssAnon']:.1f}, file-mapped {bu['per']['RssFile']:.1f}); "
+        f"{bu['first']:.0f} → {bu['last']:.0f} MiB | < {T_RSS_MB:g} MB | {ok(bu['per']['VmRSS'] * 1.048576 < T_RSS_MB)} |",
+    ]
+    notes = [
+        "",
+        f"Search: {P['search_agents']} agents, each a Home of {P['search_files']} generated markdown files "
+        f"(~{r['search_home_mb']:.1f} MB; `bench/corpus.py`'s vocabulary and writer), indexed by words; "
+        f"1–4 word queries from that vocabulary, limit 10 ({shits} of {sn} single-session queries had hits). "
+        f"Latency is client-side, from the `tools/call` line sent to its answer read; the concurrent run has "
+        f"{S} sessions ({S // A} per agent) open at once. \"One session, back-to-back\" sends each search as soon as "
+        f"the last is answered; \"one session, paced\" waits a random time between them (exponential, mean "
+        f"{P['gap_s'] * 1e3:.0f} ms, so the engine is idle when each search arrives, as it mostly is under the "
+        f"{S} paced sessions); with {S} sessions, \"paced\": each waits a random time (exponential, mean "
+        f"{P['think_s'] * 1e3:.0f} ms) between a search's answer and its next ({P['paced_queries']} each), so "
+        f"searches from different sessions and agents overlap and queue; \"saturating\": each sends its next "
+        f"search as soon as the last is answered ({P['sat_queries']} each), so latency is the queue "
+        f"({S} in flight ÷ throughput; one session alone: {srate:.0f} searches/s). Hellos: to agents "
+        f"already open and indexed; \"while indexing\" overlaps the {P['search_agents']} agents' first pass "
+        f"(still indexing at the end: {'yes' if still else 'no'}). Sessions/s are client-side from one "
+        f"process (threads), which shares the {os.cpu_count()} cores with the engine. "
+        f"RSS: VmRSS of the `serve-many` process from /proc after each agent's Home ({P['rss_files']} files, "
+        f"~{r['rss_home_mb']:.1f} MB) is indexed and searched once, agents added one at a time, sessions kept "
+        f"open ({fr['secs']:.0f} s to index all {n}); \"built indexes\" is the same in a new process on the "
+        f"indexes left by the first. MiB = 2^20 bytes. Load average (1 min) at the start / end: "
+        f"{r['load'][0]:.2f} / {r['load'][1]:.2f}.",
+    ]
+    return "\n".join(rows + notes)
+
+
+def record(text: str, command: str, when: str, mach: str, section: str, title: str) -> None:
+    begin, end = f"<!-- bench:{section} -->", f"<!-- /bench:{section} -->"
+    body = "\n".join([begin, f"## {title}", "", f"`{command}` — {when}, on {mach}.", "", text, end])
+    os.makedirs(os.path.dirname(DOC), exist_ok=True)
+    try:
+        with open(DOC, encoding="utf-8") as f:  # read right before writing: others own other sections
+            doc = f.read()
+    except FileNotFoundError:
+        doc = "# Benchmarks\n\nMeasured figures for lnkmem, each section written by a script under `bench/` (`--record`).\n"
+    i, j = doc.find(begin), doc.find(end)
+    if i >= 0 and j > i:
+        doc = doc[:i] + body + doc[j + len(end):]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + body + "\n"
+    tmp = DOC + f".{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(doc)
+    os.replace(tmp, DOC)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="lnkmem: serve-many's benchmark")
+    ap.add_argument("--quick", action="store_true", help="fewer agents, files and requests (about a minute)")
+    ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
+    ap.add_argument("--json", help="also write the raw figures to this file")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    mach = machine()
+    r = bench(QUICK if a.quick else FULL)
+    text = table(r)
+    print(f"lnkmem serve-many benchmark — {when}")
+    print(f"Machine: {mach}\n")
+    print(text)
+    print(f"\n(total {time.monotonic() - t0:.0f} s)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(r, when=when, machine=mach), f, indent=1)
+    if a.record:
+        cmd = ".venv/bin/python bench/bench_many.py" + (" --quick" if a.quick else "")
+        record(text, cmd, when, mach, "many", "serve-many: sessions on one socket")
+        log(f"recorded in {os.path.relpath(DOC, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

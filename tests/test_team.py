@@ -117,12 +117,22 @@ def test_flush_and_end_cascade_to_teams(bridges, tmp_path):
         team = m.connect()
         assert team.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
         assert until(lambda: refs(team, "schooner") == ["home/charter.md"], timeout=15)
+        with m.connect() as ctl:  # the first write-backs out of the way
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.storage.request("DELETE", "/_log")
+        bridges.write_home("mine.md", "my own kayak\n")
+        (bridges.team_folder("t1") / "memory" / "theirs.md").write_text("the team canoe\n")
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/mine.md"}}) == {"ok": True}
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "theirs.md", "team": "t1"}}) == {"ok": True}
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         assert (bridges.team_copy("t1") / "manifest.json").exists()
         assert (bridges.store("memory") / "lnkmem" / "manifest.json").exists()
         puts = [e for e in bridges.storage.log() if e["method"] == "PUT" and e["path"].endswith("manifest.json")]
-        assert "/v1/c/memory/" in puts[0]["path"] and "/teams/t1/" in puts[-1]["path"]  # its own first
+        assert len(puts) == 2
+        assert "/v1/c/memory/" in puts[0]["path"] and "/teams/t1/" in puts[1]["path"]  # its own first
         with m.connect() as ctl:
             assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         assert own.closed() and team.closed()

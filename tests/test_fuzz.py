@@ -666,3 +666,54 @@ def test_garbage_conversation_files_are_skipped_not_fatal(home):
             r = s.call("read", {"ref": f"chats/{name}"})
             assert not r["isError"] or r["content"][0]["text"].strip()
         assert s.request("ping")["result"] == {}
+
+
+# --- atheris: coverage-guided, for a longer look at the pure parsers ----------------------------
+
+def _atheris(argv: list[str]) -> None:
+    """``python tests/test_fuzz.py -max_total_time=60`` (libFuzzer flags): the parsers under
+    atheris, which steers by coverage; any exception but the documented refusals is a crash."""
+    import sys
+
+    import atheris  # pip install atheris: not a dependency, only for this longer run
+    import httpx
+
+    from lnkmem.bridges.http import BridgeDown
+    from lnkmem.bridges.remote import _coll_list, _entries, _files_list
+    from lnkmem.index import chats
+    from lnkmem.many import parse_agents
+    from lnkmem.spec import notes_limit, parse_spec
+    from lnkmem.wire import FirstLine, decode
+    atheris.instrument_all()
+
+    def one(data: bytes) -> None:
+        fdp = atheris.FuzzedDataProvider(data)
+        which = fdp.ConsumeIntInRange(0, 5)
+        raw = fdp.ConsumeBytes(fdp.remaining_bytes())
+        text = raw.decode("utf-8", "replace")
+        try:
+            if which == 0:
+                decode(raw, FirstLine)
+            elif which == 1:
+                notes_limit(parse_spec(text))
+            elif which == 2:
+                parse_agents(text)
+            elif which == 3:
+                chats.messages(text)
+                chats.chunk_conversation("t.jsonl", text)
+                list(chats.render(text, 1, None))
+            elif which == 4:
+                _entries(_files_list if len(raw) % 2 else _coll_list, httpx.Response(200, content=raw), "list")
+            else:
+                half = len(text) // 2
+                notes_mod.apply(text[:half], text[half:] or None, text[half:half + 8] or None, 4000)
+        except (ValueError, UsageError, BridgeDown, ToolError):
+            pass
+
+    atheris.Setup(argv, one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    import sys
+    _atheris(sys.argv)

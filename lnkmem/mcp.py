@@ -273,6 +273,16 @@ def _run_tool(memory, name: str, args, thread: Optional[str]) -> dict:
         return _tool_error(str(e))
     except InvalidParams as e:
         return _tool_error(str(e))
+    except Exception as e:  # a place failing under the call: say so plainly
+        from lnkmem.bridges.http import BridgeDown
+        from lnkmem.bridges.place import Forbidden, NotFound
+        if isinstance(e, BridgeDown):
+            return _tool_error(f"{name}: Link's bridge is failing ({e}); nothing was changed, try again shortly")
+        if isinstance(e, Forbidden):
+            return _tool_error(f"{name}: not granted: {e}")
+        if isinstance(e, NotFound):
+            return _tool_error(f"{name}: not found: {e}")
+        raise
     return {"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": False}
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
+from lnkmem import memtrim
 from lnkmem.config import AgentConfig
 from lnkmem.index import indexer
 from lnkmem.index.store import Store
@@ -254,12 +255,18 @@ class Memory:
                 progress(done, total)
 
         self.progress = (0, plan.total)
-        return indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
+        try:
+            return indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
+        finally:
+            if plan.total:
+                memtrim.trim()  # the batches' peak goes back to the system
 
     def refresh(self, ref: Optional[str]) -> None:
         plan = indexer.plan(self.store, self.places, only=ref)
         if plan.total:
             indexer.build(self.store, self.places, plan, self.tmpdir)
+            if plan.total > 50:
+                memtrim.trim()
 
     def changed(self, ref: str, wait: bool = True, timeout: float = 30.0) -> bool:
         """Bring ``ref`` (a file or a folder's prefix) up to date in the index."""

@@ -390,6 +390,8 @@ async def _reply(writer: asyncio.StreamWriter, msg) -> None:
 
 def serve_many(args) -> int:
     opts = parse_options(args)
+    from lnkmem import memtrim
+    memtrim.cap_arenas(2)  # many agents' indexing threads must not each keep an arena
     import lnkmem.engine  # noqa: F401  (the index's imports now, not in the first Hello)
     import lnkmem.tools  # noqa: F401
     prepare_folder(os.path.dirname(opts.socket), opts.gid)

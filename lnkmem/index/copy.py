@@ -134,8 +134,10 @@ def export(store: Store, state: CopyState) -> Export:
                 segs[seg] = state.segments[seg]
                 continue
             meta = _dec_seg.decode(v)
-            terms = meta.terms.split(b"\n") if meta.terms else []
-            postings = [txn.get(t + b"\0" + k, db=store.postings) or b"" for t in terms]
+            terms, postings = [], []
+            for t, p in store.segment_postings(txn, bytes(k)):
+                terms.append(t)
+                postings.append(bytes(p))
             pids = np.frombuffer(meta.pids, "<u4")
             passages = [txn.get(_k(int(p)), db=store.passages) or b"" for p in pids]
             blob = _pack(_Segment(meta.pids, meta.lens, meta.refs, terms, postings, passages))
@@ -211,13 +213,13 @@ def _load_txn(store: Store, manifest: Manifest, version: str, segs, table: _Tabl
         next_seg = int(txn.get(b"next_seg", db=store.meta))
         for name, s in segs:
             sk = _k(next_seg)
-            items = [(t + b"\0" + sk, p) for t, p in zip(s.terms, s.postings) if p]
-            txn.cursor(db=store.postings).putmulti(sorted(items))
+            items = [(sk + t, p) for t, p in zip(s.terms, s.postings) if p]
+            txn.cursor(db=store.postings).putmulti(sorted(items), append=True)
             pids = np.frombuffer(s.pids, "<u4")
             for pid, blob in zip(pids, s.passages):
                 if blob:
                     txn.put(_k(int(pid)), blob, db=store.passages)
-            txn.put(sk, _enc.encode(SegMeta(s.pids, s.lens, s.refs, b"\n".join(s.terms))), db=store.segments)
+            txn.put(sk, _enc.encode(SegMeta(s.pids, s.lens, s.refs)), db=store.segments)
             seg_map[next_seg] = name
             next_seg += 1
         for ref, rec in table.files:

@@ -163,12 +163,11 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
         if size >= BATCH_BYTES or len(batch.files) >= BATCH_FILES:
             store.commit(batch)
             batch, size = Batch(), 0
-            store.maybe_merge()
         if progress and time.monotonic() - last_report > 0.1:
             last_report = time.monotonic()
             progress(done, total)
     store.commit(batch)
-    store.maybe_merge()
+    store.maybe_merge()  # once, at the end: merging during a bulk build rewrites the same postings again and again
     if progress:
         progress(done, total)
     return done

@@ -30,8 +30,9 @@ def bm25(store: Store, query: str, limit: int, sources: Optional[Sequence[str]] 
     avgdl = snap.avgdl
     touched = []
     with store.env.begin() as txn:
+        segs = store.segment_keys(txn)
         for term in terms:
-            pids, tfs = store.postings_of(txn, term)
+            pids, tfs = store.postings_of(txn, term, segs)
             if not len(pids):
                 continue
             inside = pids < cap

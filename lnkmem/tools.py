@@ -7,7 +7,6 @@ budget, and the same facts as JSON. Refusals raise :class:`ToolError`.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from lnkmem import budget
@@ -17,7 +16,6 @@ from lnkmem.errors import ToolError
 from lnkmem.index import analyze, chats, documents
 from lnkmem.index.indexer import split_ref
 from lnkmem.threads import notes_refusal
-from lnkmem.tooldefs import ARGS, TOOLS, tool_names  # noqa: F401  (re-exported)
 from lnkmem.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
                          RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)
 

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import time
 
-import pytest
 
 from tests.helpers import PROGRAM, Server, base_env, refs, run_cli, until
 

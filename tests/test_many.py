@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import Home, Many, SocketClient, agent_entry, base_env, run_cli, until, PROGRAM
+from tests.helpers import Home, Many, agent_entry, base_env, run_cli, until
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import msgspec
 import numpy as np
 
-from lnkmem.index.store import FileRec, SegMeta, Store, _dec_file, _dec_seg, _enc, _k
+from lnkmem.index.store import SegMeta, Store, _dec_seg, _enc, _k
 
 FORMAT = "lnkmem-copy-1"
 MANIFEST = "manifest.json"

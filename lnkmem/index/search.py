@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lnkmem.index import analyze
-from lnkmem.index.store import SOURCE_CODE, Store
+from lnkmem.index.store import Store
 
 K1 = 1.2  # tuned on BEIR SciFact train (docs/BENCHMARKS.md)
 B = 0.75
@@ -56,12 +56,7 @@ def bm25(store: Store, query: str, limit: int, sources: Optional[Sequence[str]] 
         cand = np.flatnonzero(seen)
     else:
         cand = touched[0]
-    if sources is not None and set(sources) != set(SOURCE_CODE):
-        codes = np.array([SOURCE_CODE[s] for s in sources], np.uint8)
-        cand = cand[np.isin(snap.src[cand], codes)]
-    if under:
-        ok = np.fromiter((r.startswith(under) for r in snap.refs), bool, len(snap.refs))
-        cand = cand[ok[snap.refid[cand]]]
+    cand = snap.keep(cand, sources, under)
     if not len(cand):
         return []
     want = candidates or limit

@@ -96,6 +96,17 @@ class Snapshot:
     def avgdl(self) -> float:
         return self.total_len / self.live if self.live else 1.0
 
+    def keep(self, pids: np.ndarray, sources=None, under: Optional[str] = None) -> np.ndarray:
+        """Those of ``pids`` from the given sources and with refs starting ``under``."""
+        if sources is not None and set(sources) != set(SOURCE_CODE):
+            codes = np.array([SOURCE_CODE[s] for s in sources if s in SOURCE_CODE], np.uint8)
+            pids = pids[np.isin(self.src[pids], codes)]
+        if under:
+            ok = np.fromiter((r.startswith(under) for r in self.refs), bool, len(self.refs))
+            rid = self.refid[pids]
+            pids = pids[(rid >= 0) & ok[np.maximum(rid, 0)]]
+        return pids
+
 
 @dataclass
 class NewFile:
@@ -238,11 +249,6 @@ class Store:
 
     # --- reading ---------------------------------------------------------
 
-    def file(self, ref: str) -> Optional[FileRec]:
-        with self.env.begin() as txn:
-            v = txn.get(ref.encode(), db=self.files)
-        return _dec_file.decode(v) if v is not None else None
-
     def all_files(self) -> dict[str, FileRec]:
         with self.env.begin() as txn:
             return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
@@ -259,11 +265,6 @@ class Store:
                     rec = _dec_file.decode(v)
                     out[k.decode()] = (rec.version, rec.size)
         return out
-
-    def passage(self, pid: int) -> Optional[Passage]:
-        with self.env.begin() as txn:
-            v = txn.get(_k(pid), db=self.passages)
-        return _dec_passage.decode(v) if v is not None else None
 
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
         with self.env.begin() as txn:
@@ -456,7 +457,7 @@ class Store:
 
     def merge(self, segs: list[int]) -> None:
         """Merge segments into one, dropping dead passages from them."""
-        if len(segs) < 2 and not self._has_dead(segs):
+        if len(segs) < 2 and not self._has_dead():
             return
         with self.write_lock:
             while True:
@@ -468,7 +469,7 @@ class Store:
             self.snapshot = self._load()
         self._changed()
 
-    def _has_dead(self, segs: list[int]) -> bool:
+    def _has_dead(self) -> bool:
         with self.env.begin() as txn:
             return txn.stat(self.dead)["entries"] > 0
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from lnkmem.index.store import SOURCE_CODE, Store
+from lnkmem.index.store import Store
 
 
 class VectorIndex:
@@ -28,11 +28,6 @@ class VectorIndex:
             self.has = np.zeros(0, bool)
         if len(pids):
             self.add(pids, vecs)
-
-    def clear(self) -> None:
-        with self.lock:
-            self.matrix = np.zeros((0, 0), np.float32)
-            self.has = np.zeros(0, bool)
 
     def add(self, pids, vecs: np.ndarray) -> None:
         pids = np.asarray(pids, np.int64)
@@ -74,15 +69,7 @@ class VectorIndex:
         n = min(len(has), len(snap.alive))
         if n == 0 or m.shape[1] != len(q):
             return []
-        ok = has[:n] & snap.alive[:n]
-        if sources is not None and set(sources) != set(SOURCE_CODE):
-            codes = np.array([SOURCE_CODE[s] for s in sources if s in SOURCE_CODE], np.uint8)
-            ok &= np.isin(snap.src[:n], codes)
-        if under:
-            good = np.fromiter((r.startswith(under) for r in snap.refs), bool, len(snap.refs))
-            rid = snap.refid[:n]
-            ok &= (rid >= 0) & good[np.maximum(rid, 0)]
-        cand = np.flatnonzero(ok)
+        cand = snap.keep(np.flatnonzero(has[:n] & snap.alive[:n]), sources, under)
         if not len(cand):
             return []
         sims = m[cand] @ q if len(cand) < n // 2 else (m[:n] @ q)[cand]

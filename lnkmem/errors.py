@@ -13,9 +13,5 @@ class ToolError(Exception):
     """A tool call that cannot be done: answered ``isError: true``."""
 
 
-class InvalidParams(Exception):
-    """A request whose params are wrong at the protocol level: JSON-RPC -32602."""
-
-
 class DamagedIndex(Exception):
     """The index on disk cannot be trusted; it is rebuilt from the sources."""

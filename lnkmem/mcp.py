@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import msgspec
 
 from lnkmem import __version__, tooldefs
-from lnkmem.errors import InvalidParams, ToolError
+from lnkmem.errors import ToolError
 from lnkmem.wire import convert
 
 log = logging.getLogger("lnkmem")
@@ -77,7 +77,6 @@ class Session:
         self._memory_for = memory_for  # the memory is looked up lazily: start fast
         self.send = send
         self.pool = pool
-        self.version: Optional[str] = None
         self.inflight: dict[Any, asyncio.Future] = {}
         self.cancelled: set = set()
         self.tasks: set[asyncio.Task] = set()
@@ -174,9 +173,9 @@ class Session:
     def _request(self, id_, method: str, params: dict) -> None:
         if method == "initialize":
             wanted = params.get("protocolVersion")
-            self.version = wanted if wanted in LEGACY_VERSIONS else LEGACY_VERSIONS[0]
+            version = wanted if wanted in LEGACY_VERSIONS else LEGACY_VERSIONS[0]
             self.send(result_line(id_, {
-                "protocolVersion": self.version,
+                "protocolVersion": version,
                 "capabilities": {"tools": {}},
                 "serverInfo": SERVER_INFO,
                 "instructions": INSTRUCTIONS,
@@ -270,8 +269,6 @@ def _run_tool(memory, name: str, args, thread: Optional[str]) -> dict:
     try:
         text, structured = tools.call(memory, name, args, thread)
     except ToolError as e:
-        return _tool_error(str(e))
-    except InvalidParams as e:
         return _tool_error(str(e))
     except Exception as e:  # a place failing under the call: say so plainly
         from lnkmem.bridges.http import BridgeDown

@@ -8,7 +8,7 @@ with checked values only. Field constraints live here, next to the types.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional
 
 import msgspec
 from msgspec import Meta, Struct
@@ -249,5 +249,3 @@ def encode(obj) -> bytes:
 def to_builtins(obj):
     return msgspec.to_builtins(obj)
 
-
-FirstLineKind = Union[Literal["hello", "bound", "changed", "flush", "end"]]

@@ -63,7 +63,6 @@ class BridgeClient:
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path, verify=False), verify=False,
                                    timeout=timeout,
                                    base_url="http://bridge")
-        self.sent_bytes = 0
 
     def __repr__(self) -> str:
         return f"BridgeClient({self.purpose} at {self.socket_path})"
@@ -88,8 +87,6 @@ class BridgeClient:
             r = httpx.Response(s.status_code, headers=s.headers, content=bytes(raw), request=s.request)
         except (httpx.TransportError, httpx.DecodingError) as e:
             raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})") from None
-        if content:
-            self.sent_bytes += len(content)
         if r.status_code == 429 or r.status_code >= 500:
             after = r.headers.get("Retry-After", "")
             raise _Retry(f"{self.purpose} bridge answered {r.status_code}",
@@ -146,6 +143,3 @@ def unquote(tag: str) -> str:
 def quote(version: str) -> str:
     return version if version.startswith('"') else f'"{version}"'
 
-
-def now() -> float:
-    return time.monotonic()

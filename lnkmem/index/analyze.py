@@ -47,10 +47,6 @@ class _Terms(dict):
 _memo = _Terms()
 
 
-def stem(word: str) -> str:
-    return _memo[word] or word
-
-
 def words(text: str) -> list[str]:
     """Case-folded words of ``text``, before stemming and stopping."""
     return _WORD.findall(text.casefold())

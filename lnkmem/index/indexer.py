@@ -121,7 +121,7 @@ def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
     return out
 
 
-def index_file(store: Store, source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFile]:
+def index_file(source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFile]:
     """Read and cut one file; None when it vanished or cannot be read."""
     try:
         data, version = place.read(entry.path)
@@ -153,7 +153,7 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
     for source, entry in the_plan.todo:
         if should_stop():
             break
-        nf = index_file(store, source, entry, places[source], tmpdir)
+        nf = index_file(source, entry, places[source], tmpdir)
         if nf is None:
             batch.removed.append(ref_of(source, entry.path))
         else:

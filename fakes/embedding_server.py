@@ -161,6 +161,32 @@ def cosine(a: list[float], b: list[float]) -> float:
     return sum(x * y for x, y in zip(a, b))
 
 
+
+def check_route(req: Request) -> None:
+    """Only ``POST /v1/embeddings`` is served."""
+    if req.path != "/v1/embeddings":
+        raise HttpError(404, "not found")
+    if req.method != "POST":
+        raise HttpError(405, "POST only", {"Allow": "POST"})
+
+
+def embedding_inputs(req: Request, model: str) -> list[str]:
+    """The texts of a valid §6 request for ``model``; HttpError naming what is wrong."""
+    body = req.json()
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    if body.get("model") != model:
+        raise HttpError(404, f"model {str(body.get('model'))[:200]!r} not found")
+    inputs = body.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(s, str) for s in inputs):
+        raise HttpError(400, "input must be a non-empty list of strings")
+    if len(inputs) > MAX_INPUTS:
+        raise HttpError(400, f"at most {MAX_INPUTS} inputs a request")
+    return inputs
+
+
 class EmbeddingEndpoint:
     def __init__(self, model: str, dim: int, bindings: str | None):
         self.model = model
@@ -168,24 +194,10 @@ class EmbeddingEndpoint:
         self.bindings = Path(bindings) if bindings else None
 
     def __call__(self, req: Request) -> Response:
-        if req.path != "/v1/embeddings":
-            raise HttpError(404, "not found")
-        if req.method != "POST":
-            raise HttpError(405, "use POST")
+        check_route(req)
         if self.bindings is not None:
             self._authenticate(req)
-        body = req.json()
-        if not isinstance(body, dict):
-            raise HttpError(400, "the body must be a JSON object")
-        if body.get("model") != self.model:
-            raise HttpError(404, f"model {str(body.get('model'))[:200]!r} not found")
-        inputs = body.get("input")
-        if isinstance(inputs, str):
-            inputs = [inputs]
-        if not isinstance(inputs, list) or not inputs or not all(isinstance(s, str) for s in inputs):
-            raise HttpError(400, "input must be a non-empty list of strings")
-        if len(inputs) > MAX_INPUTS:
-            raise HttpError(400, f"at most {MAX_INPUTS} inputs a request")
+        inputs = embedding_inputs(req, self.model)
         data = [{"object": "embedding", "index": i, "embedding": embed(s, self.dim)}
                 for i, s in enumerate(inputs)]
         return json_response({"object": "list", "data": data, "model": self.model})

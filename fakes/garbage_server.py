@@ -60,7 +60,7 @@ import random
 import sys
 from typing import Any
 
-from fakes.http import (Fault, HttpError, Request, Response, Server, _serve, add_server_args, encode_response,
+from fakes.http import (Fault, HttpError, count_down, Request, Response, Server, _serve, add_server_args, encode_response,
                         error_response, json_response)
 
 GARBAGE_MODES = ("ok", "notjson", "wrongshape", "wrongcount", "wrongdims", "evilpaths", "deep", "binary", "empty",
@@ -106,15 +106,7 @@ class Garbage:
     def take(self, req: Request) -> str | None:
         if self.mode == "ok" or not req.path.startswith(self.path):
             return None
-        mode = self.mode
-        if self.count is not None:
-            if self.count <= 0:
-                self.mode, self.count = "ok", None
-                return None
-            self.count -= 1
-            if self.count == 0:
-                self.mode, self.count = "ok", None
-        return mode
+        return count_down(self)
 
 
 def _vector(text: str, dim: int) -> list[float]:

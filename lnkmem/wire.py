@@ -7,6 +7,7 @@ with checked values only. Field constraints live here, next to the types.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Literal, Optional
 
@@ -200,7 +201,7 @@ _PATTERN_WORDS = {
 }
 
 
-def explain(err: msgspec.ValidationError | msgspec.DecodeError) -> str:
+def explain(err: msgspec.ValidationError | msgspec.DecodeError, type_=None) -> str:
     """msgspec's message made plain, led by the key it names."""
     msg = str(err)
     m = re.search(r" - at `\$(.*)`$", msg)
@@ -213,6 +214,10 @@ def explain(err: msgspec.ValidationError | msgspec.DecodeError) -> str:
         what = "expected " + _PATTERN_WORDS.get(pattern, "text matching " + pattern)
     unknown = re.match(r"Object contains unknown field `(.*)`$", what)
     if unknown:
+        if not where and isinstance(type_, type) and issubclass(type_, msgspec.Struct):
+            # quoted, since a key may hold any character; and the keys that are known
+            known = ", ".join(f.name for f in msgspec.structs.fields(type_))
+            return f"unknown key {json.dumps(unknown.group(1))} (expected one of: {known})"
         key = f"{where}.{unknown.group(1)}" if where else unknown.group(1)
         return f"{key}: unknown key"
     if what.startswith("JSON is malformed") or what.startswith("Input data was truncated"):
@@ -226,7 +231,7 @@ def decode(data: bytes | str, type_):
     try:
         return msgspec.json.decode(data, type=type_)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise ValueError(explain(e)) from None
+        raise ValueError(explain(e, type_)) from None
     except RecursionError:  # msgspec's answer to JSON nested about 1000 deep
         raise ValueError("not valid JSON here (nested too deeply)") from None
 
@@ -236,7 +241,7 @@ def convert(obj, type_):
     try:
         return msgspec.convert(obj, type=type_, strict=True)
     except msgspec.ValidationError as e:
-        raise ValueError(explain(e)) from None
+        raise ValueError(explain(e, type_)) from None
 
 
 _encoder = msgspec.json.Encoder()

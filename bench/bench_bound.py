@@ -29,7 +29,6 @@ import sys
 sys.dont_write_bytecode = True
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -41,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
+import common  # noqa: E402
 from bench_many import Corpus, loadavg, log, machine, record  # noqa: E402
 from tests.bridges import KEY, OTHER_KEY, Bridges  # noqa: E402
 from tests.helpers import Many  # noqa: E402
@@ -301,13 +301,7 @@ def main(argv=None) -> int:
     mach = machine()
     r = bench(QUICK if a.quick else FULL)
     text = table(r)
-    print(f"lnkmem bound sessions benchmark — {when}")
-    print(f"Machine: {mach}\n")
-    print(text)
-    print(f"\n(total {time.monotonic() - t0:.0f} s)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(r, when=when, machine=mach), f, indent=1)
+    common.report("lnkmem bound sessions benchmark", when, mach, text, r, t0, a.json)
     if a.record:
         cmd = ".venv/bin/python bench/bench_bound.py" + (" --quick" if a.quick else "")
         record(text, cmd, when, mach, "bound", "Bound sessions: the copy, its cache and write-back")

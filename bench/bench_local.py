@@ -568,13 +568,7 @@ def main(argv=None) -> int:
     mach = machine()
     r = bench(os.path.abspath(a.out), a.scale, a.seed)
     text = table(r)
-    print(f"lnkmem local engine benchmark — {when}, code {code_version()}")
-    print(f"Machine: {mach}\n")
-    print(text)
-    print(f"\n(total {time.monotonic() - t0:.0f} s)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(r, when=when, machine=mach), f, indent=1)
+    common.report(f"lnkmem local engine benchmark, code {code_version()}", when, mach, text, r, t0, a.json)
     if a.record:
         cmd = ".venv/bin/python bench/bench_local.py" + ("" if a.scale == 1.0 else f" --scale {a.scale:g}")
         if a.seed != 7:

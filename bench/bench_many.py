@@ -511,13 +511,7 @@ def main(argv=None) -> int:
     mach = machine()
     r = bench(QUICK if a.quick else FULL)
     text = table(r)
-    print(f"lnkmem serve-many benchmark — {when}")
-    print(f"Machine: {mach}\n")
-    print(text)
-    print(f"\n(total {time.monotonic() - t0:.0f} s)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(r, when=when, machine=mach), f, indent=1)
+    common.report("lnkmem serve-many benchmark", when, mach, text, r, t0, a.json)
     if a.record:
         cmd = ".venv/bin/python bench/bench_many.py" + (" --quick" if a.quick else "")
         record(text, cmd, when, mach, "many", "serve-many: sessions on one socket")

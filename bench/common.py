@@ -3,9 +3,12 @@ writing one benchmark's section of docs/BENCHMARKS.md."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
+import time
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
@@ -67,3 +70,15 @@ def write_section(section: str, lines: list[str]) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(doc)
     os.replace(tmp, DOC)
+
+
+def report(title: str, when: str, mach: str, text: str, figures: dict, t0: float,
+           json_path: Optional[str] = None) -> None:
+    """Print a benchmark's table, and write its raw figures when asked."""
+    print(f"{title} — {when}")
+    print(f"Machine: {mach}\n")
+    print(text)
+    print(f"\n(total {time.monotonic() - t0:.0f} s)")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(figures, when=when, machine=mach), f, indent=1)

@@ -246,7 +246,7 @@ class Bindings:
         from lnkmem.engine import Layout, Memory, NotesPlace
         from lnkmem.notes import BridgeNotes, LocalNotes
         from lnkmem.sync import Replica
-        agent, b = first.agent, first.bound
+        b = first.bound
         files = binding.client("files")
         storage = binding.client("storage")
         places: dict[str, object] = {}
@@ -271,15 +271,19 @@ class Bindings:
             replica = Replica(Collection(storage, "memory", root="lnkmem"))
         else:
             replica = Replica(FilesPlace(files, root="memory/lnkmem"))
-        key = b.key
-        embed = None
-        url = cfg.model_url or self.opts.embed_url
-        if url:
-            model = cfg.spec.model or self.opts.embed or "default"
-            embed = (url, model, lambda: {"Authorization": auth_header(key, "embedding", b.owner, agent)})
+        embed = self._embedding(cfg, first)
         layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
                         os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
         return Memory(cfg, layout).start(watch=any(isinstance(p, LocalPlace) for p in places.values()))
+
+    def _embedding(self, cfg: AgentConfig, first: FirstLine):
+        """(url, model, headers) of the embedding endpoint, proving the binding (§6); None without one."""
+        url = cfg.model_url or self.opts.embed_url
+        if not url:
+            return None
+        key, owner, agent = first.bound.key, first.bound.owner, first.agent
+        model = cfg.spec.model or self.opts.embed or "default"
+        return url, model, lambda: {"Authorization": auth_header(key, "embedding", owner, agent)}
 
     def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str) -> BoundSession:
         from lnkmem.engine import Layout, Memory
@@ -303,12 +307,7 @@ class Bindings:
             raise Refusal(f"the storage bridge is down: {e}") from None
         if tb.deny is None:
             places = {"home": FilesPlace(files, folder=team.named, root="memory", exclude=("lnkmem",))}
-            key = b.key
-            embed = None
-            url = cfg.model_url or self.opts.embed_url
-            if url and team.writes:
-                model = cfg.spec.model or self.opts.embed or "default"
-                embed = (url, model, lambda: {"Authorization": auth_header(key, "embedding", b.owner, first.agent)})
+            embed = self._embedding(cfg, first) if team.writes else None  # a reader embeds nothing
             tcache = os.path.join(cache, "teams", team.id)
             layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place), team.writes,
                             embed, os.path.join(tcache, "tmp"))

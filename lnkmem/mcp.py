@@ -97,10 +97,7 @@ class Session:
             return
         try:
             msg = _decoder.decode(line)
-        except (msgspec.DecodeError, RecursionError):
-            self.send(error_line(None, PARSE_ERROR, "parse error: the line is not JSON"))
-            return
-        except Exception:
+        except Exception:  # msgspec.DecodeError, RecursionError (too deep), ...
             self.send(error_line(None, PARSE_ERROR, "parse error: the line is not JSON"))
             return
         if not isinstance(msg, dict):

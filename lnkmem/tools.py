@@ -123,6 +123,8 @@ def _place_for(memory: Memory, ref: str):
 
 
 def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
+    if args.lines and args.lines[0] > args.lines[1]:  # before reading anything
+        raise ToolError(f"lines: [{args.lines[0]}, {args.lines[1]}] runs backwards")
     source, path, place = _place_for(memory, args.ref)
     if source != "notes" and not path:
         raise ToolError(f"ref: {args.ref!r} is a folder; use list")
@@ -137,8 +139,6 @@ def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
         text = data.decode("utf-8", "replace")
         total = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
         first, last = args.lines or (1, max(total, 1))
-        if first > last:
-            raise ToolError(f"lines: [{first}, {last}] runs backwards")
         out = [f"{line}| {msg}" for line, msg in chats.render(text, first, last)]
         body = "\n".join(out)
         shown = (first, min(last, max(total, 1)))
@@ -157,8 +157,6 @@ def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
             lines.pop()
         total = len(lines)
         first, last = args.lines or (1, max(total, 1))
-        if first > last:
-            raise ToolError(f"lines: [{first}, {last}] runs backwards")
         if total and first > total:
             raise ToolError(f"lines: the file has {total} lines, fewer than {first}")
         last = min(last, total) if total else first

@@ -95,6 +95,7 @@ class Memory:
         self.opened = threading.Event()
         self.ready = threading.Event()  # first full pass done
         self.progress = (0, 0)
+        self.fresh = False  # the index held nothing when opened: a first search waits for the first pass
         self.error: Optional[str] = None
         self._queue: "queue.Queue[tuple[str, Optional[threading.Event]]]" = queue.Queue()
         self._stop = threading.Event()
@@ -161,6 +162,7 @@ class Memory:
     def _run(self) -> None:
         try:
             self.store = self.open_store()
+            self.fresh = self.store.snapshot.live == 0
             if self.embedder:
                 self.vindex.load(self.store)
             self.opened.set()  # searches answer from the cache while the copy is looked at
@@ -268,11 +270,15 @@ class Memory:
             if plan.total > 50:
                 memtrim.trim()
 
-    def changed(self, ref: str, wait: bool = True, timeout: float = 30.0) -> bool:
-        """Bring ``ref`` (a file or a folder's prefix) up to date in the index."""
-        done = threading.Event() if wait else None
+    def changed(self, ref: str, wait: bool = True, timeout: float = 30.0, done=None) -> bool:
+        """Bring ``ref`` (a file or a folder's prefix) up to date in the index; ``done``
+        (anything with ``set()``) is set once it is, for a caller that must not block."""
+        if done is None and wait:
+            done = threading.Event()
         self._queue.put((ref, done))
-        return done.wait(timeout) if done else True
+        if not wait:
+            return True
+        return done.wait(timeout)
 
     @property
     def indexing(self) -> Optional[tuple[int, int]]:

@@ -24,7 +24,7 @@ from typing import Optional
 
 from lnkmem.config import AgentConfig, from_args
 from lnkmem.errors import UsageError
-from lnkmem.mcp import LineBuffer, Session
+from lnkmem.mcp import OUT_HIGH, Session, pump
 from lnkmem.wire import ID_RE, AgentEntry, FirstLine, Ok, Refusal, decode, encode
 
 log = logging.getLogger("lnkmem")
@@ -310,32 +310,26 @@ class Service:
             session.detach()
 
     async def mcp(self, reader, writer, memory_for, first_call_error: Optional[str] = None, owner=None) -> None:
-        """MCP over the connection, exactly as over stdio (§5.3)."""
+        """MCP over the connection, exactly as over stdio (§5.3), with the same
+        bounds (§5.1): no more input is read while the session has its cap of
+        calls under way or OUT_HIGH bytes of answers wait unread."""
         def send(data: bytes) -> None:
             if not writer.is_closing():
                 writer.write(data + b"\n")
 
+        writer.transport.set_write_buffer_limits(high=OUT_HIGH)
+
+        async def drain() -> None:
+            try:
+                await writer.drain()
+            except ConnectionError:
+                pass
+
         session = Session(memory_for, send, self.pool, first_call_error)
         if owner is not None:
             owner.mcp = (session, writer)
-        lines = LineBuffer()
-        while True:
-            chunk = await reader.read(READ_CHUNK)
-            if not chunk:
-                for ln in lines.end():
-                    session.handle(ln)
-                break
-            for ln in lines.feed(chunk):
-                if ln is None:
-                    session.too_long()
-                else:
-                    session.handle(ln)
-            await writer.drain()
-        await session.drain()
-        try:
-            await writer.drain()
-        except ConnectionError:
-            pass
+        await pump(session, lambda: reader.read(READ_CHUNK), drain)
+        await drain()
 
     async def control(self, kind: str, first: FirstLine) -> Optional[str]:
         if kind == "changed":
@@ -389,6 +383,8 @@ async def _reply(writer: asyncio.StreamWriter, msg) -> None:
 
 def serve_many(args) -> int:
     opts = parse_options(args)
+    from lnkmem.serve import undumpable
+    undumpable()  # §5.1: binding keys live in this process
     from lnkmem import memtrim
     memtrim.cap_arenas(2)  # many agents' indexing threads must not each keep an arena
     import lnkmem.engine  # noqa: F401  (the index's imports now, not in the first Hello)

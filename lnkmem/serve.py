@@ -1,8 +1,11 @@
-"""`lnk-lnkmem serve`: one agent's memory as MCP over stdio (§1.3, §4)."""
+"""`lnk-lnkmem serve`: one agent's memory as MCP over stdio (§1.3, §4, §5.1)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import ctypes
+import logging
 import os
 import signal
 import sys
@@ -11,18 +14,32 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lnkmem.config import AgentConfig
-from lnkmem.mcp import LineBuffer, Session
+from lnkmem.mcp import OUT_HIGH, Session, pump
+
+log = logging.getLogger("lnkmem")
 
 READ_CHUNK = 1 << 16
 START_DELAY_S = 0.05  # let `initialize` be answered before indexing starts
+PR_SET_DUMPABLE = 4
+
+
+def undumpable() -> None:
+    """§5.1: no core file, no ptrace by others of our uid: a crash never writes a key to disk."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            log.warning("could not make the process non-dumpable (errno %d)", ctypes.get_errno())
+    except (OSError, AttributeError) as e:  # not Linux
+        log.warning("could not make the process non-dumpable: %s", e)
 
 
 class _Later:
-    """The memory, built on a thread after start so that `initialize` is
-    answered before the index (numpy, LMDB) is even imported."""
+    """The memory, built on a thread after start so that `initialize` and
+    `tools/list` are answered before the index (numpy, LMDB) is even imported."""
 
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
+        self.serves_notes = bool(cfg.notes_path)
         self.memory = None
         self.built = threading.Event()
 
@@ -44,58 +61,117 @@ class _Later:
             self.memory.stop()
 
 
+class StdoutWriter:
+    """Answers written to stdout by a thread of their own, so that a client that
+    does not read never blocks the loop; ``waiting`` says how many bytes wait."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.queue: "collections.deque[bytes]" = collections.deque()
+        self.waiting = 0
+        self.lock = threading.Condition()
+        self.broken = False
+        threading.Thread(target=self._run, name="lnkmem-stdout", daemon=True).start()
+
+    def send(self, line: bytes) -> None:
+        if self.broken:
+            return
+        with self.lock:
+            self.queue.append(line + b"\n")
+            self.waiting += len(line) + 1
+            self.lock.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                while not self.queue:
+                    self.lock.wait()
+                data = self.queue.popleft()
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(self.fd, view)
+                    view = view[n:]
+            except OSError:  # the client went away: drop what is left
+                self.broken = True
+            with self.lock:
+                self.waiting -= len(data)
+                if self.broken:
+                    self.queue.clear()
+                    self.waiting = 0
+                self.lock.notify_all()
+
+    async def drain(self) -> None:
+        """Return once few enough answers wait unread (poll: no thread held)."""
+        step = 0.001
+        while self.waiting > OUT_HIGH and not self.broken:
+            await asyncio.sleep(step)
+            step = min(step * 2, 0.05)
+
+    def flush(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.queue or self.waiting:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.broken:
+                    return
+                self.lock.wait(left)
+
+
+class StdinReader:
+    """Reads stdin on a daemon thread, one chunk each time the session asks
+    (its flow control: nothing is read that it did not ask for)."""
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop):
+        self.fd = fd
+        self.loop = loop
+        self.want = threading.Semaphore(0)
+        self.future: "asyncio.Future[bytes] | None" = None
+        threading.Thread(target=self._run, name="lnkmem-stdin", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self.want.acquire()
+            try:
+                chunk = os.read(self.fd, READ_CHUNK)
+            except OSError:
+                chunk = b""
+            fut = self.future
+            self.loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(chunk))
+            if not chunk:
+                return
+
+    async def read(self) -> bytes:
+        self.future = self.loop.create_future()
+        self.want.release()
+        return await self.future
+
+
 def serve_stdio(cfg: AgentConfig) -> int:
+    undumpable()
     memory = _Later(cfg)
     pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lnkmem-tool")
-    out = sys.stdout.buffer
-    out_lock = threading.Lock()
-
-    def send(line: bytes) -> None:
-        with out_lock:
-            try:
-                out.write(line + b"\n")
-                out.flush()
-            except (BrokenPipeError, ValueError):
-                pass
+    out = StdoutWriter(sys.stdout.fileno())
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        session = Session(memory, send, pool)
-        lines = LineBuffer()
+        stop = asyncio.Event()
+        session = Session(memory, out.send, pool)
         threading.Thread(target=memory.build, name="lnkmem-start", daemon=True).start()
-
-        def feed(chunk: bytes) -> None:
-            if not chunk:
-                for line in lines.end():
-                    session.handle(line)
-                done.set()
-                return
-            for line in lines.feed(chunk):
-                if line is None:
-                    session.too_long()
-                else:
-                    session.handle(line)
-
-        def reader() -> None:
-            fd = sys.stdin.fileno()
-            while True:
-                try:
-                    chunk = os.read(fd, READ_CHUNK)
-                except OSError:
-                    chunk = b""
-                loop.call_soon_threadsafe(feed, chunk)
-                if not chunk:
-                    return
-
-        threading.Thread(target=reader, name="lnkmem-stdin", daemon=True).start()
+        stdin = StdinReader(sys.stdin.fileno(), loop)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, done.set)
-        await done.wait()
-        await session.drain()
+            loop.add_signal_handler(sig, stop.set)
+        served = loop.create_task(pump(session, stdin.read, out.drain))
+        stopped = loop.create_task(stop.wait())
+        await asyncio.wait({served, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not served.done():
+            served.cancel()
+            await session.drain()
+        stopped.cancel()
 
     try:
         asyncio.run(main())
+        out.flush(10)
     finally:
         memory.stop()
         pool.shutdown(wait=False, cancel_futures=True)

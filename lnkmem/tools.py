@@ -232,14 +232,15 @@ def list_(memory: Memory, args: ListArgs) -> tuple[str, dict]:
 
 # --- remember ---------------------------------------------------------------------
 
-def remember(memory: Memory, args: RememberArgs, thread: Optional[str]) -> tuple[str, dict]:
+def remember(memory: Memory, args: RememberArgs, thread: Optional[str], wait: bool = True) -> tuple[str, dict]:
     if memory.notes is None:
         raise ToolError("remember is not served: this memory keeps no notes")
     why = notes_refusal(thread, memory.cfg.owner, memory.cfg.from_required)
     if why:
         raise ToolError(f"not remembered: {why}; the notes are unchanged")
     change = memory.notes.change(args.add, args.remove, memory.notes_limit)
-    memory.changed("notes", wait=True, timeout=10)
+    if wait:  # a session waits on its loop instead, holding no thread (§5.1)
+        memory.changed("notes", wait=True, timeout=10)
     what = []
     if args.remove is not None:
         what.append("removed 1 line")
@@ -249,7 +250,9 @@ def remember(memory: Memory, args: RememberArgs, thread: Optional[str]) -> tuple
     return text, to_builtins(RememberResult(change.bytes, memory.notes_limit, change.entries))
 
 
-def call(memory: Memory, name: str, args, thread: Optional[str]) -> tuple[str, dict]:
+def call(memory: Memory, name: str, args, thread: Optional[str], wait: bool = True) -> tuple[str, dict]:
+    """One tool call; ``wait=False``: `remember` returns before its change is
+    indexed (the caller waits for that itself)."""
     if name == "search":
         return search(memory, args)
     if name == "read":
@@ -257,5 +260,5 @@ def call(memory: Memory, name: str, args, thread: Optional[str]) -> tuple[str, d
     if name == "list":
         return list_(memory, args)
     if name == "remember":
-        return remember(memory, args, thread)
+        return remember(memory, args, thread, wait)
     raise ToolError(f"no tool named {name!r}")

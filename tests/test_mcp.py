@@ -225,10 +225,171 @@ def test_modern_era(served):
     e = served.request("tools/list", {"_meta": bad})["error"]
     assert e["code"] == -32022 and e["data"]["requested"] == "1900-01-01"
     assert "2026-07-28" in e["data"]["supported"]
-    assert served.request("server/discover")["result"]["supportedVersions"]  # answered at once, even bare
+    e = served.request("server/discover")["error"]  # answered at once, even bare: malformed (rev. 2)
+    assert e["code"] == -32602 and "protocolVersion" in e["message"]
 
 
 def test_end_of_input_exits_zero(home):
     s = Server.start(home)
     s.initialize()
     assert s.close() == 0
+
+
+# --- rev. 2: each era's MUSTs (§4) ----------------------------------------------------
+
+MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+          "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def test_batches_are_served_in_2025_03_26_sessions_only(served):
+    served.initialize("2025-03-26")
+    served.send([
+        {"jsonrpc": "2.0", "id": "p", "method": "ping"},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": {"name": "search", "arguments": {"query": "rocket"}}},
+        {"jsonrpc": "2.0", "id": "u", "method": "nope/nope"},
+        5,
+    ])
+    answers = served.lines.get(timeout=20)
+    batch = json.loads(answers)
+    assert isinstance(batch, list) and [a.get("id") for a in batch] == ["p", "s", "u", None]
+    assert batch[0]["result"] == {} and batch[1]["result"]["structuredContent"]["hits"]
+    assert batch[2]["error"]["code"] == -32601 and batch[3]["error"]["code"] == -32600
+    served.send([])
+    assert served.recv()["error"]["code"] == -32600
+    served.send([{"jsonrpc": "2.0", "method": "notifications/initialized"}])  # nothing to answer
+    assert served.request("ping")["result"] == {}
+    for version in ("2025-11-25", "2025-06-18"):
+        served.initialize(version)
+        served.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])
+        e = served.recv()
+        assert isinstance(e, dict) and e["error"]["code"] == -32600 and e["id"] is None
+
+
+def test_modern_requests_missing_meta_fields_are_malformed(served):
+    version, caps = MODERN
+    for params in ({}, {"_meta": {}}, {"_meta": {caps: {}}}, {"_meta": {version: "2026-07-28"}},
+                   {"_meta": {version: "2026-07-28", caps: "all"}}, {"_meta": "x"}):
+        e = served.request("server/discover", params)["error"]
+        assert e["code"] == -32602, params
+    for method, extra in (("tools/list", {}), ("ping", {}), ("tools/call", {"name": "search", "arguments": {"query": "x"}})):
+        e = served.request(method, {"_meta": {version: "2026-07-28"}, **extra})["error"]
+        assert e["code"] == -32602 and "clientCapabilities" in e["message"]
+        e = served.request(method, {"_meta": {caps: {}}, **extra})["error"]
+        assert e["code"] == -32602 and "protocolVersion" in e["message"]
+    assert served.request("tools/list", {"_meta": MODERN})["result"]["resultType"] == "complete"
+
+
+def test_a_listed_version_is_served_per_request(served):
+    d = served.request("server/discover", {"_meta": MODERN})["result"]
+    for v in d["supportedVersions"]:
+        meta = {"io.modelcontextprotocol/protocolVersion": v, "io.modelcontextprotocol/clientCapabilities": {}}
+        r = served.request("tools/list", {"_meta": meta})
+        assert "result" in r and len(r["result"]["tools"]) == 4, (v, r)
+        c = served.request("tools/call", {"_meta": meta, "name": "search", "arguments": {"query": "rocket"}})
+        assert c["result"]["structuredContent"]["hits"], v
+    r = served.request("ping", {"_meta": {"io.modelcontextprotocol/protocolVersion": "2025-11-25"}})
+    assert r["result"] == {}
+
+
+def test_call_params_and_arguments_must_be_objects(served):
+    for arguments in ([1], "query", 5, True):
+        e = served.request("tools/call", {"name": "search", "arguments": arguments})["error"]
+        assert e["code"] == -32602 and "arguments" in e["message"]
+    for params in ([1], "search", 5):
+        assert served.request("tools/call", params)["error"]["code"] == -32602
+
+
+SCHEMA_BREAKS = [
+    ("search", {"query": "x", "sources": ["home", "home"]}, ["sources", "unique"]),
+    ("search", {"query": "x", "sources": "home"}, ["sources", "array"]),
+    ("search", {"query": "x", "sources": [3]}, ["sources[0]"]),
+    ("search", {"query": "x", "limit": "5"}, ["limit", "integer"]),
+    ("search", {"query": "x", "limit": True}, ["limit", "integer"]),
+    ("search", {"query": "x", "limit": 2.5}, ["limit", "integer"]),
+    ("search", {"query": "x", "limit": 0}, ["limit", "at least 1"]),
+    ("search", {"query": 5}, ["query", "string"]),
+    ("search", {"query": "x", "under": 7}, ["under", "string"]),
+    ("search", {"query": "x", "extra": 1}, ["extra", "unknown"]),
+    ("search", {}, ["query", "required"]),
+    ("read", {"ref": "home/docs/plan.md", "lines": [1]}, ["lines", "at least 2"]),
+    ("read", {"ref": "home/docs/plan.md", "lines": [1, 2, 3]}, ["lines", "at most 2"]),
+    ("read", {"ref": "home/docs/plan.md", "lines": ["1", 2]}, ["lines[0]", "integer"]),
+    ("read", {"ref": ""}, ["ref", "empty"]),
+    ("list", {"ref": None}, ["ref", "string"]),
+    ("remember", {"add": ""}, ["add", "empty"]),
+    ("remember", {"add": "x", "remove": 5}, ["remove", "string"]),
+]
+
+
+def test_the_published_input_schema_is_enforced(served, home):
+    before = home.notes.read_text()
+    for tool, args, words in SCHEMA_BREAKS:
+        r = served.call(tool, args)
+        text = r["content"][0]["text"]
+        assert r["isError"] is True and all(w in text for w in words), (tool, args, text)
+    assert home.notes.read_text() == before
+
+
+def test_integral_numbers_are_integers(served):
+    r = served.call("search", {"query": "rocket", "limit": 2.0})  # JSON Schema: 2.0 is an integer
+    assert r["isError"] is False and r["structuredContent"]["hits"]
+
+
+def test_the_validator_knows_every_keyword_the_tools_publish():
+    from lnkmem import tooldefs
+    for name, tool in tooldefs.TOOLS.items():
+        assert tooldefs.known_keywords(tool["inputSchema"]) == set(), name
+
+
+def test_an_invalid_cursor_is_invalid_params(served):
+    for cursor in ("abc", "", 5, {}):
+        e = served.request("tools/list", {"cursor": cursor})["error"]
+        assert e["code"] == -32602 and "cursor" in e["message"]
+    assert served.request("tools/list", {"cursor": None})["result"]["tools"]
+
+
+SLOW_IMPORT = '''
+import os, sys, time
+class _Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "lnkmem.engine":
+            time.sleep(float(os.environ["SLOW_ENGINE_IMPORT_S"]))
+        return None
+sys.meta_path.insert(0, _Slow())
+'''
+
+
+def _slow_engine(tmp_path, seconds: float) -> dict:
+    """An environment in which importing the index code takes ``seconds`` longer."""
+    site = tmp_path / "slowsite"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_IMPORT)
+    return {"PYTHONPATH": str(site), "SLOW_ENGINE_IMPORT_S": str(seconds)}
+
+
+def test_lists_and_pings_never_wait_for_the_index_code(home, tmp_path):
+    home.write("docs/plan.md", "We launch the rocket on Tuesday.\n")
+    with Server.start(home, env=_slow_engine(tmp_path, 4)) as s:
+        t0 = time.monotonic()
+        s.initialize()
+        tools = s.request("tools/list")["result"]["tools"]
+        assert [t["name"] for t in tools] == ["search", "read", "list", "remember"]
+        assert s.request("server/discover", {"_meta": MODERN})["result"]["supportedVersions"]
+        assert time.monotonic() - t0 < 2.5
+        s.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                "params": {"name": "search", "arguments": {"query": "rocket"}}})
+        t1 = time.monotonic()
+        assert s.request("ping")["result"] == {}  # the loop is not held by a call waiting
+        assert time.monotonic() - t1 < 1.5
+        r = s.response("slow", timeout=30)
+        assert r["result"]["isError"] is False
+
+
+def test_a_first_search_on_a_fresh_state_waits_for_the_first_pass(home):
+    for i in range(60):
+        home.write(f"notes/{i:03}.md", f"# Note {i}\n\nEntry number {i} about topic{i} and the harbour.\n")
+    with Server.start(home) as s:
+        s.initialize()
+        r = s.search("topic59")
+        assert refs(r) == ["home/notes/059.md"], r["structuredContent"]

@@ -1,11 +1,13 @@
 """End to end: the real `lnk-lnkmem serve` over stdio, every tool and every refusal (§4)."""
 
 import json
+import os
+import threading
 import time
 
 import pytest
 
-from tests.helpers import Server, refs
+from tests.helpers import Server, refs, until
 
 
 @pytest.fixture
@@ -393,3 +395,180 @@ def test_a_first_search_on_a_fresh_state_waits_for_the_first_pass(home):
         s.initialize()
         r = s.search("topic59")
         assert refs(r) == ["home/notes/059.md"], r["structuredContent"]
+
+
+# --- §5.1 rev. 2: bounded work per session, for `serve` and `serve-many` ------------------
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+BIG_ID = 1 << 20  # each ping's id is 1 MiB: its answer echoes it
+
+
+def _flood(write, count: int, sent: list) -> None:
+    """Pipeline ``count`` pings whose answers are 1 MiB each, never reading."""
+    try:
+        for i in range(count):
+            write(json.dumps({"jsonrpc": "2.0", "id": f"{i:04}" + "x" * BIG_ID, "method": "ping"}).encode() + b"\n")
+            sent.append(i)
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _check_paused(pid: int, sent: list, count: int, base: float) -> None:
+    grew = 0.0
+    for _ in range(30):  # 3 s: the client keeps writing, the engine stops reading
+        time.sleep(0.1)
+        grew = max(grew, _rss_mib(pid) - base)
+    assert len(sent) < count // 2, f"the engine read {len(sent)} MiB of requests nobody read answers to"
+    assert grew < 48, f"RSS grew {grew:.0f} MiB while the client did not read"
+
+
+def test_a_stdio_client_that_never_reads_is_paused(home):
+    import subprocess
+    from tests.helpers import PROGRAM, base_env
+    env = base_env()
+    proc = subprocess.Popen([PROGRAM, "serve", *home.args()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
+    try:
+        proc.stdin.write(b'{"jsonrpc": "2.0", "id": 0, "method": "ping"}\n')
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 0
+        time.sleep(0.5)
+        base = _rss_mib(proc.pid)
+        sent: list = []
+        count = 96
+
+        def write(data: bytes) -> None:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+
+        t = threading.Thread(target=_flood, args=(write, count, sent), daemon=True)
+        t.start()
+        _check_paused(proc.pid, sent, count, base)
+        got = [json.loads(proc.stdout.readline())["id"][:4] for _ in range(count)]  # now read: all answered
+        assert got == [f"{i:04}" for i in range(count)]
+        t.join(10)
+        proc.stdin.close()
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_socket_client_that_never_reads_is_paused(tmp_path, home):
+    from tests.helpers import Many, agent_entry
+    with Many(tmp_path / "run" / "m.sock", {"a1": agent_entry(home)}) as m:
+        with m.hello("a1") as c:
+            assert c.request("ping")["result"] == {}
+            time.sleep(0.5)
+            base = _rss_mib(m.proc.pid)
+            sent: list = []
+            count = 96
+            c.sock.settimeout(60)
+            t = threading.Thread(target=_flood, args=(c.send_raw, count, sent), daemon=True)
+            t.start()
+            _check_paused(m.proc.pid, sent, count, base)
+            got = [c.recv()["id"][:4] for _ in range(count)]
+            assert got == [f"{i:04}" for i in range(count)]
+            t.join(10)
+
+
+def test_one_agents_waiting_calls_never_stall_another_agent(tmp_path):
+    """40 pipelined `remember` of one agent, each waiting (here on the notes' lock):
+    another agent's search is answered at once, and then every `remember` is."""
+    import fcntl
+    from tests.helpers import Home, Many, agent_entry
+    a, b = Home(tmp_path / "a"), Home(tmp_path / "b")
+    b.write("doc.md", "the harbour lights are green\n")
+    with Many(tmp_path / "run" / "m.sock", {"a": agent_entry(a), "b": agent_entry(b)}) as m:
+        with m.hello("a") as ca, m.hello("b") as cb:
+            assert ca.call("remember", {"add": "first"})["isError"] is False
+            lock = a.state / "notes.lock"
+            assert lock.exists()
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # someone else is changing a's notes
+                for i in range(40):
+                    ca.send({"jsonrpc": "2.0", "id": f"r{i}", "method": "tools/call",
+                             "params": {"name": "remember", "arguments": {"add": f"note {i}"}}})
+                time.sleep(0.5)
+                t0 = time.monotonic()
+                assert cb.search("harbour")["structuredContent"]["hits"]
+                assert time.monotonic() - t0 < 3
+            finally:
+                os.close(fd)
+            ca.sock.settimeout(60)
+            answers = {}
+            while len(answers) < 40:
+                r = ca.recv()
+                answers[r["id"]] = r
+            assert all(r["result"]["isError"] is False for r in answers.values())
+    assert a.notes.read_text().count("\n") == 41
+
+
+def test_remember_refusals_stay_within_the_token_budget(home):
+    home.notes.write_text("- same\n" * 3000 + "".join(f"- a long line about apples number {i} " + "x" * 200 + "\n" for i in range(20)))
+    with Server.start(home, env={"LNK_MEMORY_SPEC": '{"tokens": 100, "notes": "1 MB"}'}) as s:
+        for args, words in (({"remove": "same"}, "3000 lines"), ({"remove": "apples"}, "no line equals"),
+                            ({"add": "y" * 90000, "remove": "nothing"}, "no line")):
+            r = s.call("remember", args)
+            text = r["content"][0]["text"]
+            assert r["isError"] and words in text and len(text.encode()) <= 400, text
+    assert home.notes.read_text().count("\n") == 3020
+
+
+def _core_files(folder) -> list:
+    return [p.name for p in folder.iterdir() if p.name.startswith("core")]
+
+
+@pytest.mark.parametrize("mode", ["serve", "serve-many"])
+def test_the_process_is_not_dumpable(tmp_path, home, mode):
+    """A crash writes no core file (PR_SET_DUMPABLE 0): a binding key never reaches the disk."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+    from tests.helpers import PROGRAM, agent_entry, base_env
+    with open("/proc/sys/kernel/core_pattern") as f:
+        pattern = f.read().strip()
+    if pattern.startswith("|") or "/" in pattern:
+        pytest.skip(f"core files are not written to the crashing process's folder here ({pattern!r})")
+
+    def cores_on():
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+    control = tmp_path / "control"
+    control.mkdir()
+    subprocess.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+                   cwd=control, preexec_fn=cores_on)
+    if not _core_files(control):
+        pytest.skip("this machine writes no core files at all")
+    where = tmp_path / "cwd"
+    where.mkdir()
+    if mode == "serve":
+        argv = [PROGRAM, "serve", *home.args()]
+    else:
+        argv = [PROGRAM, "serve-many", str(tmp_path / "run" / "m.sock"), json.dumps({"a1": agent_entry(home)})]
+    env = base_env()
+    env["LNKMEM_LINGER_S"] = "30"
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            cwd=where, env=env, preexec_fn=cores_on)
+    try:
+        if mode == "serve":
+            proc.stdin.write(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["id"] == 1
+        else:
+            assert until(lambda: (tmp_path / "run" / "m.sock").exists(), 10)
+        proc.send_signal(signal.SIGSEGV)
+        assert proc.wait(15) == -signal.SIGSEGV
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _core_files(where) == []

@@ -279,3 +279,35 @@ def test_the_official_sdk_calls_every_tool(laid_out, era):
     anyio.run(main)
     assert seen["version"] == ("2025-11-25" if era == "initialize" else MODERN)
     assert "The launch moved to Wednesday." in laid_out.notes.read_text()
+
+
+# --- the engine's validator agrees with the reference one on every published inputSchema ------
+
+def test_the_engine_holds_arguments_to_exactly_the_published_input_schema():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from lnkmem import tooldefs
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 60), st.floats(-3, 60, allow_nan=False),
+                        st.sampled_from(["", "x", "home", "chats", "skills", "notes", "web", "home/", "a" * 5]),
+                        st.text(max_size=6))
+    values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                           st.dictionaries(st.text(max_size=3), inner, max_size=2)),
+                          max_leaves=6)
+    for name, tool in tooldefs.TOOLS.items():
+        schema = tool["inputSchema"]
+        keys = st.sampled_from(list(schema["properties"]) + ["extra"])
+        reference = jsonschema.Draft202012Validator(schema)
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.dictionaries(keys, values, max_size=4))
+        def agree(args):
+            try:
+                tooldefs.check(schema, args)
+                ours = True
+            except tooldefs.InvalidArguments:
+                ours = False
+            assert ours == reference.is_valid(args), (name, args)
+
+        agree()

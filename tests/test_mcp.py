@@ -425,7 +425,7 @@ def _check_paused(pid: int, sent: list, count: int, base: float) -> None:
     for _ in range(30):  # 3 s: the client keeps writing, the engine stops reading
         time.sleep(0.1)
         grew = max(grew, _rss_mib(pid) - base)
-    assert len(sent) < count // 2, f"the engine read {len(sent)} MiB of requests nobody read answers to"
+    assert len(sent) < count // 2, f"the engine took {len(sent)} of {count} pipelined requests in (no pause)"
     assert grew < 48, f"RSS grew {grew:.0f} MiB while the client did not read"
 
 
@@ -572,3 +572,40 @@ def test_the_process_is_not_dumpable(tmp_path, home, mode):
         if proc.poll() is None:
             proc.kill()
     assert _core_files(where) == []
+
+
+def test_a_session_pipelining_calls_that_wait_is_paused(tmp_path, home):
+    """A client that pipelines calls which all wait (here on the notes' lock): the
+    engine stops reading its input at a small cap of calls under way."""
+    import fcntl
+    from tests.helpers import Many, agent_entry
+    with Many(tmp_path / "run" / "m.sock", {"a1": agent_entry(home)}) as m:
+        with m.hello("a1") as c:
+            assert c.call("remember", {"add": "first"})["isError"] is False
+            time.sleep(0.3)
+            base = _rss_mib(m.proc.pid)
+            fd = os.open(home.state / "notes.lock", os.O_RDWR)
+            sent: list = []
+            count = 600
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                c.sock.settimeout(60)
+
+                def flood() -> None:
+                    try:
+                        for i in range(count):
+                            c.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                                    "params": {"name": "remember", "arguments": {"add": f"{i} " + "y" * 90000}}})
+                            sent.append(i)
+                    except OSError:
+                        pass
+
+                t = threading.Thread(target=flood, daemon=True)
+                t.start()
+                _check_paused(m.proc.pid, sent, count, base)
+            finally:
+                os.close(fd)
+            got = {c.recv()["id"] for _ in range(count)}  # each over the notes' limit: refused, answered
+            assert got == set(range(count))
+            t.join(10)
+    assert home.notes.read_text() == "- first\n"

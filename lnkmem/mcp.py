@@ -443,7 +443,7 @@ class Session:
         loop = asyncio.get_running_loop()
         if name == "remember":
             async with notes_lock, threads:  # one thread of this memory waits on its notes, not many
-                result = await loop.run_in_executor(self.pool, _run_tool, memory, name, typed, thread, room)
+                result = await self._work(_run_tool, memory, name, typed, thread, room)
             if not result.get("isError"):
                 done = _Signal(loop)
                 memory.changed("notes", wait=False, done=done)  # searchable right after
@@ -453,7 +453,21 @@ class Session:
                     pass
             return result
         async with threads:
-            return await loop.run_in_executor(self.pool, _run_tool, memory, name, typed, thread, room)
+            return await self._work(_run_tool, memory, name, typed, thread, room)
+
+    async def _work(self, fn, *args):
+        """``fn`` on a pool thread. Cancelled before it starts, it never runs; once
+        running, its slot stays taken until the thread is really free."""
+        cf = self.pool.submit(fn, *args)
+        fut = asyncio.wrap_future(cf)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if not cf.cancel():
+                await asyncio.wait([fut])
+                if not fut.cancelled():
+                    fut.exception()  # retrieved: the answer is dropped, as cancelled
+            raise
 
     async def drain(self) -> None:
         """Wait for the answers of calls under way."""

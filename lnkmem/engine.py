@@ -204,8 +204,14 @@ class Memory:
                         refs.discard("\0attach")
                         self._attach()
                         refs.add("home")
+                    failed = None
                     for r in _outermost(refs):
-                        self.refresh(r)
+                        try:  # one source failing (its bridge down) does not hold back the others
+                            self.refresh(r)
+                        except Exception as e:
+                            failed = failed or e
+                    if failed is not None:
+                        raise failed
                 except Exception as e:  # keep serving; the next change retries
                     log.exception("indexing failed: %s", e)
                     if retry:
@@ -247,7 +253,8 @@ class Memory:
         self._queue.put(("\0attach", None))
 
     def refresh_all(self, progress: Optional[Callable[[int, int], None]] = None) -> int:
-        plan = indexer.plan(self.store, self.places)
+        failed: list[Exception] = []  # a source that cannot be listed does not hold back the others
+        plan = indexer.plan(self.store, self.places, errors=failed)
 
         def report(done: int, total: int) -> None:
             self.progress = (done, total)
@@ -256,10 +263,13 @@ class Memory:
 
         self.progress = (0, plan.total)
         try:
-            return indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
+            done = indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
         finally:
             if plan.total:
                 memtrim.trim()  # the batches' peak goes back to the system
+        if failed:
+            raise failed[0]  # the caller retries later
+        return done
 
     def refresh(self, ref: Optional[str]) -> None:
         plan = indexer.plan(self.store, self.places, only=ref)

@@ -212,3 +212,134 @@ def test_an_id_with_a_trailing_newline_is_refused_everywhere(tmp_path):
                     assert KEY not in r["error"]
     finally:
         bridges.stop()
+
+
+# --- §5.4 rev. 2: Bound lines as Link sends them ------------------------------------------------
+
+FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
+
+
+@pytest.fixture
+def bridges(tmp_path):
+    b = Bridges(tmp_path / "link", teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew"}, "grants": {"a1": "all"}}})
+    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
+    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do walruses sleep"}\n')
+    (b.team_folder("t1") / "memory").mkdir()
+    (b.team_folder("t1") / "memory" / "charter.md").write_text("The crew charters a schooner.\n")
+    yield b
+    b.stop()
+
+
+def _many(bridges, tmp_path, agents=None, name="m", env=None):
+    e = dict(FAST)
+    e.update(env or {})
+    return Many(tmp_path / name / "m.sock", agents if agents is not None else {},
+                bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")], env=e)
+
+
+def _hits(c, q):
+    return [h["ref"] for h in c.search(q)["structuredContent"]["hits"]]
+
+
+def test_unknown_fields_of_bound_storage_and_team_are_ignored(bridges, tmp_path):
+    with _many(bridges, tmp_path) as m:
+        line = bridges.bound()
+        line["bound"]["region"] = "eu-west"
+        line["bound"]["future"] = {"anything": [1, 2]}
+        line["bound"]["storage"]["tier"] = 3
+        with m.connect() as c:
+            assert c.first(line) == {"ok": True}
+            assert until(lambda: _hits(c, "narwhal") == ["home/docs/plan.md"], timeout=20)
+        team = bridges.bound(notes=None)
+        team["team"] = {"id": "t1", "named": "crew", "writes": True, "colour": "blue"}
+        with m.connect() as c:
+            assert c.first(team) == {"ok": True}
+            assert until(lambda: _hits(c, "schooner") == ["home/charter.md"], timeout=20)
+        for where, key, value, words in (("bound", "notes", 5, "notes"), ("bound", "files", 3, "files"),
+                                         ("storage", "places", [], "places"), ("bound", "index", "disk", "index")):
+            bad = bridges.bound()
+            (bad["bound"] if where == "bound" else bad["bound"]["storage"])[key] = value
+            with m.connect() as c:
+                r = c.first(bad)
+                assert set(r) == {"error"} and words in r["error"] and KEY not in r["error"], r
+
+
+def test_a_bound_with_memory_and_home_on_the_machine_is_served(bridges, tmp_path):
+    h = Home(tmp_path / "h")
+    h.write("local.md", "The local otter lives on this machine.\n")
+    agents = {"a1": {"argv": command(h, {"LNK_MEMORY_NOTES": str(h.notes)})["argv"], "env": {"LNK_OWNER": "o1"}}}
+    # storage for the conversations only; no files bridge, no memory place: Home and memory are local
+    line = bridges.bound(files=False, places=("conversations",), notes="4 KB")
+    for round_ in range(2):
+        with _many(bridges, tmp_path, agents) as m, m.connect() as c:
+            assert c.first(line) == {"ok": True}
+            assert until(lambda: "home/local.md" in _hits(c, "otter"), timeout=20)
+            assert until(lambda: _hits(c, "walruses") == ["chats/t1.jsonl"], timeout=20)
+            if round_ == 0:
+                assert c.call("remember", {"add": "the otter likes clams"})["isError"] is False
+            assert until(lambda: "notes" in _hits(c, "clams"), timeout=10)
+            with m.connect() as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    assert h.notes.read_text() == "- the otter likes clams\n"  # the agent's local notes (--notes)
+    assert not (bridges.store("memory") / "lnkmem").exists()  # no copy anywhere: the local index is the memory's own
+    assert not any(e["method"] in ("PUT", "DELETE") for e in bridges.storage.log() + bridges.files.log())
+    # an agent that <agents> does not name, with no files bridge: its Home is not known here
+    with _many(bridges, tmp_path, {}, name="n") as m, m.connect() as c:
+        r = c.first(line)
+        assert "Home" in r["error"] and KEY not in r["error"]
+
+
+def test_notes_live_in_home_through_the_files_bridge(bridges, tmp_path):
+    line = bridges.bound(places=("conversations",), notes="4 KB")  # files, and storage without a memory place
+    with _many(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(line) == {"ok": True}
+        assert c.call("remember", {"add": "the narwhal plan is due in May"})["isError"] is False
+        assert until(lambda: "notes" in _hits(c, "due"), timeout=10)
+        assert "home/memory/notes.md" not in _hits(c, "due")  # one place, one ref
+    assert (bridges.home() / "memory" / "notes.md").read_text() == "- the narwhal plan is due in May\n"
+    assert not (bridges.store("memory") / "notes.md").exists()
+
+
+def test_one_bridge_took_the_key_and_the_other_is_down(bridges, tmp_path):
+    bridges.storage.stop()
+    with _many(bridges, tmp_path) as m, m.connect() as c:
+        t0 = time.monotonic()
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: _hits(c, "narwhal") == ["home/docs/plan.md"], timeout=20)  # Home, through files
+        t0 = time.monotonic()
+        r = c.call("read", {"ref": "chats/t1.jsonl"})
+        assert r["isError"] and "storage bridge is unreachable" in r["content"][0]["text"]
+        r = c.call("remember", {"add": "kept for later"})
+        assert r["isError"] and "storage bridge is unreachable" in r["content"][0]["text"]
+        assert time.monotonic() - t0 < 5  # answered at once, not after the bridge's patience
+        from fakes.harness import FakeServer
+        bridges.storage = FakeServer.start("fakes.storage_bridge", "--unix", bridges.storage_sock, "--root",
+                                           bridges.storage_root, "--config", bridges.config, "--log",
+                                           bridges.base / "storage.log")
+        # retried in the background: the conversations and the notes come back
+        assert until(lambda: _hits(c, "walruses") == ["chats/t1.jsonl"], timeout=30)
+        assert c.call("remember", {"add": "kept for later"})["isError"] is False
+    assert (bridges.store("memory") / "notes.md").read_text() == "- kept for later\n"
+
+
+def test_all_bridges_down_is_refused(bridges, tmp_path):
+    bridges.storage.stop()
+    bridges.files.stop()
+    with _many(bridges, tmp_path) as m, m.connect(timeout=20) as c:
+        r = c.first(bridges.bound())
+        assert "down" in r["error"] and KEY not in r["error"]
+
+
+# --- §2.3 rev. 2: a bound agent that <agents> does not name --------------------------------------
+
+def test_unnamed_bound_agent_notes_follow_the_thread_rules(bridges, tmp_path):
+    with _many(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        for t in ("agent-x", "task-1", "team-t1", "stranger", "o10"):
+            r = c.call("remember", {"add": f"from {t}"}, thread=t)
+            assert r["isError"] and "owner" in r["content"][0]["text"], (t, r)
+        assert not (bridges.store("memory") / "notes.md").exists()
+        assert c.call("remember", {"add": "no thread named"})["isError"] is False
+        assert c.call("remember", {"add": "the owner's"}, thread="o1/main")["isError"] is False
+        assert c.call("remember", {"add": "the owner"}, thread="o1")["isError"] is False
+    assert (bridges.store("memory") / "notes.md").read_text() == "- no thread named\n- the owner's\n- the owner\n"

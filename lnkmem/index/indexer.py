@@ -45,10 +45,14 @@ class Plan:
         return len(self.todo) + len(self.removed)
 
 
-def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None) -> Plan:
+def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
+         errors: Optional[list] = None) -> Plan:
     """What must change in the index for it to match ``places``.
 
     ``only``: a ref prefix to look at (a `changed` path, a watched file).
+    ``errors``: when given, a place that cannot be listed (a bridge down) is
+    left as the index has it and its exception appended, so the other places
+    are still brought up to date; without it the exception propagates.
     """
     p = Plan()
     for source, place in places.items():
@@ -58,7 +62,13 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None)
             sub = only[len(source) + 1 :]
         else:
             continue
-        entries = place.list(sub)
+        try:
+            entries = place.list(sub)
+        except Exception as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            continue
         p.skipped += getattr(place, "skipped", 0)
         p.listed += len(entries)
         prefix = ref_of(source, sub)

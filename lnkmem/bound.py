@@ -20,6 +20,7 @@ from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused, auth_header
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Forbidden, NotFound
 from lnkmem.bridges.remote import Collection, FilesPlace
+from lnkmem import changes
 from lnkmem.config import AgentConfig
 from lnkmem.spec import parse_size
 from lnkmem.wire import Bound, Changed, FirstLine, Spec
@@ -414,7 +415,11 @@ class Bindings:
             return await self._in_pool(_relist_team, tb.memory)
         if binding.memory is None:
             return "the binding has no memory"
-        done = await self._in_pool(binding.memory.changed, c.path.strip("/"))
+        try:
+            path = changes.clean(c.path)
+        except ValueError as e:
+            return f"changed: {e}"
+        done = await changes.tell(binding.memory, path)
         return None if done else "the change is still being indexed"
 
     async def flush(self, b) -> Optional[str]:

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from lnkmem import changes
 from lnkmem.config import AgentConfig, check_id, from_serve_argv
 from lnkmem.errors import UsageError
 from lnkmem.mcp import LineBuffer, Session
@@ -389,9 +390,11 @@ class Service:
                 return f"no agent {c.agent} of {c.owner} is served here"
             if c.team:
                 return f"no team {c.team} of {c.agent} is served here"
-            memory = self.memory(c.agent)
-            loop = asyncio.get_running_loop()
-            done = await loop.run_in_executor(self.pool, memory.changed, c.path.strip("/"))
+            try:
+                path = changes.clean(c.path)
+            except ValueError as e:
+                return f"changed: {e}"
+            done = await changes.tell(self.memory(c.agent), path)
             return None if done else "the change is still being indexed"
         b = first.flush if kind == "flush" else first.end
         if not self.bindings.holds(b.owner, b.agent):

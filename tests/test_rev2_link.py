@@ -343,3 +343,63 @@ def test_unnamed_bound_agent_notes_follow_the_thread_rules(bridges, tmp_path):
         assert c.call("remember", {"add": "the owner's"}, thread="o1/main")["isError"] is False
         assert c.call("remember", {"add": "the owner"}, thread="o1")["isError"] is False
     assert (bridges.store("memory") / "notes.md").read_text() == "- no thread named\n- the owner's\n- the owner\n"
+
+
+# --- §5.6 rev. 2: `changed` paths as Link names them; bursts coalesced ---------------------------
+
+def _changed(m, path, owner="o1", agent="a1"):
+    with m.connect(timeout=60) as ctl:
+        return ctl.first({"changed": {"owner": owner, "agent": agent, "path": path}})
+
+
+def test_changed_with_a_home_path_a_conversation_name_and_memory_notes(bridges, tmp_path):
+    with _many(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: _hits(c, "narwhal") == ["home/docs/plan.md"], timeout=20)
+        # each change is in the index when `ok` comes: no waiting after it
+        bridges.write_home("docs/plan.md", "The narwhal plan now names a kraken.\n")
+        assert _changed(m, "docs/plan.md") == {"ok": True}  # a Home path as the files bridge names it
+        assert _hits(c, "kraken") == ["home/docs/plan.md"]
+        (bridges.store("conversations") / "t2.jsonl").write_text('{"role": "user", "text": "the lighthouse keeper"}\n')
+        assert _changed(m, "chats/t2.jsonl") == {"ok": True}  # a conversation's name
+        assert _hits(c, "lighthouse") == ["chats/t2.jsonl"]
+        (bridges.store("memory") / "notes.md").write_text("- the owner keeps bees\n")
+        assert _changed(m, "memory/notes.md") == {"ok": True}
+        assert _hits(c, "bees") == ["notes"]
+        bridges.write_home("docs/other.md", "A manatee drifts by.\n")
+        assert _changed(m, "home/docs/other.md") == {"ok": True}  # the engine's own ref
+        assert _hits(c, "manatee") == ["home/docs/other.md"]
+        (bridges.home() / "docs" / "plan.md").unlink()
+        assert _changed(m, "docs/plan.md") == {"ok": True}
+        assert _hits(c, "kraken") == []
+        # a path naming nothing known: its folder, and Home when that is unknown too, listed again
+        bridges.write_home("fresh/deep/a.md", "An axolotl arrived unannounced.\n")
+        assert _changed(m, "fresh/none-such.md") == {"ok": True}
+        assert _hits(c, "axolotl") == ["home/fresh/deep/a.md"]
+        bridges.write_home("fresh/deep/b.md", "A second axolotl, a quokka.\n")
+        assert _changed(m, "fresh/deep/gone.md") == {"ok": True}
+        assert _hits(c, "quokka") == ["home/fresh/deep/b.md"]
+        for bad in ("../etc/passwd", "a/../../b", "/abs", ""):
+            r = _changed(m, bad)
+            assert set(r) == {"error"}, (bad, r)
+
+
+def test_a_burst_of_changed_controls_is_coalesced(bridges, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    files = [f"burst/d{i % 4}/f{i}.md" for i in range(200)]
+    for i, f in enumerate(files):
+        bridges.write_home(f, f"base text {i}\n")
+    with _many(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "indexing" not in c.search("zz")["structuredContent"] and _hits(c, "base"), timeout=30)
+        for i, f in enumerate(files):
+            bridges.write_home(f, f"changed text {i} word{i}x\n")
+        before = len(bridges.files.log())
+        with ThreadPoolExecutor(100) as pool:  # 1,000 controls, as a burst from Link: five for each file
+            answers = list(pool.map(lambda k: _changed(m, ("home/" if k % 2 else "") + files[k % len(files)]), range(1000)))
+        assert answers == [{"ok": True}] * 1000
+        listings = [e for e in bridges.files.log()[before:] if e["path"].startswith("/v1/list")]
+        # about a listing of the four folders per pass, not one (or two) for each control
+        assert len(listings) < 250, len(listings)
+        for i in (0, 77, 199):
+            assert _hits(c, f"word{i}x") == [f"home/{files[i]}"]

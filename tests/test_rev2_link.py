@@ -403,3 +403,28 @@ def test_a_burst_of_changed_controls_is_coalesced(bridges, tmp_path):
         assert len(listings) < 250, len(listings)
         for i in (0, 77, 199):
             assert _hits(c, f"word{i}x") == [f"home/{files[i]}"]
+
+
+# --- §3.3 rev. 2: a converter installed since the last start ----------------------------------
+
+def test_documents_indexed_by_name_are_converted_once_lnk_documents_appears(home, tmp_path):
+    from fakes.lnk_documents import make_pdf
+    from tests.helpers import ROOT
+    (home.folder / "report.pdf").write_bytes(make_pdf("The albatross census counted 412 birds."))
+    (home.folder / "broken.pdf").write_bytes(b"%PDF-1.4 not really a pdf at all")
+    runs = tmp_path / "runs.jsonl"
+    bare = {"PATH": "/usr/bin:/bin"}  # no lnk-documents anywhere
+    with Server.start(home, env=bare) as s:
+        s.wait_indexed()
+        assert [h["ref"] for h in s.search("report")["structuredContent"]["hits"]] == ["home/report.pdf"]  # by name
+        assert s.search("albatross")["structuredContent"]["hits"] == []
+    installed = {"PATH": f"{ROOT / 'fakes' / 'bin'}:/usr/bin:/bin", "FAKE_LNK_DOCUMENTS_LOG": str(runs)}
+    with Server.start(home, env=installed) as s:  # the first start after it appears
+        s.wait_indexed()
+        assert [h["ref"] for h in s.search("albatross census")["structuredContent"]["hits"]] == ["home/report.pdf"]
+    first = [json.loads(x)["file"] for x in runs.read_text().splitlines()]
+    assert sorted(os.path.basename(f) for f in first) == ["broken.pdf", "report.pdf"]
+    with Server.start(home, env=installed) as s:  # converted (or failed) once: not again at every start
+        s.wait_indexed()
+        assert [h["ref"] for h in s.search("albatross")["structuredContent"]["hits"]] == ["home/report.pdf"]
+    assert len(runs.read_text().splitlines()) == 2

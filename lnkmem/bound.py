@@ -281,6 +281,8 @@ class Bindings:
         has_memory_place = b.storage is not None and "memory" in b.storage.places
         if b.index == "home" and not b.files:
             raise Refusal('index "home" needs the files bridge (bound.files)')
+        if not b.files and b.storage is None:  # §5.4: `ok` only once one of its bridges took the key
+            raise Refusal("the Bound line names no bridge (files or storage) to take the key")
         cfg, cache = self._config(agent, b)
         if first.team is None and not b.files and not cfg.folder:
             raise Refusal(f"agent {agent} names no files bridge and is not in <agents>: its Home is not known here")

@@ -117,6 +117,8 @@ class Binding(_Held):
         self.owner, self.agent, self._key = owner, agent, key
         self.teams: dict[str, TeamBinding] = {}
         self._closed = threading.Event()
+        self._watch_lock = threading.Lock()
+        self._watching = False
 
     def close(self) -> Optional[str]:
         """Write back and end: its own memory first, then its teams' (§5.5)."""
@@ -133,8 +135,11 @@ class Binding(_Held):
     def watch_down(self) -> None:
         """Bridges that were down at Bound time are bound again in the background;
         once one takes the key, what lives behind it is read again (§5.4 rev. 2)."""
-        if any(getattr(c, "down", None) for c in self.clients):
-            threading.Thread(target=self._retry_down, name="lnkmem-rebind", daemon=True).start()
+        with self._watch_lock:
+            if self._watching or not any(getattr(c, "down", None) for c in self.clients):
+                return
+            self._watching = True
+        threading.Thread(target=self._retry_down, name="lnkmem-rebind", daemon=True).start()
 
     def _retry_down(self) -> None:
         wait = REBIND_FIRST_S
@@ -153,14 +158,19 @@ class Binding(_Held):
                     continue
                 c.down = None
                 log.info("agent %s: the %s bridge took the key; reading what lives behind it", self.agent, c.purpose)
-                memory = self.memory
-                if memory is not None:
+                for memory in [self.memory] + [tb.memory for tb in list(self.teams.values())]:
+                    if memory is None:
+                        continue
                     if memory.layout.replica is not None:
                         memory.reattach()
                     for source in memory.places:
                         memory.changed(source, wait=False)
-            if not any(getattr(c, "down", None) for c in self.clients):
-                return
+            with self._watch_lock:
+                if not any(getattr(c, "down", None) for c in self.clients):
+                    self._watching = False
+                    return
+        with self._watch_lock:
+            self._watching = False
 
     def same_key(self, key: str) -> bool:
         return self._key.lower() == key.lower()
@@ -297,11 +307,13 @@ class Bindings:
             binding = self._new_binding(first)
             self.held[key] = binding
         if first.team is not None:
-            return self._team_session(binding, first, cfg, cache)
-        if binding.memory is None:  # the agent's own memory starts with its first own session
-            binding.memory = self._own_memory(binding, first, cfg, cache, has_memory_place)
-            binding.watch_down()
-        return binding.session()
+            session = self._team_session(binding, first, cfg, cache)
+        else:
+            if binding.memory is None:  # the agent's own memory starts with its first own session
+                binding.memory = self._own_memory(binding, first, cfg, cache, has_memory_place)
+            session = binding.session()
+        binding.watch_down()
+        return session
 
     def _new_binding(self, first: FirstLine) -> Binding:
         """Clients for the bridges the line names, each having taken the key."""

@@ -24,9 +24,10 @@ GROUP_AT = 2  # this many changed refs in one folder: the folder is listed once 
 
 
 def clean(path: str) -> str:
-    """The path as a clean relative path; ValueError saying why not."""
+    """The path as a clean relative path; ValueError saying why not. A leading
+    `/` is read as Home's (or the agent's) root, as before revision 2."""
     try:
-        p = check_relpath(path)
+        p = check_relpath(path.lstrip("/") if isinstance(path, str) else path)
     except Forbidden as e:
         raise ValueError(str(e)) from None
     if not p:

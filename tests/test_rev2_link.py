@@ -379,7 +379,7 @@ def test_changed_with_a_home_path_a_conversation_name_and_memory_notes(bridges, 
         bridges.write_home("fresh/deep/b.md", "A second axolotl, a quokka.\n")
         assert _changed(m, "fresh/deep/gone.md") == {"ok": True}
         assert _hits(c, "quokka") == ["home/fresh/deep/b.md"]
-        for bad in ("../etc/passwd", "a/../../b", "/abs", ""):
+        for bad in ("../etc/passwd", "a/../../b", "/", "docs\\..\\x", "a\u0000b"):
             r = _changed(m, bad)
             assert set(r) == {"error"}, (bad, r)
 

@@ -119,6 +119,40 @@ def test_hello_is_served_exactly_as_serve_with_that_argv(home, tmp_path):
     assert by_hello == by_serve == EXPECTED
 
 
+def _served_with_model(s) -> dict:
+    s.initialize()
+    tools = sorted(t["name"] for t in s.request("tools/list")["result"]["tools"])
+    no_thread = s.request("tools/call", {"name": "search", "arguments": {"query": "car"}})
+    ranked = until(lambda: s.call("search", {"query": "buying a car"}, thread="t")["structuredContent"]["ranked"]
+                   == "meaning+words", timeout=20)
+    hit = s.call("search", {"query": "automobile"}, thread="t")["structuredContent"]["hits"][:1]
+    mine = s.call("remember", {"add": "x"}, thread="o1/main")  # no owner known: refused
+    return {"tools": tools, "no_thread": no_thread.get("error", {}).get("code"), "meaning": ranked,
+            "hit": [h["ref"] for h in hit], "remember": (mine["isError"], "owner" in mine["content"][0]["text"])}
+
+
+def test_hello_with_only_the_model_in_env_is_served_as_serve(home, tmp_path):
+    from fakes.harness import FakeServer
+    model = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "embed.sock", "--dim", "64",
+                             "--model", "fake-mini")
+    try:
+        home.write("spring.md", "We purchased an automobile last spring; the vehicle runs well.\n")
+        argv = command(home, {"LNK_MEMORY_SPEC": '{"model": "fake-mini", "tokens": 300}',
+                              "LNK_MEMORY_NOTES": str(home.notes), "LNK_MEMORY_FROM": "1"})["argv"]
+        env = base_env()
+        env["LNK_MEMORY_MODEL"] = model.listen
+        with Server(argv, env) as s:
+            by_serve = _served_with_model(s)
+        with Many(tmp_path / "run" / "m.sock", {"a1": {"argv": argv, "env": {"LNK_MEMORY_MODEL": model.listen}}}) as m:
+            c = m.hello("a1")
+            by_hello = _served_with_model(_Sock(c))
+            c.close()
+        assert by_hello == by_serve == {"tools": ["list", "read", "remember", "search"], "no_thread": -32602,
+                                        "meaning": True, "hit": ["home/spring.md"], "remember": (True, True)}
+    finally:
+        model.stop()
+
+
 class _Sock:
     """A socket session with the stdio server's interface, for _served_as."""
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import logging
 import os
+import threading
+import time
 from typing import Optional
 
 from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused, auth_header
@@ -28,6 +29,7 @@ from lnkmem.wire import Bound, Changed, FirstLine, Spec
 log = logging.getLogger("lnkmem")
 
 BIND_PATIENCE_S = 5.0
+BIND_GRACE_S = 1.0  # once one bridge took the key, how long the others may still answer
 REBIND_FIRST_S, REBIND_MAX_S, REBIND_PATIENCE_S = 0.5, 10.0, 2.0  # a bridge down at Bound time, tried again
 NOT_WHOLE_TEAM = "this agent is not granted the whole team folder, so the team's memory is not served to it"
 
@@ -144,7 +146,7 @@ class Binding(_Held):
     def _retry_down(self) -> None:
         wait = REBIND_FIRST_S
         while not self._closed.wait(wait):
-            wait = min(wait * 2, REBIND_MAX_S)
+            wait = min(wait * 1.5, REBIND_MAX_S)
             for c in self.clients:
                 if getattr(c, "down", None) is None:
                     continue
@@ -267,11 +269,18 @@ class Bindings:
         threads = [threading.Thread(target=one, args=(i, c), daemon=True) for i, c in enumerate(clients)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        took_at = None
+        while any(t.is_alive() for t in threads):  # once one took the key, the others get a short grace
+            if took_at is None and any(i in outcome and outcome[i] is None for i in range(len(clients))):
+                took_at = time.monotonic()
+            if took_at is not None and time.monotonic() - took_at >= BIND_GRACE_S:
+                break
+            time.sleep(0.01)
         for i, c in enumerate(clients):
             if isinstance(outcome.get(i), Refused):
                 raise Refusal(str(outcome[i]))
+        for i in range(len(clients)):
+            outcome.setdefault(i, BridgeDown("no answer yet"))  # still trying: down for now, bound again later
         down = [(c, outcome.get(i)) for i, c in enumerate(clients) if outcome.get(i) is not None]
         if clients and len(down) == len(clients):
             c, e = down[0]

@@ -356,14 +356,6 @@ def test_one_bridge_took_the_key_and_the_other_is_down(bridges, tmp_path):
     assert (bridges.store("memory") / "notes.md").read_text() == "- kept for later\n"
 
 
-def test_all_bridges_down_is_refused(bridges, tmp_path):
-    bridges.storage.stop()
-    bridges.files.stop()
-    with _many(bridges, tmp_path) as m, m.connect(timeout=20) as c:
-        r = c.first(bridges.bound())
-        assert "down" in r["error"] and KEY not in r["error"]
-
-
 # --- §2.3 rev. 2: a bound agent that <agents> does not name --------------------------------------
 
 def test_unnamed_bound_agent_notes_follow_the_thread_rules(bridges, tmp_path):
@@ -420,7 +412,7 @@ def test_changed_with_a_home_path_a_conversation_name_and_memory_notes(bridges, 
 
 def test_a_burst_of_changed_controls_is_coalesced(bridges, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
-    files = [f"burst/d{i % 4}/f{i}.md" for i in range(200)]
+    files = [f"burst/d{i % 4}/f{i}.md" for i in range(100)]
     for i, f in enumerate(files):
         bridges.write_home(f, f"base text {i}\n")
     with _many(bridges, tmp_path) as m, m.connect() as c:
@@ -429,13 +421,13 @@ def test_a_burst_of_changed_controls_is_coalesced(bridges, tmp_path):
         for i, f in enumerate(files):
             bridges.write_home(f, f"changed text {i} word{i}x\n")
         before = len(bridges.files.log())
-        with ThreadPoolExecutor(100) as pool:  # 1,000 controls, as a burst from Link: five for each file
+        with ThreadPoolExecutor(100) as pool:  # 1,000 controls, as a burst from Link: ten for each file
             answers = list(pool.map(lambda k: _changed(m, ("home/" if k % 2 else "") + files[k % len(files)]), range(1000)))
         assert answers == [{"ok": True}] * 1000
         listings = [e for e in bridges.files.log()[before:] if e["path"].startswith("/v1/list")]
         # about a listing of the four folders per pass, not one (or two) for each control
         assert len(listings) < 250, len(listings)
-        for i in (0, 77, 199):
+        for i in (0, 77, 99):
             assert _hits(c, f"word{i}x") == [f"home/{files[i]}"]
 
 

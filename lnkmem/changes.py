@@ -20,7 +20,9 @@ from lnkmem.bridges.place import Forbidden, check_relpath
 
 NOTES_PATH = "memory/notes.md"
 SOURCES = ("home", "chats", "skills", "notes")
-GROUP_AT = 2  # this many changed refs in one folder: the folder is listed once instead
+# this many changed refs in one folder: the folder is listed once instead. Behind a bridge a
+# file is looked at by listing its folder anyway; a local folder is walked, so more are needed.
+GROUP_AT, GROUP_AT_LOCAL = 2, 32
 
 
 def clean(path: str) -> str:
@@ -56,15 +58,19 @@ def parent(ref: str) -> str:
     return ref.rsplit("/", 1)[0] if "/" in ref else ref
 
 
-def coalesce(refs: Iterable[str]) -> list[str]:
+def coalesce(refs: Iterable[str], local: Iterable[str] = ()) -> list[str]:
     """Refs to look at: those of a folder with many changes become that folder;
-    none inside another."""
+    none inside another. ``local``: the sources read from local folders."""
     refs = set(refs)
+    local = set(local)
     by_folder: dict[str, int] = {}
     for r in refs:
         if "/" in r:
             by_folder[parent(r)] = by_folder.get(parent(r), 0) + 1
-    grouped = {parent(r) if by_folder.get(parent(r), 0) >= GROUP_AT else r for r in refs}
+
+    def many(folder: str) -> bool:
+        return by_folder.get(folder, 0) >= (GROUP_AT_LOCAL if folder.split("/", 1)[0] in local else GROUP_AT)
+    grouped = {parent(r) if "/" in r and many(parent(r)) else r for r in refs}
     out: list[str] = []
     for r in sorted(grouped, key=len):
         if not any(r == o or r.startswith(o + "/") for o in out):

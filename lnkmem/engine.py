@@ -223,7 +223,7 @@ class Memory:
                     for cands in told.values():
                         refs.update(cands)
                     failed = None
-                    looked = changes.coalesce(refs)
+                    looked = changes.coalesce(refs, [s for s, p in self.places.items() if isinstance(p, LocalPlace)])
                     for r in looked:
                         try:  # one source failing (its bridge down) does not hold back the others
                             self.refresh(r)
@@ -235,8 +235,9 @@ class Memory:
                         if not cands or p in before or any(changes.known(self.store, c) for c in cands):
                             continue
                         for c in cands:
-                            folder = changes.parent(c)
-                            wider.add(folder if changes.known(self.store, folder) else folder.split("/", 1)[0])
+                            folder = changes.parent(c)  # a source's root needs no look at what is known
+                            wider.add(folder if "/" not in folder or changes.known(self.store, folder)
+                                      else folder.split("/", 1)[0])
                     for r in _outermost(wider):
                         if not any(r == o or r.startswith(o + "/") for o in looked):
                             try:

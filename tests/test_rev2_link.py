@@ -454,3 +454,20 @@ def test_documents_indexed_by_name_are_converted_once_lnk_documents_appears(home
         s.wait_indexed()
         assert [h["ref"] for h in s.search("albatross")["structuredContent"]["hits"]] == ["home/report.pdf"]
     assert len(runs.read_text().splitlines()) == 2
+
+
+def test_changed_paths_name_their_candidates_and_bursts_group_by_folder():
+    from lnkmem import changes
+    every = ("home", "chats", "skills", "notes")
+    assert changes.candidates("docs/plan.md", every) == ["home/docs/plan.md"]
+    assert changes.candidates("home/docs/plan.md", every) == ["home/docs/plan.md", "home/home/docs/plan.md"]
+    assert changes.candidates("chats/t1.jsonl", every) == ["chats/t1.jsonl", "home/chats/t1.jsonl"]
+    assert changes.candidates("memory/notes.md", every) == ["notes", "home/memory/notes.md"]
+    assert changes.candidates("memory/notes.md", ("home",)) == ["home/memory/notes.md"]
+    assert sorted(changes.coalesce(["home/a/x", "home/a/y", "home/b/z", "chats/c"])) == ["chats/c", "home/a", "home/b/z"]
+    assert changes.coalesce(["home/a/x", "home/a/y"], local=["home"]) == ["home/a/x", "home/a/y"]  # a walk costs more
+    assert changes.coalesce(["home/x", "home/y", "home/a/b"]) == ["home"]
+    for bad in ("..", "a/../../b", "a\\b", "a\0b", "", "/"):
+        with pytest.raises(ValueError):
+            changes.clean(bad)
+    assert changes.clean("/docs//plan.md") == "docs/plan.md"

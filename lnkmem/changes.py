@@ -95,7 +95,10 @@ class _Done:
             self.future.set_result(True)
 
     def set(self) -> None:
-        self.loop.call_soon_threadsafe(self._set)
+        try:
+            self.loop.call_soon_threadsafe(self._set)
+        except RuntimeError:  # the service's loop has ended: no one waits any more
+            pass
 
 
 async def tell(memory, path: str, timeout: float = 30.0) -> bool:

@@ -15,7 +15,7 @@ Config: see ``fakes.bridge``. Authentication: ``Link-Binding``, purpose ``files`
   304 for a matching ``If-None-Match``.
 - ``PUT /v1/write?path=<p>`` (body: the bytes) -> 200 ``{"version", "size"}``
   with ``ETag``; ``DELETE /v1/write?path=<p>`` -> 204. Home only, and only
-  ``memory/lnkmem/...``: anything else 403. ``If-Match: "<version>"`` must
+  ``memory/lnkmem/...`` and ``memory/notes.md``: anything else 403. ``If-Match: "<version>"`` must
   name the current version, ``If-None-Match: *`` creates only; else 412.
 - Team folders: members (granted ``all`` or ``part``) may list and read;
   anyone else 403. Writes to a team folder: 403.
@@ -32,6 +32,7 @@ from fakes.http import HttpError, Request, Response, json_response
 from fakes.store import Tree, clean_path, not_modified
 
 WRITABLE = "memory/lnkmem/"
+NOTES = "memory/notes.md"  # the notes through the files bridge (§5.4 rev. 2)
 
 
 class FilesBridge(bridge.Bridge):
@@ -53,8 +54,8 @@ class FilesBridge(bridge.Bridge):
             path = self._path(req)
             if "folder" in req.query:
                 raise HttpError(403, "only Home is written")
-            if not path.startswith(WRITABLE):
-                raise HttpError(403, f"only {WRITABLE}* is written")
+            if not path.startswith(WRITABLE) and path != NOTES:
+                raise HttpError(403, f"only {WRITABLE}* and {NOTES} are written")
             home = self._home(agent)
             if req.method == "DELETE":
                 home.delete(path, req.header("if-match"), req.header("if-none-match"))

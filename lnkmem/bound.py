@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import logging
 import os
+import threading
+import time
 from typing import Optional
 
 from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused, auth_header
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Forbidden, NotFound
 from lnkmem.bridges.remote import Collection, FilesPlace
+from lnkmem import changes
 from lnkmem.config import AgentConfig
 from lnkmem.spec import parse_size
 from lnkmem.wire import Bound, Changed, FirstLine, Spec
@@ -27,11 +29,29 @@ from lnkmem.wire import Bound, Changed, FirstLine, Spec
 log = logging.getLogger("lnkmem")
 
 BIND_PATIENCE_S = 5.0
+BIND_GRACE_S = 1.0  # once one bridge took the key, how long the others may still answer
+REBIND_FIRST_S, REBIND_MAX_S, REBIND_PATIENCE_S = 0.5, 10.0, 2.0  # a bridge down at Bound time, tried again
 NOT_WHOLE_TEAM = "this agent is not granted the whole team folder, so the team's memory is not served to it"
 
 
 class Refusal(Exception):
     """Why a Bound or team line is refused (a message without secrets)."""
+
+
+class _Client(BridgeClient):
+    """A bridge client that knows when its bridge was down at Bound time: then
+    every call fails at once, saying so, until the background retry binds it."""
+
+    down: Optional[str] = None
+
+    def mark_down(self, why: str) -> None:
+        self.down = why
+
+    def request(self, method: str, url: str, *args, **kw):
+        why = self.down
+        if why is not None and url != "/v1/bind":
+            raise BridgeDown(f"the {self.purpose} bridge is unreachable ({why}); it is retried in the background")
+        return super().request(method, url, *args, **kw)
 
 
 class BoundSession:
@@ -98,9 +118,13 @@ class Binding(_Held):
         super().__init__()
         self.owner, self.agent, self._key = owner, agent, key
         self.teams: dict[str, TeamBinding] = {}
+        self._closed = threading.Event()
+        self._watch_lock = threading.Lock()
+        self._watching = False
 
     def close(self) -> Optional[str]:
         """Write back and end: its own memory first, then its teams' (§5.5)."""
+        self._closed.set()
         err = super().close()
         for tb in list(self.teams.values()):
             err = err or tb.close()
@@ -109,6 +133,46 @@ class Binding(_Held):
 
     def client(self, purpose: str) -> Optional[BridgeClient]:
         return next((c for c in self.clients if c.purpose == purpose), None)
+
+    def watch_down(self) -> None:
+        """Bridges that were down at Bound time are bound again in the background;
+        once one takes the key, what lives behind it is read again (§5.4 rev. 2)."""
+        with self._watch_lock:
+            if self._watching or not any(getattr(c, "down", None) for c in self.clients):
+                return
+            self._watching = True
+        threading.Thread(target=self._retry_down, name="lnkmem-rebind", daemon=True).start()
+
+    def _retry_down(self) -> None:
+        wait = REBIND_FIRST_S
+        while not self._closed.wait(wait):
+            wait = min(wait * 1.5, REBIND_MAX_S)
+            for c in self.clients:
+                if getattr(c, "down", None) is None:
+                    continue
+                try:
+                    c.bind(REBIND_PATIENCE_S)
+                except Refused as e:
+                    c.down = str(e)
+                    continue
+                except Exception as e:  # noqa: BLE001 - still down
+                    c.down = str(e) if isinstance(e, BridgeDown) else type(e).__name__
+                    continue
+                c.down = None
+                log.info("agent %s: the %s bridge took the key; reading what lives behind it", self.agent, c.purpose)
+                for memory in [self.memory] + [tb.memory for tb in list(self.teams.values())]:
+                    if memory is None:
+                        continue
+                    if memory.layout.replica is not None:
+                        memory.reattach()
+                    for source in memory.places:
+                        memory.changed(source, wait=False)
+            with self._watch_lock:
+                if not any(getattr(c, "down", None) for c in self.clients):
+                    self._watching = False
+                    return
+        with self._watch_lock:
+            self._watching = False
 
     def same_key(self, key: str) -> bool:
         return self._key.lower() == key.lower()
@@ -167,6 +231,9 @@ class Bindings:
 
     def _config(self, agent: str, b: Bound) -> tuple[AgentConfig, str]:
         """The agent's config and the folder its local cache lives in."""
+        why = self.service.refusal(agent) if agent in self.opts.agents.refused else None
+        if why:  # named in <agents>, but its entry is refused: never served as someone else
+            raise Refusal(why)
         cfg = self.opts.agents.get(agent)
         if cfg is not None:
             if not cfg.owner:
@@ -176,22 +243,50 @@ class Bindings:
             raise Refusal(f"agent {agent} is not in <agents> and no --cache is given for its index")
         folder = os.path.join(self.opts.cache, b.owner, agent)
         spec = Spec(model=self.opts.embed) if self.opts.embed else Spec()
+        # §2.3 rev. 2: no thread named is the owner's; a named one is judged with the Bound owner
         cfg = AgentConfig(folder="", state=folder, agent=None, spec=spec, notes_path=None,
                           notes_limit=parse_size(spec.notes), from_required=False, owner=b.owner,
-                          model_url=self.opts.embed_url or "", env={})
+                          model_url=self.opts.embed_url or "", env={}, judge_threads=True)
         return cfg, folder
 
-    def _client(self, path: str, purpose: str, owner: str, agent: str, key: str) -> BridgeClient:
-        return BridgeClient(path, purpose, owner, agent, key)
+    def _client(self, path: str, purpose: str, owner: str, agent: str, key: str) -> "_Client":
+        return _Client(path, purpose, owner, agent, key)
 
-    def _bind(self, clients: list[BridgeClient]) -> None:
-        for c in clients:
+    def _bind(self, clients: list["_Client"]) -> None:
+        """Every bridge named is asked to take the key, at once (§5.4): one that
+        refuses it refuses the line; all down (for BIND_PATIENCE_S) refuse it;
+        some down while another took the key: served, those marked down."""
+        outcome: dict[int, Optional[Exception]] = {}
+
+        def one(i: int, c: BridgeClient) -> None:
             try:
                 c.bind(BIND_PATIENCE_S)
-            except Refused as e:
-                raise Refusal(str(e)) from None
-            except BridgeDown as e:
-                raise Refusal(f"the {c.purpose} bridge is down: {e}") from None
+                outcome[i] = None
+            except (Refused, BridgeDown) as e:
+                outcome[i] = e
+            except Exception as e:  # noqa: BLE001 - an answer we cannot read is a bridge down
+                outcome[i] = BridgeDown(f"{type(e).__name__}")
+        threads = [threading.Thread(target=one, args=(i, c), daemon=True) for i, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        took_at = None
+        while any(t.is_alive() for t in threads):  # once one took the key, the others get a short grace
+            if took_at is None and any(i in outcome and outcome[i] is None for i in range(len(clients))):
+                took_at = time.monotonic()
+            if took_at is not None and time.monotonic() - took_at >= BIND_GRACE_S:
+                break
+            time.sleep(0.01)
+        for i, c in enumerate(clients):
+            if isinstance(outcome.get(i), Refused):
+                raise Refusal(str(outcome[i]))
+        for i in range(len(clients)):
+            outcome.setdefault(i, BridgeDown("no answer yet"))  # still trying: down for now, bound again later
+        down = [(c, outcome.get(i)) for i, c in enumerate(clients) if outcome.get(i) is not None]
+        if clients and len(down) == len(clients):
+            c, e = down[0]
+            raise Refusal(f"the {c.purpose} bridge is down: {e}")
+        for c, e in down:
+            c.mark_down(str(e))
 
     def _open(self, first: FirstLine):
         with self._locks_lock:
@@ -205,9 +300,11 @@ class Bindings:
         has_memory_place = b.storage is not None and "memory" in b.storage.places
         if b.index == "home" and not b.files:
             raise Refusal('index "home" needs the files bridge (bound.files)')
-        if b.index == "memory" and not has_memory_place and not b.files:
-            raise Refusal("no place for the index copy: neither a storage memory place nor a files bridge")
+        if not b.files and b.storage is None:  # §5.4: `ok` only once one of its bridges took the key
+            raise Refusal("the Bound line names no bridge (files or storage) to take the key")
         cfg, cache = self._config(agent, b)
+        if first.team is None and not b.files and not cfg.folder:
+            raise Refusal(f"agent {agent} names no files bridge and is not in <agents>: its Home is not known here")
         key = (b.owner, agent)
         binding = self.held.get(key)
         if binding is not None and not binding.same_key(b.key):
@@ -219,10 +316,13 @@ class Bindings:
             binding = self._new_binding(first)
             self.held[key] = binding
         if first.team is not None:
-            return self._team_session(binding, first, cfg, cache)
-        if binding.memory is None:  # the agent's own memory starts with its first own session
-            binding.memory = self._own_memory(binding, first, cfg, cache, has_memory_place)
-        return binding.session()
+            session = self._team_session(binding, first, cfg, cache)
+        else:
+            if binding.memory is None:  # the agent's own memory starts with its first own session
+                binding.memory = self._own_memory(binding, first, cfg, cache, has_memory_place)
+            session = binding.session()
+        binding.watch_down()
+        return session
 
     def _new_binding(self, first: FirstLine) -> Binding:
         """Clients for the bridges the line names, each having taken the key."""
@@ -251,7 +351,8 @@ class Bindings:
         storage = binding.client("storage")
         places: dict[str, object] = {}
         if files is not None:
-            places["home"] = FilesPlace(files, exclude=("memory/lnkmem",))
+            # Home's memory/notes.md is the notes' place when no storage memory place is named
+            places["home"] = FilesPlace(files, exclude=("memory/lnkmem",) + (() if has_memory_place else ("memory/notes.md",)))
         elif cfg.folder:
             places["home"] = LocalPlace(cfg.folder, exclude=[cfg.state] + ([cfg.agent] if cfg.agent else []))
         if storage is not None and "conversations" in b.storage.places:
@@ -260,21 +361,28 @@ class Bindings:
             places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
         if cfg.agent:
             places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
+        # §5.4 rev. 2, where the notes live: the storage memory place; else Home's
+        # memory/notes.md through the files bridge; else the agent's local notes (--notes)
         notes = None
         if storage is not None and has_memory_place:
             notes = BridgeNotes(Collection(storage, "memory"))
+        elif files is not None:
+            notes = BridgeNotes(FilesPlace(files, root="memory"))
         elif cfg.notes_path:
             notes = LocalNotes(cfg.notes_path, cfg.state)
         if notes is not None:
             places["notes"] = NotesPlace(notes)
         if b.index == "memory" and has_memory_place:
             replica = Replica(Collection(storage, "memory", root="lnkmem"))
-        else:
+        elif files is not None:
             replica = Replica(FilesPlace(files, root="memory/lnkmem"))
+        else:  # memory and Home both on the machine: no copy; the local index is the memory's own
+            replica = None
         embed = self._embedding(cfg, first)
         layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
                         os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
-        return Memory(cfg, layout).start(watch=any(isinstance(p, LocalPlace) for p in places.values()))
+        watch = any(isinstance(p, LocalPlace) for p in places.values()) or isinstance(notes, LocalNotes)
+        return Memory(cfg, layout).start(watch=watch)
 
     def _embedding(self, cfg: AgentConfig, first: FirstLine):
         """(url, model, headers) of the embedding endpoint, proving the binding (§6); None without one."""
@@ -330,7 +438,11 @@ class Bindings:
             return await self._in_pool(_relist_team, tb.memory)
         if binding.memory is None:
             return "the binding has no memory"
-        done = await self._in_pool(binding.memory.changed, c.path.strip("/"))
+        try:
+            path = changes.clean(c.path)
+        except ValueError as e:
+            return f"changed: {e}"
+        done = await changes.tell(binding.memory, path)
         return None if done else "the change is still being indexed"
 
     async def flush(self, b) -> Optional[str]:

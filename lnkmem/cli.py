@@ -43,13 +43,16 @@ def _parser() -> _Parser:
     p = _Parser(prog=PROG, description="lnkmem: a memory engine for Link agents")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     sub.add_parser("install", help="make the engine ready in $HOME")
+    from lnkmem.config import add_serve_flags
     for name, helptext in (("command", "print the Serve JSON for an agent"),
                            ("serve", "serve MCP over stdio"),
                            ("index", "build or refresh the index (progress bar)")):
-        s = sub.add_parser(name, help=helptext)
+        s = sub.add_parser(name, help=helptext, allow_abbrev=False)
         s.add_argument("folder")
         s.add_argument("state")
         s.add_argument("agent", nargs="?")
+        if name == "serve":
+            add_serve_flags(s)  # §1.2: what `command` wrote into argv
     s = sub.add_parser("search", help="print ranked hits for a query")
     s.add_argument("folder")
     s.add_argument("state")
@@ -72,10 +75,14 @@ def _parser() -> _Parser:
 
 def _config(args, need_folder: bool = True):
     from lnkmem.config import from_args
-    return from_args(args.folder, args.state, args.agent, os.environ, need_folder=need_folder)
+    return from_args(args.folder, args.state, args.agent, os.environ, need_folder=need_folder,
+                     spec=getattr(args, "spec", None), notes=getattr(args, "notes", None),
+                     from_flag=getattr(args, "from_", False))
 
 
 def cmd_install(args) -> int:
+    from lnkmem.spec import parse_spec
+    parse_spec(os.environ.get("LNK_MEMORY_SPEC"))  # §1.1: like every command (exit 2)
     home = os.environ.get("HOME")
     if not home:
         print(f"{PROG}: install: HOME is not set", file=sys.stderr)
@@ -98,7 +105,8 @@ def cmd_install(args) -> int:
 def cmd_command(args) -> int:
     from lnkmem.wire import Serve, encode
     cfg = _config(args)
-    argv = [program_path(), "serve", cfg.folder, cfg.state] + ([cfg.agent] if cfg.agent else [])
+    # §1.2 rev. 2: argv alone carries everything the agent is served with
+    argv = [program_path(), "serve", cfg.folder, cfg.state] + ([cfg.agent] if cfg.agent else []) + cfg.serve_flags()
     allow = ["search", "read", "list"] + (["remember"] if cfg.notes_path else [])
     serve = Serve(argv=argv, allow=allow, shared=True, programs=["link-documents"])
     if cfg.spec.model:

@@ -1,14 +1,27 @@
-"""What one agent is served with: folders, spec and environment (§1-§2)."""
+"""What one agent is served with: folders, spec and environment (§1-§2).
+
+Everything an agent is served with travels in `serve`'s argv (§1.2 rev. 2):
+``--spec`` (the spec as compact JSON), ``--notes <path>`` and ``--from``. A
+flag wins over the environment; the environment is used where a flag is
+absent (a person running `serve` by hand). `command` writes the flags,
+`serve` and `serve-many`'s Agents read them, both through this module.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, NoReturn, Optional, Sequence
 
 from lnkmem.errors import UsageError
 from lnkmem.spec import notes_limit, parse_spec
-from lnkmem.wire import Spec
+from lnkmem.wire import ID_RE, Spec, encode
+
+PROG = "lnk-lnkmem"
+
+# §5.2 rev. 2: the only variables an Agents entry's env may give an agent; others are ignored
+AGENT_ENV = ("LNK_MEMORY_MODEL", "LNK_AGENT", "LNK_AGENT_ID", "LNK_OWNER")
 
 
 @dataclass(frozen=True)
@@ -23,17 +36,59 @@ class AgentConfig:
     owner: str
     model_url: str
     env: Mapping[str, str] = field(default_factory=dict)
+    # §2.3 rev. 2: a bound agent not named in <agents> needs no thread, but a
+    # thread it does name is judged by the rules with the Bound line's owner
+    judge_threads: bool = False
 
     @property
     def budget(self) -> int:
         """The most bytes of text one result may hold (§2.1)."""
         return 4 * self.spec.tokens
 
+    def serve_flags(self) -> list[str]:
+        """The flags that make `serve` serve exactly this (§1.2)."""
+        spec = {"model": self.spec.model, "tokens": self.spec.tokens, "notes": self.spec.notes}
+        out = ["--spec", encode({k: v for k, v in spec.items() if v is not None}).decode()]
+        if self.notes_path:
+            out += ["--notes", self.notes_path]
+        if self.from_required:
+            out.append("--from")
+        return out
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """`serve`'s flags (§1.2): a flag wins over the environment."""
+    p.add_argument("--spec", metavar="JSON", help="the agent's spec (else $LNK_MEMORY_SPEC)")
+    p.add_argument("--notes", metavar="PATH", help="the notes file; serves `remember` (else $LNK_MEMORY_NOTES)")
+    p.add_argument("--from", dest="from_", action="store_true",
+                   help="every call names its conversation (else $LNK_MEMORY_FROM=1)")
+
+
+def check_id(what: str, value: str) -> str:
+    """An ID matching the whole string (a trailing newline is not an ID)."""
+    if not isinstance(value, str) or ID_RE.fullmatch(value) is None:
+        raise UsageError(f"{what}: {value!r} is not an ID (a letter or digit, then letters, digits, "
+                         f"'.', '_' or '-'; at most 128)")
+    return value
+
 
 def from_args(folder: str, state: str, agent: Optional[str], env: Mapping[str, str],
-              need_folder: bool = True) -> AgentConfig:
-    """Check the command line's folders and the environment; UsageError if bad."""
-    spec = parse_spec(env.get("LNK_MEMORY_SPEC"))
+              need_folder: bool = True, spec: Optional[str] = None, notes: Optional[str] = None,
+              from_flag: bool = False) -> AgentConfig:
+    """Check the command line's folders, flags and the environment; UsageError if bad.
+
+    ``spec``, ``notes`` and ``from_flag`` are `serve`'s flags; where one is
+    absent the environment's variable is used.
+    """
+    if spec is not None:
+        try:
+            the_spec = parse_spec(spec)
+        except UsageError as e:
+            raise UsageError("--spec" + str(e)[len("LNK_MEMORY_SPEC"):]) from None
+    else:
+        the_spec = parse_spec(env.get("LNK_MEMORY_SPEC"))
+    if not folder:
+        raise UsageError("folder: an empty path")
     folder_abs = os.path.abspath(folder)
     if need_folder and not os.path.isdir(folder_abs):
         raise UsageError(f"folder does not exist: {folder}")
@@ -42,18 +97,66 @@ def from_args(folder: str, state: str, agent: Optional[str], env: Mapping[str, s
     agent_abs = os.path.abspath(agent) if agent else None
     if agent_abs is not None and need_folder and not os.path.isdir(agent_abs):
         raise UsageError(f"agent folder does not exist: {agent}")
-    notes = env.get("LNK_MEMORY_NOTES") or None
-    if notes is not None and not os.path.isabs(notes):
-        raise UsageError(f"LNK_MEMORY_NOTES: not an absolute path: {notes}")
+    if notes is not None:
+        if not os.path.isabs(notes):
+            raise UsageError(f"--notes: not an absolute path: {notes!r}")
+    else:
+        notes = env.get("LNK_MEMORY_NOTES") or None
+        if notes is not None and not os.path.isabs(notes):
+            raise UsageError(f"LNK_MEMORY_NOTES: not an absolute path: {notes}")
+    owner = env.get("LNK_OWNER", "")
+    if owner:
+        check_id("LNK_OWNER", owner)
     return AgentConfig(
         folder=folder_abs,
         state=os.path.abspath(state),
         agent=agent_abs,
-        spec=spec,
+        spec=the_spec,
         notes_path=notes,
-        notes_limit=notes_limit(spec),
-        from_required=env.get("LNK_MEMORY_FROM") == "1",
-        owner=env.get("LNK_OWNER", ""),
+        notes_limit=notes_limit(the_spec),
+        from_required=from_flag or env.get("LNK_MEMORY_FROM") == "1",
+        owner=owner,
         model_url=env.get("LNK_MEMORY_MODEL", ""),
         env=dict(env),
     )
+
+
+class _ArgvParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _serve_parser() -> _ArgvParser:
+    p = _ArgvParser(prog=f"{PROG} serve", allow_abbrev=False, add_help=False)
+    p.add_argument("folder")
+    p.add_argument("state")
+    p.add_argument("agent", nargs="?")
+    add_serve_flags(p)
+    return p
+
+
+def from_serve_argv(argv: Sequence[str], env: Mapping[str, str]) -> AgentConfig:
+    """§5.2-§5.3: what `serve` would serve with ``argv`` (never executed) and the
+    few variables of an Agents entry's env; UsageError naming what is wrong."""
+    if not isinstance(argv, (list, tuple)) or not all(isinstance(a, str) for a in argv):
+        raise UsageError("argv: must be a list of strings")
+    if not argv or os.path.basename(argv[0]) != PROG:
+        raise UsageError(f"argv[0] is not {PROG}")
+    if len(argv) < 4 or argv[1] != "serve":
+        raise UsageError(f"argv is not `{PROG} serve <folder> <state> [<agent>] [flags]`")
+    args = _serve_parser().parse_args(list(argv[2:]))
+    for what, path in (("folder", args.folder), ("state", args.state), ("agent", args.agent)):
+        if path is not None and not os.path.isabs(path):
+            raise UsageError(f"argv's {what} must be an absolute path: {path!r}")
+    if not isinstance(env, Mapping):
+        raise UsageError("env: must be an object")
+    kept = {}
+    for k in AGENT_ENV:
+        v = env.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            raise UsageError(f"env.{k}: must be a string")
+        kept[k] = v
+    return from_args(args.folder, args.state, args.agent, kept, spec=args.spec, notes=args.notes,
+                     from_flag=args.from_)

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
-from lnkmem import memtrim
+from lnkmem import changes, memtrim
 from lnkmem.config import AgentConfig
 from lnkmem.index import indexer
 from lnkmem.index.store import Store
@@ -33,6 +33,8 @@ CANDIDATES = 100  # each ranking's depth before fusion
 QUERY_CACHE = 256
 EMBED_BATCH = 256
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
+BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
+PATH_ITEM = "\0path/"  # a queued `changed` path as Link names it, resolved on the index thread
 
 
 class NotesPlace:
@@ -197,17 +199,55 @@ class Memory:
                             events.append(d)
                 except queue.Empty:
                     pass
+                if len(refs) > 1 and not self._stop.is_set():  # a burst: let the rest of it arrive
+                    self._stop.wait(BURST_GATHER_S)
+                    try:
+                        while True:
+                            r, d = self._queue.get_nowait()
+                            refs.add(r)
+                            if d:
+                                events.append(d)
+                    except queue.Empty:
+                        pass
                 retry = "\0all" in refs
                 if retry:
                     refs.discard("\0all")
                     refs.update(self.places)
+                paths = {r[len(PATH_ITEM):] for r in refs if r.startswith(PATH_ITEM)}
+                refs -= {PATH_ITEM + p for p in paths}
                 try:
                     if "\0attach" in refs:
                         refs.discard("\0attach")
                         self._attach()
                         refs.add("home")
-                    for r in _outermost(refs):
-                        self.refresh(r)
+                    told = {p: changes.candidates(p, self.places) for p in paths}
+                    before = {p for p, cands in told.items() if any(changes.known(self.store, c) for c in cands)}
+                    for cands in told.values():
+                        refs.update(cands)
+                    failed = None
+                    looked = changes.coalesce(refs, [s for s, p in self.places.items() if isinstance(p, LocalPlace)])
+                    for r in looked:
+                        try:  # one source failing (its bridge down) does not hold back the others
+                            self.refresh(r)
+                        except Exception as e:
+                            failed = failed or e
+                    # a path that named nothing known, before or now: its folder, else its source, again
+                    wider = set()
+                    for p, cands in told.items():
+                        if not cands or p in before or any(changes.known(self.store, c) for c in cands):
+                            continue
+                        for c in cands:
+                            folder = changes.parent(c)  # a source's root needs no look at what is known
+                            wider.add(folder if "/" not in folder or changes.known(self.store, folder)
+                                      else folder.split("/", 1)[0])
+                    for r in _outermost(wider):
+                        if not any(r == o or r.startswith(o + "/") for o in looked):
+                            try:
+                                self.refresh(r)
+                            except Exception as e:
+                                failed = failed or e
+                    if failed is not None:
+                        raise failed
                 except Exception as e:  # keep serving; the next change retries
                     log.exception("indexing failed: %s", e)
                     if retry:
@@ -249,7 +289,8 @@ class Memory:
         self._queue.put(("\0attach", None))
 
     def refresh_all(self, progress: Optional[Callable[[int, int], None]] = None) -> int:
-        plan = indexer.plan(self.store, self.places)
+        failed: list[Exception] = []  # a source that cannot be listed does not hold back the others
+        plan = indexer.plan(self.store, self.places, errors=failed)
 
         def report(done: int, total: int) -> None:
             self.progress = (done, total)
@@ -258,10 +299,13 @@ class Memory:
 
         self.progress = (0, plan.total)
         try:
-            return indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
+            done = indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
         finally:
             if plan.total:
                 memtrim.trim()  # the batches' peak goes back to the system
+        if failed:
+            raise failed[0]  # the caller retries later
+        return done
 
     def refresh(self, ref: Optional[str]) -> None:
         plan = indexer.plan(self.store, self.places, only=ref)
@@ -269,6 +313,11 @@ class Memory:
             indexer.build(self.store, self.places, plan, self.tmpdir)
             if plan.total > 50:
                 memtrim.trim()
+
+    def changed_path(self, path: str, done) -> None:
+        """A `changed` control's path as Link names it (§5.6, lnkmem.changes);
+        ``done.set()`` is called once it is in the index (no thread waits for it)."""
+        self._queue.put((PATH_ITEM + path, done))
 
     def changed(self, ref: str, wait: bool = True, timeout: float = 30.0, done=None) -> bool:
         """Bring ``ref`` (a file or a folder's prefix) up to date in the index; ``done``

@@ -20,12 +20,13 @@ import stat
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
-from lnkmem.config import AgentConfig, from_args
+from lnkmem import changes
+from lnkmem.config import AgentConfig, check_id, from_serve_argv
 from lnkmem.errors import UsageError
 from lnkmem.mcp import OUT_HIGH, Session, pump
-from lnkmem.wire import ID_RE, AgentEntry, FirstLine, Ok, Refusal, decode, encode
+from lnkmem.wire import ID_RE, FirstLine, Ok, Refusal, decode, encode
 
 log = logging.getLogger("lnkmem")
 
@@ -51,7 +52,7 @@ def _seconds(name: str, default: float) -> float:
 @dataclass
 class Options:
     socket: str
-    agents: dict[str, AgentConfig]
+    agents: AgentsTable
     stay: bool
     cache: Optional[str]
     embed: Optional[str]
@@ -83,31 +84,51 @@ def _gid(group: str) -> int:
         raise UsageError(f"--group: no such group: {group}") from None
 
 
-def parse_agents(text: str) -> dict[str, AgentConfig]:
-    """§5.2: validate every entry; the first bad one stops the start, named."""
+class AgentsTable(dict):
+    """The agents served here (id -> AgentConfig), and those refused, with why (§5.2)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.refused: dict[str, str] = {}
+        self.entries: dict[str, object] = {}  # a refused entry's raw value, looked at again later
+
+
+def agent_config(agent: str, entry) -> AgentConfig:
+    """One Agents entry as `serve` would serve its argv (§5.2); UsageError naming why not."""
+    check_id("agent", agent)
+    if not isinstance(entry, dict):
+        raise UsageError("the entry must be an object with argv and env")
+    if "argv" not in entry:
+        raise UsageError("the entry has no argv")
+    env = entry.get("env", {})
+    if env is None:
+        env = {}
+    if not isinstance(env, dict):
+        raise UsageError("env: must be an object")
+    return from_serve_argv(entry["argv"], env)
+
+
+def parse_agents(text: str) -> AgentsTable:
+    """§5.2: the whole start fails only when <agents> is not a JSON object;
+    a bad entry is refused for that agent alone (and logged)."""
     try:
-        raw = decode(text, dict[str, AgentEntry])
+        raw = decode(text, dict[str, Any])
     except ValueError as e:
         raise UsageError(f"agents: {e}") from None
-    out: dict[str, AgentConfig] = {}
+    out = AgentsTable()
     states: dict[str, str] = {}
     for agent, entry in raw.items():
-        if not ID_RE.match(agent):
-            raise UsageError(f"agents: {agent!r} is not an agent ID")
-        argv = entry.argv
-        if not argv or os.path.basename(argv[0]) != "lnk-lnkmem":
-            raise UsageError(f"agents: {agent}: argv[0] is not lnk-lnkmem")
-        if len(argv) not in (4, 5) or argv[1] != "serve":
-            raise UsageError(f"agents: {agent}: argv is not `lnk-lnkmem serve <folder> <state> [<agent>]`")
-        if not all(os.path.isabs(a) for a in argv[2:]):
-            raise UsageError(f"agents: {agent}: argv's folders must be absolute paths")
         try:
-            cfg = from_args(argv[2], argv[3], argv[4] if len(argv) == 5 else None, entry.env)
+            cfg = agent_config(agent, entry)
+            real = os.path.realpath(cfg.state)
+            if real in states:
+                raise UsageError(f"it shares the state folder {cfg.state} with agent {states[real]}")
         except UsageError as e:
-            raise UsageError(f"agents: {agent}: {e}") from None
-        real = os.path.realpath(cfg.state)
-        if real in states:
-            raise UsageError(f"agents: {agent} and {states[real]} share the state folder {cfg.state}")
+            why = " ".join(str(e).split())
+            out.refused[agent] = why
+            out.entries[agent] = entry
+            log.warning("agents: %s is not served: %s", ascii(agent)[1:-1] if not ID_RE.fullmatch(agent) else agent, why)
+            continue
         states[real] = agent
         out[agent] = cfg
     return out
@@ -118,9 +139,9 @@ def parse_options(args) -> Options:
         raise UsageError("socket: an empty path")
     if bool(args.embed) != bool(args.embed_url):
         raise UsageError("--embed and --embed-url go together")
-    if args.agents is None and not args.embed:
-        raise UsageError("agents: missing (it may be left out only with --embed and --embed-url)")
-    agents = parse_agents(args.agents) if args.agents is not None else {}
+    if args.agents is None and not args.embed and not args.cache:
+        raise UsageError("agents: missing (it may be left out only with --cache, or --embed and --embed-url)")
+    agents = parse_agents(args.agents) if args.agents is not None else AgentsTable()
     for flag in ("files_bridge", "storage_bridge", "bridges", "cache"):
         v = getattr(args, flag)
         if v is not None and not os.path.isabs(v):
@@ -198,6 +219,27 @@ class Service:
         self.allowed = {os.geteuid()} | ({opts.peer_uid} if opts.peer_uid is not None else set())
         from lnkmem.bound import Bindings
         self.bindings = Bindings(self)
+
+    def refusal(self, agent: str) -> Optional[str]:
+        """Why ``agent`` is not served from <agents> (§5.2), or None when it is.
+        A refused entry is looked at again: a folder made since the start serves it."""
+        agents = self.opts.agents
+        if agent in agents:
+            return None
+        if agent not in agents.refused:
+            return f"agent {agent} is not served here"
+        try:
+            cfg = agent_config(agent, agents.entries[agent])
+            real = os.path.realpath(cfg.state)
+            other = next((a for a, c in agents.items() if os.path.realpath(c.state) == real), None)
+            if other is not None:
+                raise UsageError(f"it shares the state folder {cfg.state} with agent {other}")
+        except UsageError as e:
+            agents.refused[agent] = " ".join(str(e).split())
+            return f"agent {agent} is not served: {agents.refused[agent]}"
+        del agents.refused[agent], agents.entries[agent]
+        agents[agent] = cfg
+        return None
 
     def memory(self, agent: str):
         m = self.memories.get(agent)
@@ -291,8 +333,9 @@ class Service:
             await _reply(writer, Refusal(err) if err else Ok())
             return
         if kind == "hello":
-            if first.agent not in self.opts.agents:
-                await _reply(writer, Refusal(f"agent {first.agent} is not served here"))
+            why = self.refusal(first.agent)
+            if why:
+                await _reply(writer, Refusal(why))
                 return
             memory = self.memory(first.agent)
             await _reply(writer, Ok())
@@ -341,9 +384,11 @@ class Service:
                 return f"no agent {c.agent} of {c.owner} is served here"
             if c.team:
                 return f"no team {c.team} of {c.agent} is served here"
-            memory = self.memory(c.agent)
-            loop = asyncio.get_running_loop()
-            done = await loop.run_in_executor(self.pool, memory.changed, c.path.strip("/"))
+            try:
+                path = changes.clean(c.path)
+            except ValueError as e:
+                return f"changed: {e}"
+            done = await changes.tell(self.memory(c.agent), path)
             return None if done else "the change is still being indexed"
         b = first.flush if kind == "flush" else first.end
         if not self.bindings.holds(b.owner, b.agent):

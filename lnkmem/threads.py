@@ -11,9 +11,14 @@ REFUSED_PREFIXES = {
 }
 
 
-def notes_refusal(thread: Optional[str], owner: str, from_required: bool) -> Optional[str]:
-    """Why notes may not be written from ``thread``, or None when they may."""
-    if not from_required:
+def notes_refusal(thread: Optional[str], owner: str, from_required: bool,
+                  judge_named: bool = False) -> Optional[str]:
+    """Why notes may not be written from ``thread``, or None when they may.
+
+    ``judge_named`` (a bound agent that <agents> does not name, §2.3 rev. 2):
+    a call naming no thread is the owner's, one naming a thread is judged.
+    """
+    if not from_required and not (judge_named and thread):
         return None
     if not thread:
         return "the conversation is not named"

@@ -235,7 +235,7 @@ def list_(memory: Memory, args: ListArgs) -> tuple[str, dict]:
 def remember(memory: Memory, args: RememberArgs, thread: Optional[str], wait: bool = True) -> tuple[str, dict]:
     if memory.notes is None:
         raise ToolError("remember is not served: this memory keeps no notes")
-    why = notes_refusal(thread, memory.cfg.owner, memory.cfg.from_required)
+    why = notes_refusal(thread, memory.cfg.owner, memory.cfg.from_required, memory.cfg.judge_threads)
     if why:
         raise ToolError(f"not remembered: {why}; the notes are unchanged")
     change = memory.notes.change(args.add, args.remove, memory.notes_limit)

@@ -14,12 +14,14 @@ from typing import Annotated, Literal, Optional
 import msgspec
 from msgspec import Meta, Struct
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# \Z, not $: an ID matches the whole string ("a1\n" is not an ID; `$` would let it pass)
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z"
 ID_RE = re.compile(ID_PATTERN)
 SIZE_PATTERN = r"(?i)^\s*[0-9]+(\.[0-9]+)?\s*(b|kb|kib|mb|mib)?\s*$"
 
 Id = Annotated[str, Meta(pattern=ID_PATTERN)]
-HexKey = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{64}$")]
+HEX_KEY_PATTERN = r"^[0-9a-fA-F]{64}\Z"
+HexKey = Annotated[str, Meta(pattern=HEX_KEY_PATTERN)]
 Size = Annotated[str, Meta(pattern=SIZE_PATTERN)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 Source = Literal["home", "chats", "skills", "notes"]
@@ -52,24 +54,23 @@ class Spec(_Strict):
 
 # --- §5.2 agents -----------------------------------------------------------
 
-class AgentEntry(Struct):
-    """What Link serves an agent with; keys beyond these (e.g. the rest of
-    Serve) are ignored, the argv and env are checked."""
-    argv: list[str]
-    env: dict[str, str] = msgspec.field(default_factory=dict)
-
-
-Agents = dict[str, AgentEntry]
+# Agents (§5.2) are read entry by entry in config.from_serve_argv / many.parse_agents:
+# one bad entry is refused for its agent alone.
 
 
 # --- §5.3-§5.6 a session's first line ------------------------------------
 
-class StorageAt(_Strict):
+class _Open(Struct, omit_defaults=True):
+    """A part of Link's first line whose shape Link owns and may extend (§5.4
+    rev. 2): unknown fields are ignored, a known field of the wrong type refused."""
+
+
+class StorageAt(_Open):
     socket: str
     places: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class Bound(_Strict):
+class Bound(_Open):
     owner: Id
     key: HexKey
     files: Optional[str] = None
@@ -81,9 +82,9 @@ class Bound(_Strict):
         return f"Bound(owner={self.owner!r}, files={self.files!r}, index={self.index!r})"
 
 
-class Team(_Strict):
+class Team(_Open):
     id: Id
-    named: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")]
+    named: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127})?\Z")]
     writes: bool = False
 
 
@@ -196,7 +197,7 @@ class RememberResult(Struct):
 _PATTERN_WORDS = {
     SIZE_PATTERN: 'a size such as "4 KB" (a number and B, KB, KiB, MB or MiB)',
     ID_PATTERN: "an ID (a letter or digit, then letters, digits, '.', '_' or '-'; at most 128)",
-    r"^[0-9a-fA-F]{64}$": "64 hexadecimal characters",
+    HEX_KEY_PATTERN: "64 hexadecimal characters",
     r"^[^\x00-\x1f\x7f]+$": "text without control characters",
 }
 

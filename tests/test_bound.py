@@ -133,11 +133,13 @@ def test_refused_key_and_bridge_down(bridges, tmp_path):
         with m.connect() as c:
             assert "refused" in c.first(bridges.bound())["error"]
         bridges.storage.fault("down")
-        with m.connect() as c:
+        bridges.files.fault("down")
+        with m.connect() as c:  # all its bridges down (rev. 2: one down while another took the key is served)
             t0 = time.monotonic()
             r = c.first(bridges.bound())
             assert "down" in r["error"] and 4 < time.monotonic() - t0 < 15
         bridges.storage.fault("ok")
+        bridges.files.fault("ok")
         with m.connect() as c:
             assert c.first(bridges.bound()) == {"ok": True}
 
@@ -145,7 +147,7 @@ def test_refused_key_and_bridge_down(bridges, tmp_path):
 def test_bound_line_refusals(bridges, tmp_path):
     with serve(bridges, tmp_path) as m:
         for line, words in [
-            (bridges.bound(files=False, places=("conversations",)), "no place for the index copy"),
+            (bridges.bound(files=False, places=("conversations",)), "Home is not known here"),  # rev. 2: served when in <agents>
             (bridges.bound(storage=False, index="home", files=False), "needs the files bridge"),
             ({"agent": "a1", "bound": {"owner": "o1", "key": "xyz"}}, "key"),
             ({"agent": "a1", "bound": {"owner": "bad owner", "key": KEY}}, "owner"),

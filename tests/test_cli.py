@@ -12,7 +12,8 @@ def test_command_prints_serve(home):
     r = run_cli("command", *home.args(), env={"LNK_MEMORY_NOTES": str(home.notes)})
     assert r.returncode == 0, r.stderr
     serve = json.loads(r.stdout)
-    assert serve == {"argv": [PROGRAM, "serve", str(home.folder), str(home.state), str(home.agent)],
+    assert serve == {"argv": [PROGRAM, "serve", str(home.folder), str(home.state), str(home.agent),
+                              "--spec", '{"tokens":2000,"notes":"4 KB"}', "--notes", str(home.notes)],
                      "allow": ["search", "read", "list", "remember"], "shared": True,
                      "programs": ["link-documents"]}
     assert os.path.isabs(serve["argv"][0])
@@ -25,7 +26,7 @@ def test_command_with_model_and_without_notes(home, tmp_path):
     serve = json.loads(r.stdout)
     assert serve["allow"] == ["search", "read", "list"]
     assert serve["models"] is True and serve["model"] == "mini-lm"
-    assert serve["argv"][2:] == [str(tmp_path / "home"), str(tmp_path / "newstate")]
+    assert serve["argv"][2:4] == [str(tmp_path / "home"), str(tmp_path / "newstate")]
 
 
 @pytest.mark.parametrize("args, env, words", [

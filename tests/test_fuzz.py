@@ -400,16 +400,27 @@ def test_spec_and_agents_refused_by_the_program(home, tmp_path):
     r = run_cli("command", *home.args(), env={"LNK_MEMORY_SPEC": '{"notes": "' + "9" * 400 + ' KB"}'})
     assert r.returncode == 0, r.stderr  # absurd but valid: no limit, no crash
     good = agent_entry(home)
-    for agents, words in [("[]", "agents"), ("{", "agents"), ('{"a b": ' + json.dumps(good) + "}", "ID"),
-                          ('{"a1": {"argv": ["/bin/sh", "-c", "id"]}}', "lnk-lnkmem"),
-                          ('{"a1": {"argv": ["lnk-lnkmem", "serve", "rel", "rel2"]}}', "absolute"),
-                          ('{"a1": {"argv": ' + json.dumps(good["argv"]) + ', "env": {"LNK_MEMORY_SPEC": "{"}}}', "a1"),
-                          ('{"a1": {"argv": [], "x": ' + "[" * 5000 + "]" * 5000 + "}}", "agents"),
-                          ('{"a1": {"argv": ' + json.dumps(good["argv"]) + ', "env": {"K": 5}}}', "env")]:
+    for agents in ("[]", "{", '{"a1": {"argv": [], "x": ' + "[" * 5000 + "]" * 5000 + "}}"):  # not an object: exit 2
         r = run_cli("serve-many", str(tmp_path / "s" / "m.sock"), agents, timeout=20)
         err = r.stderr.decode()
         assert r.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, (agents[:80], err)
-        assert words in err, (agents[:80], err)
+        assert "agents" in err, (agents[:80], err)
+    # rev. 2 (§5.2): a bad entry is refused for its agent alone, one line in the log; env keys
+    # beyond the model and the agent's names are ignored
+    argv = json.dumps(good["argv"])
+    for agents, words in [('{"a b": ' + json.dumps(good) + "}", "ID"),
+                          ('{"a1": {"argv": ["/bin/sh", "-c", "id"]}}', "lnk-lnkmem"),
+                          ('{"a1": {"argv": ["lnk-lnkmem", "serve", "rel", "rel2"]}}', "absolute"),
+                          ('{"a1": {"argv": ' + argv[:-1] + ', "--spec", "{"]}}', "--spec"),
+                          ('{"a1": {"argv": ' + argv + ', "env": {"LNK_MEMORY_MODEL": 5}}}', "LNK_MEMORY_MODEL"),
+                          ('{"a1": {"argv": ' + argv + ', "env": {"K": 5, "LNK_MEMORY_SPEC": "{"}}}', None)]:
+        r = run_cli("serve-many", str(tmp_path / "s" / "m.sock"), agents, timeout=20, env={"LNKMEM_LINGER_S": "0.1"})
+        err = r.stderr.decode()
+        assert r.returncode == 0 and "Traceback" not in err, (agents[:80], err)
+        if words is None:
+            assert err == "", err
+        else:
+            assert err.count("\n") == 1 and "is not served" in err and words in err, (agents[:80], err)
 
 
 @fuzz(300)

@@ -195,16 +195,18 @@ def test_folder_of_someone_else_is_refused(tmp_path, agents):
 @pytest.mark.parametrize("mutate, words", [
     (lambda e: e.update(argv=["/usr/bin/python3", "serve", "/a", "/b"]), "argv[0]"),
     (lambda e: e.update(argv=[e["argv"][0], "index", *e["argv"][2:]]), "serve"),
-    (lambda e: e["env"].update(LNK_MEMORY_SPEC='{"tokens": 0}'), "tokens"),
+    (lambda e: e.update(argv=e["argv"][:5] + ["--spec", '{"tokens": 0}']), "tokens"),
     (lambda e: e.update(argv=[e["argv"][0], "serve", "/no/such/folder", "/tmp/s"]), "folder"),
 ])
-def test_bad_agents_stop_the_start_naming_the_agent(tmp_path, agents, mutate, words):
+def test_bad_agents_are_logged_at_the_start_naming_the_agent(tmp_path, agents, mutate, words):
+    # rev. 2 (§5.2): refused for that agent alone, named in the log; the service starts
     entry = agent_entry(agents["a0"])
     mutate(entry)
-    r = run_cli("serve-many", str(tmp_path / "b" / "m.sock"), json.dumps({"a0": entry}))
+    r = run_cli("serve-many", str(tmp_path / "b" / "m.sock"), json.dumps({"a0": entry}),
+                env={"LNKMEM_LINGER_S": "0.1"})
     err = r.stderr.decode()
-    assert r.returncode == 2 and "a0" in err and words in err and err.count("\n") == 1
-    assert run_cli("serve-many", str(tmp_path / "b" / "m.sock")).returncode == 2  # agents needed without --embed
+    assert r.returncode == 0 and "a0 is not served" in err and words in err and err.count("\n") == 1, err
+    assert run_cli("serve-many", str(tmp_path / "b" / "m.sock")).returncode == 2  # agents needed without --embed or --cache
 
 
 PEER_CHILD = r"""

@@ -45,10 +45,14 @@ class Plan:
         return len(self.todo) + len(self.removed)
 
 
-def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None) -> Plan:
+def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
+         errors: Optional[list] = None) -> Plan:
     """What must change in the index for it to match ``places``.
 
     ``only``: a ref prefix to look at (a `changed` path, a watched file).
+    ``errors``: when given, a place that cannot be listed (a bridge down) is
+    left as the index has it and its exception appended, so the other places
+    are still brought up to date; without it the exception propagates.
     """
     p = Plan()
     for source, place in places.items():
@@ -58,18 +62,29 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None)
             sub = only[len(source) + 1 :]
         else:
             continue
-        entries = place.list(sub)
+        try:
+            entries = place.list(sub)
+        except Exception as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            continue
         p.skipped += getattr(place, "skipped", 0)
         p.listed += len(entries)
         prefix = ref_of(source, sub)
         # a prefix must not catch its siblings ("home/a.md" vs "home/a.md2")
         known = {r: v for r, v in store.file_versions(prefix).items()
                  if r == prefix or r.startswith(prefix + "/")}
+        # §3.3 rev. 2: documents indexed by name while lnk-documents was missing are
+        # converted once it is installed (not those it failed on: they stay "name-failed")
+        unconverted = set()
+        if source != "chats" and documents.converter() is not None:
+            unconverted = {r for r in store.refs_of_kind(prefix, "name") if documents.is_document(r)}
         seen = set()
         for e in entries:
             ref = ref_of(source, e.path)
             seen.add(ref)
-            if known.get(ref) != (e.version, e.size):
+            if known.get(ref) != (e.version, e.size) or ref in unconverted:
                 p.todo.append((source, e))
         p.removed.extend(r for r in known if r not in seen)
     return p
@@ -82,7 +97,7 @@ def _decode_text(data: bytes) -> Optional[str]:
 
 
 def passages_of(source: str, path: str, data: bytes, tmpdir: str, local_path: Optional[str]) -> tuple[list[Passage], str]:
-    """Passages of one file, and how it was indexed ("text" or "name")."""
+    """Passages of one file, and how it was indexed ("text", "name", "name-failed" or "binary")."""
     ref = ref_of(source, path)
     thread = None
     if source == "chats":
@@ -98,9 +113,10 @@ def passages_of(source: str, path: str, data: bytes, tmpdir: str, local_path: Op
         pieces, _ = chats.chunk_conversation(path, text)
         return [Passage(ref, c.first, c.last, c.text, thread, c.role, c.at) for c in pieces], "text"
     if documents.is_document(path):
-        text = documents.convert(data, path, tmpdir, local_path)
-        if text is None:
-            return [Passage(ref, 1, 1, path)], "name"
+        installed = documents.converter() is not None
+        text = documents.convert(data, path, tmpdir, local_path) if installed else None
+        if text is None:  # by name: "name" while no converter is installed, to be converted once one is
+            return [Passage(ref, 1, 1, path)], ("name-failed" if installed else "name")
     else:
         text = _decode_text(data)
         if text is None:

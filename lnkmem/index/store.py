@@ -46,7 +46,7 @@ class FileRec(msgspec.Struct, array_like=True):
     version: str
     size: int
     pids: list[int]
-    kind: str = "text"  # "text" | "name" (indexed by name only)
+    kind: str = "text"  # "text" | "name" (by name only: no converter) | "name-failed" (the converter failed)
 
 
 class Passage(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -264,6 +264,21 @@ class Store:
                         break
                     rec = _dec_file.decode(v)
                     out[k.decode()] = (rec.version, rec.size)
+        return out
+
+    def refs_of_kind(self, prefix: str, kind: str) -> set[str]:
+        """The refs below ``prefix`` indexed as ``kind`` (e.g. "name": a document
+        indexed by name while no converter was installed, §3.3)."""
+        out = set()
+        p = prefix.encode()
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.files)
+            if cur.set_range(p):
+                for k, v in cur:
+                    if not k.startswith(p):
+                        break
+                    if _dec_file.decode(v).kind == kind:
+                        out.add(k.decode())
         return out
 
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:

@@ -268,9 +268,9 @@ class Bindings:
         if notes is not None:
             places["notes"] = NotesPlace(notes)
         if b.index == "memory" and has_memory_place:
-            replica = Replica(Collection(storage, "memory", root="lnkmem"))
+            replica = Replica(Collection(storage, "memory", root="lnkmem"), of=f"agent {b.owner}/{first.agent}")
         else:
-            replica = Replica(FilesPlace(files, root="memory/lnkmem"))
+            replica = Replica(FilesPlace(files, root="memory/lnkmem"), of=f"agent {b.owner}/{first.agent}")
         embed = self._embedding(cfg, first)
         layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
                         os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
@@ -309,7 +309,7 @@ class Bindings:
             places = {"home": FilesPlace(files, folder=team.named, root="memory", exclude=("lnkmem",))}
             embed = self._embedding(cfg, first) if team.writes else None  # a reader embeds nothing
             tcache = os.path.join(cache, "teams", team.id)
-            layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place), team.writes,
+            layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place, of=f"team {team.id}"), team.writes,
                             embed, os.path.join(tcache, "tmp"))
             tcfg = dataclasses.replace(cfg, notes_path=None)
             tb.memory = Memory(tcfg, layout).start(watch=False)

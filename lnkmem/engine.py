@@ -223,11 +223,14 @@ class Memory:
         """Make the cache one version of the copy before indexing the sources (§7.2)."""
         from lnkmem.sync import attach
         try:
-            how = attach(self.store, self.layout.replica)
+            width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
+            how = attach(self.store, self.layout.replica, set(self.places), width)
             log.info("index copy: %s", how)
-        except Exception as e:  # the copy can't be read now: serve the cache, write back later
+        except Exception as e:  # the copy can't be read now (a bridge down): serve the cache, write back later
             log.warning("the index copy could not be read: %s", e)
             return
+        if how == "damaged" and self.vindex is not None:
+            self.vindex.load(self.store)
         if how == "loaded" and self.vindex is not None:
             self.vindex.load(self.store)  # passage ids now name the copy's passages
 

@@ -38,17 +38,27 @@ def interval() -> float:
 
 
 class Replica:
-    """The copy in a place with conditional writes (a Collection or FilesPlace rooted at the copy)."""
+    """The copy in a place with conditional writes (a Collection or FilesPlace rooted at the copy).
 
-    def __init__(self, place):
+    ``of`` names whose memory the copy is ("agent <owner>/<agent>", "team <id>"):
+    written into the copy and checked when it is loaded, so another memory's
+    copy placed here is never served (§7.2)."""
+
+    def __init__(self, place, of: Optional[str] = None):
         self.place = place
+        self.of = of
 
     def manifest(self, if_none_match: Optional[str] = None):
-        """(manifest, version); (None, version) when unchanged; NotFound when there is none."""
+        """(manifest, version); (None, version) when unchanged; NotFound when there is none;
+        CopyDamaged (with ``.version``) when the manifest is not one."""
         data, version = self.place.get(copyfmt.MANIFEST, if_none_match)
         if data is None:
             return None, version
-        return copyfmt.decode_manifest(data), version
+        try:
+            return copyfmt.decode_manifest(data), version
+        except copyfmt.CopyDamaged as e:
+            e.version = version
+            raise
 
     def fetch(self, name: str) -> bytes:
         return self.place.read(name)[0]
@@ -56,8 +66,16 @@ class Replica:
     def put_blob(self, name: str, data: bytes) -> None:
         try:
             self.place.write(name, data, None)  # If-None-Match: *
-        except Conflict:
-            pass  # content-addressed: the same file is already there
+        except Conflict:  # content-addressed: the same file is there, unless someone rewrote it
+            try:
+                there, version = self.place.read(name)
+            except NotFound:
+                there, version = None, None
+            if there != data:
+                try:
+                    self.place.write(name, data, version)
+                except Conflict:
+                    pass  # changed again meanwhile: the next write-back's check sees it
 
     def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
         return self.place.write(copyfmt.MANIFEST, data, expect)
@@ -69,22 +87,43 @@ class Replica:
             pass
 
 
-def attach(store: Store, replica: Replica) -> str:
+def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[str, int]] = None) -> str:
     """Make the cache one version of the copy (§7.2). Returns what happened:
-    "reused" (same version), "loaded" (another version), "missing" (no copy)."""
+    "reused" (same version), "loaded" (another version, verified), "missing"
+    (no copy), "damaged" (the copy failed a check: the cache is kept, to be
+    brought up to date from the sources, and the next write-back replaces the
+    copy, conditionally on the version seen)."""
     state = copyfmt.copy_state(store)
     for _ in range(5):
         try:
             manifest, version = replica.manifest(state.version)
         except NotFound:
             return "missing"
+        except copyfmt.CopyDamaged as e:
+            log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
+            copyfmt.damaged(store, e.version)
+            return "damaged"
         if manifest is None:
             return "reused"
         try:
-            copyfmt.load(store, manifest, version, replica.fetch)
-            return "loaded"
-        except NotFound:
-            continue  # a file vanished under a newer write: read the manifest again
+            verified = copyfmt.verify(manifest, replica.fetch, replica.of, sources, width)
+        except NotFound as e:  # vanished under a newer write, or never there
+            try:
+                again, _ = replica.manifest(version)
+            except (NotFound, copyfmt.CopyDamaged):
+                continue  # it changed: look again
+            if again is None:  # unchanged (304): this version names a file that is not there
+                log.warning("the index copy is damaged (a file it names is missing: %s); "
+                            "it will be replaced from the sources", e)
+                copyfmt.damaged(store, version)
+                return "damaged"
+            continue
+        except copyfmt.CopyDamaged as e:
+            log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
+            copyfmt.damaged(store, version)
+            return "damaged"
+        copyfmt.load(store, verified, version)
+        return "loaded"
     raise BridgeDown("the copy kept changing while it was read")
 
 
@@ -193,7 +232,7 @@ class WriteBack:
                     self.state = "clean"
                     return False
                 self.state = "writing"
-                exp = copyfmt.export(store, state)
+                exp = copyfmt.export(store, state, self.replica.of)
                 for name, blob in exp.blobs.items():
                     self.replica.put_blob(name, blob)
                 try:

@@ -28,13 +28,30 @@ from lnkmem.index.store import Store
 log = logging.getLogger("lnkmem")
 
 
-def interval() -> float:
-    raw = os.environ.get("LNKMEM_WRITEBACK_S", "")
+def _knob(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
     try:
-        v = float(raw) if raw else 60.0
+        v = float(raw) if raw else default
     except ValueError:
-        v = 60.0
-    return max(v, 0.0)
+        v = default
+    return max(v, 0.0) if v == v else default
+
+
+def interval() -> float:
+    """§2.6 `LNKMEM_WRITEBACK_S`: the write-back interval (60 s)."""
+    return _knob("LNKMEM_WRITEBACK_S", 60.0)
+
+
+def quiet() -> float:
+    """§7.3 debounce: how long the index must be quiet before a write-back (5 s;
+    `LNKMEM_QUIET_S` for tests)."""
+    return _knob("LNKMEM_QUIET_S", 5.0)
+
+
+def recheck() -> float:
+    """§7.2: how often the copy's version is asked for again while serving (30 s;
+    `LNKMEM_RECHECK_S` for tests)."""
+    return _knob("LNKMEM_RECHECK_S", 30.0)
 
 
 class Replica:
@@ -131,11 +148,12 @@ class WriteBack:
     """The write-back loop of one cache and its copy."""
 
     def __init__(self, store_of: Callable[[], Store], replica: Replica, reload: Callable[[], None],
-                 every: Optional[float] = None, name: str = ""):
+                 every: Optional[float] = None, name: str = "", quiet_s: Optional[float] = None):
         self.store_of = store_of
         self.replica = replica
         self.reload = reload  # load the copy's newer version and re-apply the sources
         self.every = interval() if every is None else every
+        self.quiet = quiet() if quiet_s is None else quiet_s
         self.name = name
         self.state = "clean"
         self.last_write = 0.0
@@ -143,11 +161,12 @@ class WriteBack:
         self.conflicts = 0
         self.error: Optional[str] = None
         self._cond = threading.Condition()
-        self._dirty_since: Optional[float] = None
+        self._dirty_since: Optional[float] = None  # the first unwritten change
+        self._last_change = 0.0  # the latest change
         self._flush_waiters: list[threading.Event] = []
         self._stop = False
         self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()  # one write-back at a time
+        self.lock = threading.RLock()  # one write-back (or look at the copy) at a time
 
     def start(self) -> "WriteBack":
         self._thread = threading.Thread(target=self._run, name=f"lnkmem-writeback{self.name}", daemon=True)
@@ -155,11 +174,20 @@ class WriteBack:
         return self
 
     def changed(self) -> None:
-        """The cache changed: write back within the interval."""
+        """The cache changed: write back once it has been quiet a while, within the interval."""
         with self._cond:
+            now = time.monotonic()
             if self._dirty_since is None:
-                self._dirty_since = time.monotonic()
+                self._dirty_since = now
+            self._last_change = now
             self._cond.notify()
+
+    def _due(self) -> float:
+        """When the pending change is written (§7.3 rev. 2): once the index has been
+        quiet for `quiet`, or `every` after the first unwritten change, whichever
+        comes first -- and never sooner than `every` after the last write."""
+        settled = min(self._last_change + self.quiet, self._dirty_since + self.every)
+        return max(self.last_write + self.every, settled)
 
     def flush(self, timeout: float = 60.0) -> Optional[str]:
         """Write back now and wait for the bridge's acknowledgement; an error, or None."""
@@ -196,15 +224,14 @@ class WriteBack:
                     if self._flush_waiters:
                         break
                     if self._dirty_since is not None:
-                        due = max(self.last_write + self.every, self._dirty_since)
-                        wait = due - time.monotonic()
+                        wait = self._due() - time.monotonic()
                         if wait <= 0:
                             break
                         self._cond.wait(wait)
                     else:
                         self._cond.wait(1.0)
                         if self._dirty_since is None and copyfmt.dirty(self.store_of()):
-                            self._dirty_since = time.monotonic()
+                            self._dirty_since = self._last_change = time.monotonic()
                 waiters, self._flush_waiters = self._flush_waiters, []
                 self._dirty_since = None
             try:
@@ -217,6 +244,7 @@ class WriteBack:
                 with self._cond:
                     if self._dirty_since is None:
                         self._dirty_since = time.monotonic()
+                    self._last_change = 0.0  # a retry waits for the backoff, not for quiet
                     self.last_write = time.monotonic() - self.every + backoff * (1 + random.random())
                 backoff = min(backoff * 2, 30.0)
             for w in waiters:
@@ -224,7 +252,7 @@ class WriteBack:
 
     def write(self) -> bool:
         """One write-back, riding out 412s. True when something was written."""
-        with self._lock:
+        with self.lock:
             store = self.store_of()
             for attempt in range(10):
                 state = copyfmt.copy_state(store)

@@ -364,3 +364,57 @@ def test_copy_fuzzed(tmp_path):
         again.close()
         outcomes["loaded"] += 1
     assert outcomes["damaged"] > 50, outcomes
+
+
+# --- the copy while serving: re-checked (§7.2), written back debounced (§7.3) -------------
+
+def manifest_puts(bridges) -> list:
+    return [e for e in bridges.storage.log()
+            if e["method"] == "PUT" and e["path"].endswith("manifest.json") and e["status"] == 200]
+
+
+def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
+    """1,000 changed files told in ten controls while the index never rests for
+    the quiet time: one write-back after the burst, holding them all (not one for
+    the first file and one for the rest)."""
+    make_copy(bridges, tmp_path)  # the copy exists: the engine below starts clean
+    with serve(bridges, tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "40", "LNKMEM_QUIET_S": "3"}) as m, \
+            m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
+        time.sleep(0.5)
+        bridges.storage.request("DELETE", "/_log")
+        for k in range(10):  # 1,000 files, told in ten controls
+            for i in range(100):
+                bridges.write_home(f"burst/b{k}/f{i}.md", f"burstword{k}x{i} arrives\n")
+            with m.connect() as ctl:
+                assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/burst/b{k}"}}) == {"ok": True}
+            assert not manifest_puts(bridges)  # nothing is written while the burst goes on
+        assert until(lambda: manifest_puts(bridges), timeout=3 + 5)
+        time.sleep(1)
+        puts = manifest_puts(bridges)
+        assert len(puts) == 1, [p["time"] for p in puts]
+        v = check_copy(copy_files(bridges))
+        refs = {r for r, _ in v.table.files}
+        assert all(f"home/burst/b{k}/f{i}.md" in refs for k in range(10) for i in range(100))
+
+
+def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
+    env = {"LNKMEM_RECHECK_S": "0.5"}
+    with serve(bridges, tmp_path, "a", env=env) as a, a.connect() as ca:
+        assert ca.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(ca, "narwhal"), timeout=20)
+        with a.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.storage.request("DELETE", "/_log")
+        time.sleep(1.6)
+        looks = [e for e in bridges.storage.log() if e["method"] == "GET" and e["path"].endswith("manifest.json")]
+        assert len(looks) >= 2 and all(e["if_none_match"] and e["status"] == 304 for e in looks), looks
+        # another engine indexes a new file and writes the copy; nobody tells the first one
+        bridges.write_home("docs/new.md", "Walruses arrive at dawn.\n")
+        with serve(bridges, tmp_path, "b") as b, b.connect() as cb:
+            assert cb.first(bridges.bound()) == {"ok": True}
+            assert until(lambda: "home/docs/new.md" in hits(cb, "walruses"), timeout=20)
+            with b.connect() as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert until(lambda: "home/docs/new.md" in hits(ca, "walruses"), timeout=5)

@@ -253,7 +253,7 @@ class Memory:
                 self.last_check = time.monotonic()  # queued: not again before it is done
                 self._queue.put(("\0attach", None))
 
-    def check_copy(self, timeout: float = 10.0) -> None:
+    def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is
         older than the re-check interval, and wait (a while) for a newer version."""
         from lnkmem.sync import recheck

@@ -86,7 +86,8 @@ TMP_PREFIX = ".notes.md.lnkmem-"
 SETTLE_NS = 30_000_000  # a file changed more recently than this may be mid-write: read it again later
 STABLE_TRIES = 200
 LATE_WRITER_S = 0.05
-CHANGE_PATIENCE_S = 15.0  # how long `remember` keeps trying while someone else keeps writing  # after a replace, how long the old file is watched for a writer that had it open
+CHANGE_PATIENCE_S = 15.0
+BUSY_S = 1.0  # a file held open for writing longer than this is judged by its times, not a lease  # how long `remember` keeps trying while someone else keeps writing  # after a replace, how long the old file is watched for a writer that had it open
 
 
 def _ident(s: os.stat_result) -> tuple:
@@ -116,12 +117,32 @@ class LocalNotes:
         self.clean_temp()
 
     def clean_temp(self) -> int:
-        """Remove temporary files a killed engine left in the notes' folder."""
+        """Remove temporary files a killed engine left in the notes' folder (not one
+        that another engine of this agent is writing now: under the lock, or not at all)."""
         n = 0
         try:
-            names = os.listdir(self.folder)
+            names = [x for x in os.listdir(self.folder) if x.startswith(self.tmp_prefix)]
         except OSError:
             return 0
+        if not names:
+            return 0
+        try:
+            os.makedirs(self.state, mode=0o700, exist_ok=True)
+            lock = os.open(os.path.join(self.state, "notes.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return 0
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock)
+            return 0
+        try:
+            return self._clean(names)
+        finally:
+            os.close(lock)
+
+    def _clean(self, names: list[str]) -> int:
+        n = 0
         for name in names:
             if name.startswith(self.tmp_prefix):
                 try:
@@ -189,6 +210,7 @@ class LocalNotes:
         the caller closes the descriptor."""
         use_lease = _leases()
         deadline = time.monotonic() + CHANGE_PATIENCE_S
+        busy_since = None
         while True:
             fd = self._open()
             if fd is None:
@@ -198,6 +220,9 @@ class LocalNotes:
                 if use_lease:
                     got = _try_lease(fd)
                     if got == "busy":  # open for writing right now: read it once it is closed
+                        busy_since = busy_since or time.monotonic()
+                        if time.monotonic() - busy_since > BUSY_S:  # held open, idle: judge by times
+                            use_lease = False
                         continue
                     leased = got == "ok"
                 before = os.fstat(fd)

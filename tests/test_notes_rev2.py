@@ -116,3 +116,19 @@ def test_editor_saves_racing_remember_lose_nothing(home):
     missing = [x for x in ["- seed entry"] + saved + remembered if x not in lines]
     assert not missing, missing
     assert len(lines) == len(set(lines)) == 1 + len(saved) + len(remembered)
+
+
+def test_notes_held_open_for_writing_do_not_block_remember(home):
+    """A program that keeps notes.md open for writing (idle) does not stop `remember`."""
+    home.notes.write_text("- held\n")
+    held = open(home.notes, "ab")
+    try:
+        with Server.start(home) as s:
+            s.initialize()
+            t0 = time.monotonic()
+            r = s.call("remember", {"add": "still works"}, timeout=30)
+            assert r["isError"] is False, _text(r)
+            assert time.monotonic() - t0 < 5
+    finally:
+        held.close()
+    assert home.notes.read_text() == "- held\n- still works\n"

@@ -272,6 +272,11 @@ def valid_ref(ref: str, sources: Optional[Iterable[str]]) -> bool:
     return all(p not in ("", ".", "..") for p in path.split("/"))
 
 
+def _distinct(a: np.ndarray) -> bool:
+    k = np.sort(a)
+    return bool((k[1:] != k[:-1]).all())
+
+
 def _u4(b: bytes, what: str, dtype: str = "<u4") -> np.ndarray:
     if len(b) % 4:
         raise _bad(f"{what}: {len(b)} bytes is no whole number of ids")
@@ -321,20 +326,28 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
         n = len(pids)
         if len(s.lens) != 4 * n or len(s.refs) != n or len(s.passages) != n or len(s.terms) != len(s.postings):
             raise _bad(f"{name}: its lengths disagree")
-        if len(np.unique(pids)) != n:
+        if not _distinct(pids):
             raise _bad(f"{name} names a passage twice")
         for r in s.refs:
             check_ref(r, name)
         prev = None
+        counts = []
         for t, post in zip(s.terms, s.postings):
             if not t or len(t) > MAX_TERM or (prev is not None and t <= prev):
                 raise _bad(f"{name}: its terms are not distinct, sorted and short")
             prev = t
             if len(post) % 6:
                 raise _bad(f"{name}: a posting list has a broken length")
-            pp = np.frombuffer(post, "<u4", len(post) // 6)
-            if len(np.unique(pp)) != len(pp) or not np.isin(pp, pids).all():
+            counts.append(len(post) // 6)
+        if counts:  # all postings at once: each names passages of this segment, none twice
+            pp = np.concatenate([np.frombuffer(post, "<u4", k) for post, k in zip(s.postings, counts)])
+            order = np.sort(pids)
+            at = np.minimum(np.searchsorted(order, pp), max(n - 1, 0))
+            if len(pp) and (n == 0 or not (order[at] == pp).all()):
                 raise _bad(f"{name}: a posting names a passage the segment does not hold")
+            key = np.repeat(np.arange(len(counts), dtype=np.int64), counts) * (1 << 32) + pp
+            if not _distinct(key):
+                raise _bad(f"{name}: a posting names a passage twice")
         for i, (pid, blob) in enumerate(zip(pids.tolist(), s.passages)):
             if pid in ref_of:
                 raise _bad(f"{name}: passage {pid} is in two segments")

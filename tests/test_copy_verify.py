@@ -321,7 +321,7 @@ def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
     the quiet time: one write-back after the burst, holding them all (not one for
     the first file and one for the rest)."""
     make_copy(bridges, tmp_path)  # the copy exists: the engine below starts clean
-    with serve(bridges, tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "40", "LNKMEM_QUIET_S": "3"}) as m, \
+    with serve(bridges, tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "40", "LNKMEM_QUIET_S": "4"}) as m, \
             m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
@@ -333,7 +333,7 @@ def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
             with m.connect() as ctl:
                 assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/burst/b{k}"}}) == {"ok": True}
             assert not manifest_puts(bridges)  # nothing is written while the burst goes on
-        assert until(lambda: manifest_puts(bridges), timeout=3 + 5)
+        assert until(lambda: manifest_puts(bridges), timeout=4 + 5)
         time.sleep(1)
         puts = manifest_puts(bridges)
         assert len(puts) == 1, [p["time"] for p in puts]

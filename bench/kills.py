@@ -266,7 +266,7 @@ class Local:
             check(set(got) == set(want), f"refs differ: {sorted(set(got) ^ set(want))[:5]}")
             bad = [r for r in want if got[r] != want[r]]
             check(not bad, f"passages differ for {bad[:5]}")
-        temps = [p.name for p in self.home.state.glob("notes-*")] if self.home.state.exists() else []
+        temps = [p.name for p in self.home.notes.parent.glob(".notes.md.lnkmem-*")]  # §2.2: beside the notes
         return {"damaged": damaged, "vectors": vecs, "unembedded": unembedded, "temp_notes_left": len(temps)}
 
 
@@ -284,7 +284,7 @@ def copy_store(bridges: Bridges, where: Path) -> tuple[Store, bool] | None:
     check(not missing, f"the copy's manifest names files that are not there: {missing[:3]}")
     shutil.rmtree(where, ignore_errors=True)
     store = Store(str(where))
-    copyfmt.load(store, manifest, "check", lambda n: (d / n).read_bytes())
+    copyfmt.load(store, copyfmt.verify(manifest, lambda n: (d / n).read_bytes(), "agent o1/a1"), "check")
     store._load()  # raises DamagedIndex when the tables disagree
     return store, True
 

@@ -373,9 +373,9 @@ class Bindings:
         if notes is not None:
             places["notes"] = NotesPlace(notes)
         if b.index == "memory" and has_memory_place:
-            replica = Replica(Collection(storage, "memory", root="lnkmem"))
+            replica = Replica(Collection(storage, "memory", root="lnkmem"), of=f"agent {b.owner}/{first.agent}")
         elif files is not None:
-            replica = Replica(FilesPlace(files, root="memory/lnkmem"))
+            replica = Replica(FilesPlace(files, root="memory/lnkmem"), of=f"agent {b.owner}/{first.agent}")
         else:  # memory and Home both on the machine: no copy; the local index is the memory's own
             replica = None
         embed = self._embedding(cfg, first)
@@ -417,7 +417,7 @@ class Bindings:
             places = {"home": FilesPlace(files, folder=team.named, root="memory", exclude=("lnkmem",))}
             embed = self._embedding(cfg, first) if team.writes else None  # a reader embeds nothing
             tcache = os.path.join(cache, "teams", team.id)
-            layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place), team.writes,
+            layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place, of=f"team {team.id}"), team.writes,
                             embed, os.path.join(tcache, "tmp"))
             tcfg = dataclasses.replace(cfg, notes_path=None)
             tb.memory = Memory(tcfg, layout).start(watch=False)

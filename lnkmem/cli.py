@@ -201,6 +201,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import faulthandler
     import signal
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # a stack dump for people, on demand
+    signal.signal(signal.SIGIO, signal.SIG_IGN)  # the notes' lease breaks (lnkmem.notes) end nothing
     try:
         args = _parser().parse_args(argv)
         return COMMANDS[args.cmd](args)

@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -173,6 +174,8 @@ class Memory:
             self.store.on_commit = self._committed
             if self.writeback is not None:
                 self.writeback.start()
+            if self.layout.replica is not None:
+                threading.Thread(target=self._recheck_loop, name="lnkmem-recheck", daemon=True).start()
             if self.embedder:
                 if self.store.use_vector_model(self.embedder.model):
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
@@ -218,8 +221,10 @@ class Memory:
                 try:
                     if "\0attach" in refs:
                         refs.discard("\0attach")
-                        self._attach()
-                        refs.add("home")
+                        if self._attach() in ("loaded", "damaged"):
+                            refs.update(self.places)  # the sources over the version now held
+                        elif not self.layout.writes:
+                            refs.add("home")  # a reader: what changed in the folder since the copy
                     told = {p: changes.candidates(p, self.places) for p in paths}
                     before = {p for p, cands in told.items() if any(changes.known(self.store, c) for c in cands)}
                     for cands in told.values():
@@ -261,17 +266,49 @@ class Memory:
             self.opened.set()
             self.ready.set()
 
-    def _attach(self) -> None:
+    def _attach(self) -> Optional[str]:
         """Make the cache one version of the copy before indexing the sources (§7.2)."""
         from lnkmem.sync import attach
+        self.last_check = time.monotonic()
         try:
-            how = attach(self.store, self.layout.replica)
+            width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
+            if self.writeback is not None:  # never between a write-back's PUT and its record
+                with self.writeback.lock:
+                    how = attach(self.store, self.layout.replica, set(self.places), width)
+            else:
+                how = attach(self.store, self.layout.replica, set(self.places), width)
             log.info("index copy: %s", how)
-        except Exception as e:  # the copy can't be read now: serve the cache, write back later
+        except Exception as e:  # the copy can't be read now (a bridge down): serve the cache, write back later
             log.warning("the index copy could not be read: %s", e)
-            return
+            return None
         if how == "loaded" and self.vindex is not None:
             self.vindex.load(self.store)  # passage ids now name the copy's passages
+        return how
+
+    def _recheck_loop(self) -> None:
+        """While serving, ask for the copy's version again now and then (§7.2 rev. 2):
+        an unchanged copy costs one 304; a newer one is loaded."""
+        from lnkmem.sync import recheck
+        every = recheck()
+        while not self._stop.wait(max(every - (time.monotonic() - self.last_check), 0.05)):
+            if time.monotonic() - self.last_check >= every:
+                self.last_check = time.monotonic()  # queued: not again before it is done
+                self._queue.put(("\0attach", None))
+
+    def check_copy(self, timeout: float = 5.0) -> None:
+        """A team reader, before a search: look at the copy again when the last look is
+        older than the re-check interval, and wait (a while) for a newer version."""
+        from lnkmem.sync import recheck
+        if self.layout.replica is None or self.layout.writes or not self.ready.is_set():
+            return
+        if time.monotonic() - self.last_check < recheck():
+            return
+        self.last_check = time.monotonic()
+        done = threading.Event()
+        self._queue.put(("\0attach", done))
+        done.wait(timeout)
+
+    last_check = 0.0  # when the copy's version was last asked for
 
     def reload_from_copy(self) -> None:
         """Another engine wrote the copy first: take its version, re-apply the sources."""
@@ -389,6 +426,7 @@ class Memory:
         """Best (pid, score) pairs and how they were ranked ("words" or "meaning+words")."""
         from lnkmem.index.hybrid import fuse
         from lnkmem.index.search import bm25
+        self.check_copy()
         meaning = self.embedder is not None and self.vindex.count() > 0
         words = bm25(self.store, query, limit, sources, under, candidates=max(limit, CANDIDATES) if meaning else limit)
         if meaning:

@@ -2,15 +2,21 @@
 
 A change is read-change-write under a lock, re-reading the file first and
 checking just before the replace that nobody changed it meanwhile, then an
-atomic rename of a temporary file written in ``<state>`` (never beside the
-notes). Nothing of the notes is ever lost: a refused change changes nothing.
+atomic rename of a temporary file written in the notes' own folder (§2.2
+rev. 2: ``<state>`` may be another mount). Nothing of the notes is ever lost: a refused change changes nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import signal
+import stat
+import sys
 import tempfile
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -75,12 +81,77 @@ def apply(current: str, add: Optional[str], remove: Optional[str], limit: int) -
     return Change(text, size, count_entries(text))
 
 
+NOTES_MAX = 4 << 20  # a notes file larger than this is never read whole (§2.2)
+TMP_PREFIX = ".notes.md.lnkmem-"
+SETTLE_NS = 30_000_000  # a file changed more recently than this may be mid-write: read it again later
+STABLE_TRIES = 200
+LATE_WRITER_S = 0.05
+CHANGE_PATIENCE_S = 15.0
+BUSY_S = 1.0  # a file held open for writing longer than this is judged by its times, not a lease  # how long `remember` keeps trying while someone else keeps writing  # after a replace, how long the old file is watched for a writer that had it open
+
+
+def _ident(s: os.stat_result) -> tuple:
+    return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+
+
 class LocalNotes:
-    """The notes file on this machine."""
+    """The notes file on this machine.
+
+    Read with care (§2.2 rev. 2): never through a symbolic link, never more
+    than :data:`NOTES_MAX` bytes, and only once the file is stable (the same
+    identity, size and times before and after the read, and not changed in the
+    last few milliseconds, so a file caught between an editor's truncate and
+    its write is read again). Replaced through a temporary file in the notes'
+    own folder (Link's sandbox mounts ``<state>`` and that folder separately,
+    so a rename from ``<state>`` fails with EXDEV), re-checked just before the
+    rename; a writer that still had the old file open when it was replaced has
+    its edit carried over to the new one.
+    """
 
     def __init__(self, path: str, state: str):
         self.path = path
         self.state = state
+        self.folder = os.path.dirname(path) or "."
+        self.name = os.path.basename(path)
+        self.tmp_prefix = f".{self.name}.lnkmem-"
+        self.clean_temp()
+
+    def clean_temp(self) -> int:
+        """Remove temporary files a killed engine left in the notes' folder (not one
+        that another engine of this agent is writing now: under the lock, or not at all)."""
+        n = 0
+        try:
+            names = [x for x in os.listdir(self.folder) if x.startswith(self.tmp_prefix)]
+        except OSError:
+            return 0
+        if not names:
+            return 0
+        try:
+            os.makedirs(self.state, mode=0o700, exist_ok=True)
+            lock = os.open(os.path.join(self.state, "notes.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return 0
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock)
+            return 0
+        try:
+            return self._clean(names)
+        finally:
+            os.close(lock)
+
+    def _clean(self, names: list[str]) -> int:
+        n = 0
+        for name in names:
+            if name.startswith(self.tmp_prefix):
+                try:
+                    if stat.S_ISREG(os.lstat(os.path.join(self.folder, name)).st_mode):
+                        os.unlink(os.path.join(self.folder, name))
+                        n += 1
+                except OSError:
+                    pass
+        return n
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -92,67 +163,342 @@ class LocalNotes:
         finally:
             os.close(fd)
 
-    def _read(self) -> tuple[str, Optional[tuple]]:
-        try:
-            with open(self.path, "rb") as f:
-                s = os.fstat(f.fileno())
-                return f.read().decode("utf-8", "replace"), (s.st_ino, s.st_mtime_ns, s.st_size)
-        except FileNotFoundError:
-            return "", None
+    # --- reading ---------------------------------------------------------------
 
-    def _mode(self) -> int:
+    def _open(self) -> Optional[int]:
+        """A descriptor on the notes file itself (never a link's target); None when missing."""
         try:
-            return os.stat(self.path).st_mode & 0o777
-        except OSError:
-            umask = os.umask(0)
-            os.umask(umask)
-            return 0o666 & ~umask
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ToolError(f"the notes file {self.path} is a symbolic link; it is not followed "
+                                f"(make it a plain file); nothing was changed") from None
+            raise
+        s = os.fstat(fd)
+        if not stat.S_ISREG(s.st_mode):
+            os.close(fd)
+            raise ToolError(f"the notes file {self.path} is not a plain file; nothing was changed")
+        if s.st_size > NOTES_MAX:
+            os.close(fd)
+            raise ToolError(f"the notes file {self.path} holds {s.st_size} bytes, over the {NOTES_MAX} bytes "
+                            f"that are ever read; shorten it by hand; nothing was changed")
+        return fd
+
+    @staticmethod
+    def _read_fd(fd: int) -> bytes:
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks, left = [], NOTES_MAX + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
+
+    def _stable(self, hold: bool = False) -> tuple[bytes, Optional[os.stat_result], Optional[int], bool]:
+        """(content, its stat, an open descriptor on it, leased) once the file is
+        not being written; (b"", None, None, False) when there is none.
+
+        Stable means: the same identity, size and times before and after the
+        read, the file still under its name and, where leases work, nobody
+        holding it open for writing during the read (an editor between its
+        truncate and its write); elsewhere, not changed in the last few
+        milliseconds. With ``hold`` the lease is kept (the caller drops it);
+        the caller closes the descriptor."""
+        use_lease = _leases()
+        deadline = time.monotonic() + CHANGE_PATIENCE_S
+        busy_since = None
+        while True:
+            fd = self._open()
+            if fd is None:
+                return b"", None, None, False
+            keep = leased = False
+            try:
+                if use_lease:
+                    got = _try_lease(fd)
+                    if got == "busy":  # open for writing right now: read it once it is closed
+                        busy_since = busy_since or time.monotonic()
+                        if time.monotonic() - busy_since > BUSY_S:  # held open, idle: judge by times
+                            use_lease = False
+                        continue
+                    leased = got == "ok"
+                before = os.fstat(fd)
+                data = self._read_fd(fd)
+                after = os.fstat(fd)
+                try:
+                    named = os.lstat(self.path)
+                except FileNotFoundError:
+                    named = None
+                if len(data) > NOTES_MAX:
+                    raise ToolError(f"the notes file {self.path} grew over the {NOTES_MAX} bytes that are "
+                                    f"ever read; nothing was changed")
+                quiet = leased or time.time_ns() - after.st_mtime_ns >= SETTLE_NS
+                if (_ident(before) == _ident(after) and len(data) == after.st_size and quiet
+                        and (not leased or _get_lease(fd) == fcntl.F_RDLCK)
+                        and named is not None and (named.st_dev, named.st_ino) == (after.st_dev, after.st_ino)):
+                    keep = True
+                    if leased and not hold:
+                        _drop_lease(fd)
+                    return data, after, fd, leased and hold
+            finally:
+                if not keep:
+                    if leased:
+                        _drop_lease(fd)
+                    os.close(fd)
+                    if time.monotonic() > deadline:
+                        raise ToolError("the notes kept changing while they were read; nothing was changed, "
+                                        "try again")
+                    time.sleep(0.002)
+
+    def _read(self) -> tuple[str, Optional[os.stat_result]]:
+        data, st, fd, _ = self._stable()
+        if fd is not None:
+            os.close(fd)
+        return data.decode("utf-8", "replace"), st
+
+    def _mode(self, st: Optional[os.stat_result]) -> int:
+        if st is not None:
+            return st.st_mode & 0o777
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
     def read(self) -> str:
         return self._read()[0]
 
     def entry(self):
+        """The notes as an index entry; None when missing, a link, or too large (not indexed)."""
         from lnkmem.bridges.local import version_of
         from lnkmem.bridges.place import Entry
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size > NOTES_MAX:
             return None
         return Entry("", st.st_size, version_of(st))
 
     def read_bytes(self) -> tuple[bytes, str]:
         from lnkmem.bridges.local import version_of
-        with open(self.path, "rb") as f:
-            return f.read(), version_of(os.fstat(f.fileno()))
+        from lnkmem.bridges.place import Forbidden, NotFound
+        try:
+            data, st, fd, _ = self._stable()
+        except ToolError as e:
+            raise Forbidden(str(e).replace("; nothing was changed", "")) from None
+        if fd is None:
+            raise NotFound("notes")
+        os.close(fd)
+        return data, version_of(st)
+
+    # --- changing --------------------------------------------------------------
 
     def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
         try:
             return self._change(add, remove, limit)
-        except OSError as e:  # a full disk; <state> on another filesystem than the notes (EXDEV)
+        except OSError as e:  # a full disk, a read-only folder
             raise ToolError(f"the notes could not be written: {e.strerror or e}; nothing was changed") from None
+
+    def _write_temp(self, text: str, mode: int) -> str:
+        fd, tmp = tempfile.mkstemp(prefix=self.tmp_prefix, dir=self.folder)
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            _unlink(tmp)
+            raise
+        return tmp
+
+    def _unchanged(self, fd: Optional[int], st: Optional[os.stat_result], base: bytes, leased: bool) -> bool:
+        """Whether the notes are still exactly what was read (identity, size, times, content)."""
+        if leased and _get_lease(fd) != fcntl.F_RDLCK:  # someone is opening it for writing
+            return False
+        try:
+            now = os.lstat(self.path)
+        except FileNotFoundError:
+            return fd is None
+        if fd is None:
+            return False
+        if _ident(now) != _ident(st) or _ident(os.fstat(fd)) != _ident(st):
+            return False
+        return self._read_fd(fd) == base
+
+    def _late_writer(self, fd: int, st: os.stat_result, base: bytes, leased: bool) -> Optional[bytes]:
+        """After the replace: what a writer that had the old file open wrote to it (None: nothing).
+
+        With a lease (taken before the re-check) this is exact: a writer opening
+        the old file breaks it, and the lease can be taken again only once no
+        one holds the old file open for writing. Without one, the old file is
+        watched until it has been quiet for a moment."""
+        if leased:
+            if _get_lease(fd) == fcntl.F_RDLCK:
+                _drop_lease(fd)
+                return None
+            _drop_lease(fd)  # let the writer go on, into the old file; wait until it is done
+            deadline = time.monotonic() + 10
+            while not _take_lease(fd) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            _drop_lease(fd)
+        else:
+            deadline = time.monotonic() + LATE_WRITER_S
+            last = _ident(os.fstat(fd))
+            while True:
+                time.sleep(0.004)
+                cur = _ident(os.fstat(fd))
+                if cur != last:  # still being written: wait until it is quiet
+                    last = cur
+                    deadline = time.monotonic() + LATE_WRITER_S
+                    continue
+                if time.monotonic() >= deadline:
+                    break
+        if _ident(os.fstat(fd)) == _ident(st):
+            return None
+        data = self._read_fd(fd)
+        return None if data == base else data
 
     def _change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
         with self._locked():
-            for _ in range(20):
-                current, seen = self._read()
-                result = apply(current, add, remove, limit)
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix="notes-", dir=self.state)
+            os.makedirs(self.folder, exist_ok=True)
+            result: Optional[Change] = None
+            carry: Optional[tuple[bytes, bytes]] = None  # (base, what a late writer made of it)
+            deadline = time.monotonic() + CHANGE_PATIENCE_S
+            while time.monotonic() < deadline:
+                data, st, fd, leased = self._stable(hold=True)
                 try:
-                    os.fchmod(fd, self._mode())
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(result.text.encode("utf-8"))
-                        f.flush()
-                        os.fsync(f.fileno())
-                    if self._read()[1] != seen:  # someone else wrote meanwhile: start again
-                        continue
-                    os.replace(tmp, self.path)
-                    tmp = None
+                    current = data.decode("utf-8", "replace")
+                    if carry is None:
+                        result = apply(current, add, remove, limit)
+                        text = result.text
+                    else:  # our change is in; carry the late writer's edit over
+                        text = _merge(carry[0].decode("utf-8", "replace"), carry[1].decode("utf-8", "replace"),
+                                      current)
+                        if text == current:
+                            if leased:
+                                _drop_lease(fd)
+                            return result
+                    tmp = self._write_temp(text, self._mode(st))
+                    try:
+                        if not self._unchanged(fd, st, data, leased):  # someone wrote meanwhile: start over
+                            if leased:
+                                _drop_lease(fd)
+                            continue
+                        if fd is None:
+                            os.link(tmp, self.path)  # create only: a file made meanwhile is never replaced
+                        else:
+                            os.rename(tmp, self.path)
+                            tmp = None
+                    except BaseException:
+                        if leased:
+                            _drop_lease(fd)
+                        if isinstance(sys.exc_info()[1], FileExistsError):
+                            continue
+                        raise
+                    finally:
+                        if tmp:
+                            _unlink(tmp)
+                    _fsync_dir(self.folder)
+                    late = self._late_writer(fd, st, data, leased) if fd is not None else None
+                    if late is None:
+                        if carry is not None:
+                            result = Change(text, len(text.encode("utf-8")), count_entries(text))
+                        return result
+                    carry = (data, late)
                 finally:
-                    if tmp:
-                        os.unlink(tmp)
-                return result
+                    if fd is not None:
+                        os.close(fd)
             raise ToolError("the notes kept changing under us; nothing was changed, try again")
+
+
+def _merge(base: str, theirs: str, ours: str) -> str:
+    """``ours`` with the lines ``theirs`` added to or removed from ``base``."""
+    from collections import Counter
+    b, t = Counter(base.splitlines()), Counter(theirs.splitlines())
+    added, removed = t - b, b - t
+    lines = ours.splitlines()
+    out = []
+    for line in lines:
+        if removed.get(line):
+            removed[line] -= 1
+            continue
+        out.append(line)
+    have = Counter(out)
+    for line in theirs.splitlines():
+        if added.get(line):
+            added[line] -= 1
+            if have.get(line):
+                have[line] -= 1
+                continue
+            out.append(line)
+    return "\n".join(out) + ("\n" if out else "")
+
+
+# Leases (fcntl F_SETLEASE) tell exactly whether anyone opened the notes for
+# writing between the re-check and the rename. A lease break signals SIGIO,
+# whose default action ends the process: leases are used only where SIGIO is
+# ignored (set here when this module is first imported by the main thread).
+if threading.current_thread() is threading.main_thread():
+    try:
+        if signal.getsignal(signal.SIGIO) == signal.SIG_DFL:
+            signal.signal(signal.SIGIO, signal.SIG_IGN)
+    except (ValueError, OSError, AttributeError):
+        pass
+
+
+def _leases() -> bool:
+    return hasattr(fcntl, "F_SETLEASE") and signal.getsignal(signal.SIGIO) == signal.SIG_IGN
+
+
+def _try_lease(fd: int) -> str:
+    """Take a read lease: "ok"; "busy" when someone holds the file open for
+    writing; "no" where leases do not work (another owner, the filesystem)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        return "ok"
+    except OSError as e:
+        return "busy" if e.errno == errno.EAGAIN else "no"
+
+
+def _take_lease(fd: int) -> bool:
+    return _try_lease(fd) == "ok"
+
+
+def _get_lease(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETLEASE)
+    except OSError:
+        return fcntl.F_UNLCK
+
+
+def _drop_lease(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except OSError:
+        pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class BridgeNotes:

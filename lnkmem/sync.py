@@ -28,27 +28,54 @@ from lnkmem.index.store import Store
 log = logging.getLogger("lnkmem")
 
 
-def interval() -> float:
-    raw = os.environ.get("LNKMEM_WRITEBACK_S", "")
+def _knob(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
     try:
-        v = float(raw) if raw else 60.0
+        v = float(raw) if raw else default
     except ValueError:
-        v = 60.0
-    return max(v, 0.0)
+        v = default
+    return max(v, 0.0) if v == v else default
+
+
+def interval() -> float:
+    """§2.6 `LNKMEM_WRITEBACK_S`: the write-back interval (60 s)."""
+    return _knob("LNKMEM_WRITEBACK_S", 60.0)
+
+
+def quiet() -> float:
+    """§7.3 debounce: how long the index must be quiet before a write-back (5 s;
+    `LNKMEM_QUIET_S` for tests)."""
+    return _knob("LNKMEM_QUIET_S", 5.0)
+
+
+def recheck() -> float:
+    """§7.2: how often the copy's version is asked for again while serving (30 s;
+    `LNKMEM_RECHECK_S` for tests)."""
+    return _knob("LNKMEM_RECHECK_S", 30.0)
 
 
 class Replica:
-    """The copy in a place with conditional writes (a Collection or FilesPlace rooted at the copy)."""
+    """The copy in a place with conditional writes (a Collection or FilesPlace rooted at the copy).
 
-    def __init__(self, place):
+    ``of`` names whose memory the copy is ("agent <owner>/<agent>", "team <id>"):
+    written into the copy and checked when it is loaded, so another memory's
+    copy placed here is never served (§7.2)."""
+
+    def __init__(self, place, of: Optional[str] = None):
         self.place = place
+        self.of = of
 
     def manifest(self, if_none_match: Optional[str] = None):
-        """(manifest, version); (None, version) when unchanged; NotFound when there is none."""
+        """(manifest, version); (None, version) when unchanged; NotFound when there is none;
+        CopyDamaged (with ``.version``) when the manifest is not one."""
         data, version = self.place.get(copyfmt.MANIFEST, if_none_match)
         if data is None:
             return None, version
-        return copyfmt.decode_manifest(data), version
+        try:
+            return copyfmt.decode_manifest(data), version
+        except copyfmt.CopyDamaged as e:
+            e.version = version
+            raise
 
     def fetch(self, name: str) -> bytes:
         return self.place.read(name)[0]
@@ -56,8 +83,16 @@ class Replica:
     def put_blob(self, name: str, data: bytes) -> None:
         try:
             self.place.write(name, data, None)  # If-None-Match: *
-        except Conflict:
-            pass  # content-addressed: the same file is already there
+        except Conflict:  # content-addressed: the same file is there, unless someone rewrote it
+            try:
+                there, version = self.place.read(name)
+            except NotFound:
+                there, version = None, None
+            if there != data:
+                try:
+                    self.place.write(name, data, version)
+                except Conflict:
+                    pass  # changed again meanwhile: the next write-back's check sees it
 
     def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
         return self.place.write(copyfmt.MANIFEST, data, expect)
@@ -69,22 +104,43 @@ class Replica:
             pass
 
 
-def attach(store: Store, replica: Replica) -> str:
+def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[str, int]] = None) -> str:
     """Make the cache one version of the copy (§7.2). Returns what happened:
-    "reused" (same version), "loaded" (another version), "missing" (no copy)."""
+    "reused" (same version), "loaded" (another version, verified), "missing"
+    (no copy), "damaged" (the copy failed a check: the cache is kept, to be
+    brought up to date from the sources, and the next write-back replaces the
+    copy, conditionally on the version seen)."""
     state = copyfmt.copy_state(store)
     for _ in range(5):
         try:
             manifest, version = replica.manifest(state.version)
         except NotFound:
             return "missing"
+        except copyfmt.CopyDamaged as e:
+            log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
+            copyfmt.damaged(store, e.version)
+            return "damaged"
         if manifest is None:
             return "reused"
         try:
-            copyfmt.load(store, manifest, version, replica.fetch)
-            return "loaded"
-        except NotFound:
-            continue  # a file vanished under a newer write: read the manifest again
+            verified = copyfmt.verify(manifest, replica.fetch, replica.of, sources, width)
+        except NotFound as e:  # vanished under a newer write, or never there
+            try:
+                again, _ = replica.manifest(version)
+            except (NotFound, copyfmt.CopyDamaged):
+                continue  # it changed: look again
+            if again is None:  # unchanged (304): this version names a file that is not there
+                log.warning("the index copy is damaged (a file it names is missing: %s); "
+                            "it will be replaced from the sources", e)
+                copyfmt.damaged(store, version)
+                return "damaged"
+            continue
+        except copyfmt.CopyDamaged as e:
+            log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
+            copyfmt.damaged(store, version)
+            return "damaged"
+        copyfmt.load(store, verified, version)
+        return "loaded"
     raise BridgeDown("the copy kept changing while it was read")
 
 
@@ -92,11 +148,12 @@ class WriteBack:
     """The write-back loop of one cache and its copy."""
 
     def __init__(self, store_of: Callable[[], Store], replica: Replica, reload: Callable[[], None],
-                 every: Optional[float] = None, name: str = ""):
+                 every: Optional[float] = None, name: str = "", quiet_s: Optional[float] = None):
         self.store_of = store_of
         self.replica = replica
         self.reload = reload  # load the copy's newer version and re-apply the sources
         self.every = interval() if every is None else every
+        self.quiet = quiet() if quiet_s is None else quiet_s
         self.name = name
         self.state = "clean"
         self.last_write = 0.0
@@ -104,11 +161,12 @@ class WriteBack:
         self.conflicts = 0
         self.error: Optional[str] = None
         self._cond = threading.Condition()
-        self._dirty_since: Optional[float] = None
+        self._dirty_since: Optional[float] = None  # the first unwritten change
+        self._last_change = 0.0  # the latest change
         self._flush_waiters: list[threading.Event] = []
         self._stop = False
         self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()  # one write-back at a time
+        self.lock = threading.RLock()  # one write-back (or look at the copy) at a time
 
     def start(self) -> "WriteBack":
         self._thread = threading.Thread(target=self._run, name=f"lnkmem-writeback{self.name}", daemon=True)
@@ -116,11 +174,20 @@ class WriteBack:
         return self
 
     def changed(self) -> None:
-        """The cache changed: write back within the interval."""
+        """The cache changed: write back once it has been quiet a while, within the interval."""
         with self._cond:
+            now = time.monotonic()
             if self._dirty_since is None:
-                self._dirty_since = time.monotonic()
+                self._dirty_since = now
+            self._last_change = now
             self._cond.notify()
+
+    def _due(self) -> float:
+        """When the pending change is written (§7.3 rev. 2): once the index has been
+        quiet for `quiet`, or `every` after the first unwritten change, whichever
+        comes first -- and never sooner than `every` after the last write."""
+        settled = min(self._last_change + self.quiet, self._dirty_since + self.every)
+        return max(self.last_write + self.every, settled)
 
     def flush(self, timeout: float = 60.0) -> Optional[str]:
         """Write back now and wait for the bridge's acknowledgement; an error, or None."""
@@ -157,15 +224,14 @@ class WriteBack:
                     if self._flush_waiters:
                         break
                     if self._dirty_since is not None:
-                        due = max(self.last_write + self.every, self._dirty_since)
-                        wait = due - time.monotonic()
+                        wait = self._due() - time.monotonic()
                         if wait <= 0:
                             break
                         self._cond.wait(wait)
                     else:
                         self._cond.wait(1.0)
                         if self._dirty_since is None and copyfmt.dirty(self.store_of()):
-                            self._dirty_since = time.monotonic()
+                            self._dirty_since = self._last_change = time.monotonic()
                 waiters, self._flush_waiters = self._flush_waiters, []
                 self._dirty_since = None
             try:
@@ -178,6 +244,7 @@ class WriteBack:
                 with self._cond:
                     if self._dirty_since is None:
                         self._dirty_since = time.monotonic()
+                    self._last_change = 0.0  # a retry waits for the backoff, not for quiet
                     self.last_write = time.monotonic() - self.every + backoff * (1 + random.random())
                 backoff = min(backoff * 2, 30.0)
             for w in waiters:
@@ -185,7 +252,7 @@ class WriteBack:
 
     def write(self) -> bool:
         """One write-back, riding out 412s. True when something was written."""
-        with self._lock:
+        with self.lock:
             store = self.store_of()
             for attempt in range(10):
                 state = copyfmt.copy_state(store)
@@ -193,7 +260,7 @@ class WriteBack:
                     self.state = "clean"
                     return False
                 self.state = "writing"
-                exp = copyfmt.export(store, state)
+                exp = copyfmt.export(store, state, self.replica.of)
                 for name, blob in exp.blobs.items():
                     self.replica.put_blob(name, blob)
                 try:

@@ -1,5 +1,7 @@
-"""§2.2 confinement: `serve` under bubblewrap, read-only everywhere but `<state>`
-and the notes' folder, with no network, works and writes nothing else."""
+"""§2.2 confinement: `serve` under bubblewrap as Link's sandbox runs it: read-only
+everywhere but `<state>` and the notes' folder, bound as two SEPARATE writable
+mounts (so a rename from one to the other fails with EXDEV), with no network;
+it works and writes nothing else."""
 
 import hashlib
 import os
@@ -34,12 +36,16 @@ def test_serve_confined(home, tmp_path):
     home.write("skills/s/SKILL.md", "lighthouse skill\n")
     home.notes.write_text("- first note\n")
     before = _tree(home.folder, home.agent / "chats", home.agent / "skills", ROOT / "lnkmem", sys.prefix)
+    home.state.mkdir(parents=True, exist_ok=True)
+    (home.state.parent / ".notes.md.lnkmem-left-by-a-kill").write_text("half a write")
+    memory_before = _tree(home.state.parent)
     # everything read-only (the program and its venv wherever they are), but the notes' folder
+    # and <state>, each its own mount as in Link's sandbox
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--bind", str(home.state.parent), str(home.state.parent),
+            "--bind", str(home.state), str(home.state),
             "--unshare-net", "--die-with-parent", "--new-session",
             PROGRAM, "serve", *home.args()]
-    home.state.mkdir(parents=True, exist_ok=True)
     env = base_env()
     env["LNK_MEMORY_NOTES"] = str(home.notes)
     env.pop("PYTHONDONTWRITEBYTECODE")  # the engine itself must not write bytecode
@@ -47,13 +53,22 @@ def test_serve_confined(home, tmp_path):
         s.initialize()
         s.wait_indexed()
         assert sorted(refs(s.search("lighthouse"))) == ["chats/o1.jsonl", "home/docs/a.md", "skills/s/SKILL.md"]
-        assert s.call("remember", {"add": "second note"})["isError"] is False
+        r = s.call("remember", {"add": "second note"})
+        assert r["isError"] is False, r["content"][0]["text"]
         assert refs(s.search("second"))[0] == "notes"
+        r = s.call("remember", {"add": "third note", "remove": "first note"})
+        assert r["isError"] is False, r["content"][0]["text"]
         assert s.close() == 0
     assert "Traceback" not in s.stderr.decode(), s.stderr.decode()
     assert "Read-only" not in s.stderr.decode(), s.stderr.decode()
-    assert home.notes.read_text() == "- first note\n- second note\n"
+    assert home.notes.read_text() == "- second note\n- third note\n"
     after = _tree(home.folder, home.agent / "chats", home.agent / "skills", ROOT / "lnkmem", sys.prefix)
     assert after == before
+    # in the notes' folder nothing but notes.md changed, and no temporary file is left
+    # (the one a killed engine left is removed at start)
     written = sorted(p.name for p in home.state.parent.iterdir())
     assert written == ["lnkmem", "notes.md"]
+    memory_after = _tree(home.state.parent)
+    changed = {p for p in set(memory_before) | set(memory_after)
+               if memory_before.get(p) != memory_after.get(p) and not p.startswith(str(home.state) + os.sep)}
+    assert changed == {str(home.notes), str(home.state.parent / ".notes.md.lnkmem-left-by-a-kill")}

@@ -216,17 +216,14 @@ def test_disk_full_under_state(home, tmp_path):
         _umount(memory)
 
 
-@pytest.mark.xfail(strict=True, reason="§2.2 has remember write its temp file in <state> and rename it over the "
-                   "notes: with <state> on another filesystem the rename fails (EXDEV) and no note can be written; "
-                   "the refusal now says why, but a fallback (e.g. an in-place write guarded by a copy in <state>) "
-                   "is a design change")
 def test_remember_with_state_on_another_filesystem(home):
     if os.geteuid() != 0 or not _mount_tmpfs(home.state, "8m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         with Server.start(home) as s:
             r = s.call("remember", {"add": "across filesystems"})
-            assert not r["isError"], r["content"][0]["text"]
+            assert not r["isError"], r["content"][0]["text"]  # §2.2 rev. 2: the temp file is beside the notes
+            assert home.notes.read_text() == "- across filesystems\n"
     finally:
         _umount(home.state)
 

@@ -728,3 +728,66 @@ def _atheris(argv: list[str]) -> None:
 if __name__ == "__main__":
     import sys
     _atheris(sys.argv)
+
+
+# --- the index copy's files (§7.2 rev. 2, issue 11) ------------------------------------
+
+def test_copy_files_fuzzed(tmp_path):
+    """Truncate, flip, inflate, rename and swap the copy's files: every variant is
+    refused as damaged, or loads into a cache that opens and answers."""
+    import random
+    from lnkmem.bridges.place import NotFound
+    from lnkmem.index import copy as copyfmt
+    from lnkmem.index.search import bm25
+    from lnkmem.index.store import Store
+    from tests.test_copy_verify import OF, _store_copy, check_copy
+    mine = _store_copy(tmp_path / "a", {f"d/f{i}.md": f"alpha{i} beta gamma {i}\n" * 3 for i in range(12)}, OF)
+    theirs = _store_copy(tmp_path / "b", {"x.md": "private zucchini\n"}, "agent o1/a2")
+    rng = random.Random(11)
+    names = [n for n in mine if n != "manifest.json"]
+    outcomes = {"damaged": 0, "loaded": 0}
+    deadline = time.monotonic() + 20 * SCALE
+    for i in range(int(400 * SCALE)):
+        if time.monotonic() > deadline:
+            break
+        files = dict(mine)
+        op = rng.choice(["truncate", "flip", "inflate", "rename", "swap", "manifest", "drop"])
+        victim = rng.choice(names + ["manifest.json"])
+        data = files[victim]
+        if op == "truncate":
+            files[victim] = data[: rng.randrange(len(data))]
+        elif op == "flip":
+            b = bytearray(data)
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            files[victim] = bytes(b)
+        elif op == "inflate":
+            raw = zlib.decompress(data) if victim != "manifest.json" else data
+            files[victim] = zlib.compress(raw + bytes(rng.randrange(1 << 22)))
+        elif op == "rename" and victim != "manifest.json":
+            files[copyfmt._name(victim.split("-")[0], data + b"x")] = files.pop(victim)
+        elif op == "swap":
+            files = dict(theirs) if rng.random() < 0.5 else {**files, "manifest.json": theirs["manifest.json"]}
+        elif op == "manifest":
+            m = json.loads(files["manifest.json"])
+            key = rng.choice(["segments", "table", "vectors", "model", "of", "format"])
+            m[key] = rng.choice([None, [], ["../x"], "seg-" + "0" * 40 + ".bin", 3, [names[0]] * 2])
+            files["manifest.json"] = json.dumps(m).encode()
+        elif op == "drop" and victim != "manifest.json":
+            del files[victim]
+        try:
+            v = check_copy(files)
+        except (copyfmt.CopyDamaged, NotFound):  # a missing file: damaged too once the manifest is seen again
+            outcomes["damaged"] += 1
+            continue
+        store = Store.open(str(tmp_path / "cache" / str(i)))
+        copyfmt.load(store, v, "v1")
+        live = store.snapshot.live
+        store.close()
+        again = Store(store.path)  # the cache opens and answers
+        assert again.snapshot.live == live
+        bm25(again, "alpha3 beta", 5)
+        again.close()
+        outcomes["loaded"] += 1
+    print("copy fuzz", outcomes)
+    assert outcomes["damaged"] > 50, outcomes

@@ -1,0 +1,399 @@
+"""§7.2 rev. 2: the index copy is untrusted input.
+
+Every file of a copy is checked before anything of it reaches the cache;
+a copy that fails is never loaded and blocks nothing: the engine indexes its
+sources, serves, and replaces the damaged copy at its next write-back,
+conditionally on the version it saw. Each case of issue 11's copy paragraph is
+reproduced here against the real `serve-many` and the fake storage bridge; a
+few checks that need a model (vector widths) are driven in-process on a copy
+made by the real export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from lnkmem.bridges.place import NotFound
+from lnkmem.index import copy as copyfmt
+from tests.bridges import KEY, OTHER_KEY, Bridges
+from tests.helpers import Home, Many, until
+
+FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
+OF = "agent o1/a1"
+
+
+@pytest.fixture
+def bridges(tmp_path):
+    b = Bridges(tmp_path / "link", bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o1", "key": OTHER_KEY}})
+    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
+    b.write_home("docs/other.md", "Penguins prefer the south.\n")
+    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
+    yield b
+    b.stop()
+
+
+def serve(bridges, tmp_path, name, env=None) -> Many:
+    e = dict(FAST)
+    e.update(env or {})
+    return Many(tmp_path / name / "mem.sock", {}, bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")], env=e)
+
+
+def copy_dir(bridges, agent="a1") -> Path:
+    return bridges.store("memory", agent) / "lnkmem"
+
+
+def copy_files(bridges, agent="a1") -> dict:
+    d = copy_dir(bridges, agent)
+    return {p.name: p.read_bytes() for p in d.iterdir()} if d.exists() else {}
+
+
+def check_copy(files: dict, of: str = OF) -> copyfmt.Verified:
+    """The copy passes every check (raises CopyDamaged when not)."""
+    m = copyfmt.decode_manifest(files["manifest.json"])
+
+    def fetch(n):
+        if n not in files:
+            raise NotFound(n)
+        return files[n]
+    return copyfmt.verify(m, fetch, of, {"home", "chats", "skills", "notes"})
+
+
+def unpack(blob: bytes) -> list:
+    return msgspec.msgpack.decode(zlib.decompress(blob))
+
+
+def put(bridges, kind: str, obj, agent="a1", raw: bytes = None) -> str:
+    """Write one content-addressed file into the copy; its name."""
+    blob = raw if raw is not None else zlib.compress(msgspec.msgpack.encode(obj), 3)
+    name = copyfmt._name(kind, blob)
+    (copy_dir(bridges, agent) / name).write_bytes(blob)
+    return name
+
+
+def set_manifest(bridges, m: dict, agent="a1") -> None:
+    (copy_dir(bridges, agent) / "manifest.json").write_bytes(json.dumps(m).encode())
+
+
+def manifest(bridges, agent="a1") -> dict:
+    return json.loads((copy_dir(bridges, agent) / "manifest.json").read_bytes())
+
+
+def make_copy(bridges, tmp_path, agent="a1", key=KEY) -> None:
+    """A valid copy, made by the engine itself."""
+    with serve(bridges, tmp_path, f"make-{agent}") as m, m.connect() as c:
+        assert c.first(bridges.bound(agent=agent, key=key)) == {"ok": True}
+        assert until(lambda: c.search("narwhal")["structuredContent"]["hits"], timeout=20)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": agent}}) == {"ok": True}
+    check_copy(copy_files(bridges, agent), f"agent o1/{agent}")
+
+
+def hits(c, q: str) -> list:
+    r = c.search(q)
+    assert not r.get("isError"), r
+    return [h["ref"] for h in r["structuredContent"]["hits"]]
+
+
+def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: str, forbidden=()) -> None:
+    """A fresh engine serves the sources, never the damaged copy, and replaces the
+    copy at its next write-back, conditionally on the version it saw."""
+    bridges.storage.request("DELETE", "/_log")
+    with serve(bridges, tmp_path, name) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
+        for q, ref in forbidden:
+            assert ref not in hits(c, q)
+        t0 = time.monotonic()
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert time.monotonic() - t0 < 10
+        assert m.proc.poll() is None
+    v = check_copy(copy_files(bridges))  # the copy is whole again
+    assert {r for r, _ in v.table.files} >= {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"}
+    puts = [e for e in bridges.storage.log() if e["method"] == "PUT" and e["path"].endswith("manifest.json")]
+    assert puts and puts[0]["status"] == 200, puts
+    assert puts[0].get("if_match", "").strip('"') == bad_version, puts[0]
+    lists = [e for e in bridges.storage.log() if e["method"] == "GET" and "?prefix=" in e["path"]]
+    assert len(lists) <= 4, len(lists)  # no re-listing loop (issue 11: ten times per try)
+
+
+def version_of(bridges) -> str:
+    import hashlib
+    return hashlib.sha256((copy_dir(bridges) / "manifest.json").read_bytes()).hexdigest()[:32]
+
+
+# --- each case of issue 11's copy paragraph ---------------------------------------------
+
+def test_table_naming_a_passage_beyond_next_pid_is_never_loaded(bridges, tmp_path):
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    table = unpack(copy_files(bridges)[m["table"]])
+    table[2] = 1  # next_pid below the ids the segments use
+    m["table"] = put(bridges, "table", table)
+    set_manifest(bridges, m)
+    served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
+    with serve(bridges, tmp_path, "t") as s, s.connect() as c:  # and a restart opens the cache
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
+
+
+def test_lengths_that_disagree_and_negative_ids(bridges, tmp_path):
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    seg = unpack(copy_files(bridges)[m["segments"][0]])
+    seg[1] = seg[1][:-4]  # one length fewer than passages
+    m["segments"][0] = put(bridges, "seg", seg)
+    table = unpack(copy_files(bridges)[m["table"]])
+    table[2] = -5
+    m["table"] = put(bridges, "table", table)
+    set_manifest(bridges, m)
+    served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
+
+
+def test_huge_next_pid_never_sizes_memory(bridges, tmp_path):
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    table = unpack(copy_files(bridges)[m["table"]])
+    table[2] = 300_000_000
+    m["table"] = put(bridges, "table", table)
+    set_manifest(bridges, m)
+    with serve(bridges, tmp_path, "t") as s, s.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
+        peak = int(open(f"/proc/{s.proc.pid}/status").read().split("VmHWM:")[1].split()[0])  # KiB
+        assert peak < 400 * 1024, peak
+        with s.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    v = check_copy(copy_files(bridges))
+    assert v.table.next_pid < 1000  # written back with ids that fit its passages
+
+
+def test_zip_bomb_segment(bridges, tmp_path):
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    z = zlib.compressobj(9)
+    zero = bytes(1 << 20)
+    bomb = b"".join(z.compress(zero) for _ in range(300)) + z.flush()  # 300 MB in ~300 KB
+    m["segments"].append(put(bridges, "seg", None, raw=bomb))
+    set_manifest(bridges, m)
+    with serve(bridges, tmp_path, "t") as s, s.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
+        t0 = time.monotonic()
+        hits(c, "penguins")
+        assert time.monotonic() - t0 < 2
+        peak = int(open(f"/proc/{s.proc.pid}/status").read().split("VmHWM:")[1].split()[0])
+        assert peak < 250 * 1024, peak
+        with s.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    check_copy(copy_files(bridges))
+
+
+@pytest.mark.parametrize("damage", ["truncated segment", "manifest not JSON", "missing file"])
+def test_unreadable_copy_blocks_nothing(bridges, tmp_path, damage):
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    if damage == "truncated segment":
+        blob = copy_files(bridges)[m["segments"][0]]
+        os.unlink(copy_dir(bridges) / m["segments"][0])
+        m["segments"][0] = put(bridges, "seg", None, raw=blob[: len(blob) // 2])
+        set_manifest(bridges, m)
+    elif damage == "manifest not JSON":
+        (copy_dir(bridges) / "manifest.json").write_bytes(b"{not json")
+    else:
+        os.unlink(copy_dir(bridges) / m["segments"][0])
+    served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
+
+
+def test_refs_leaving_their_source_are_never_served(bridges, tmp_path):
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    files = copy_files(bridges)
+    bad = "home/../../../../etc/passwd"
+    for i, name in enumerate(m["segments"]):
+        seg = unpack(files[name])
+        if "home/docs/plan.md" in seg[2]:
+            seg[2] = [bad if r == "home/docs/plan.md" else r for r in seg[2]]
+            seg[5] = [msgspec.msgpack.encode([bad] + msgspec.msgpack.decode(p)[1:]) if p else p for p in seg[5]]
+            m["segments"][i] = put(bridges, "seg", seg)
+    table = unpack(files[m["table"]])
+    table[0] = [[bad if r == "home/docs/plan.md" else r, rec] for r, rec in table[0]]
+    m["table"] = put(bridges, "table", table)
+    set_manifest(bridges, m)
+    served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges), forbidden=[("narwhal", bad)])
+
+
+def test_rewritten_segment_is_never_served(bridges, tmp_path):
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    files = copy_files(bridges)
+    for name in m["segments"]:
+        seg = unpack(files[name])
+        seg[5] = [p.replace(b"narwhal", b"forgery") for p in seg[5]]
+        seg[3] = [b"forgeri" if t == b"narwhal" else t for t in seg[3]]
+        (copy_dir(bridges) / name).write_bytes(zlib.compress(msgspec.msgpack.encode(seg)))  # same name
+    served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
+    with serve(bridges, tmp_path, "t2") as s, s.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
+        assert hits(c, "forgery") == []
+
+
+def test_another_agents_copy_is_never_served(bridges, tmp_path):
+    (bridges.store("conversations", "a2") / "p.jsonl").write_text('{"role": "user", "text": "my private zucchini"}\n')
+    bridges.write_home("docs/plan.md", "The narwhal migration plan.\n", agent="a2")
+    make_copy(bridges, tmp_path, agent="a2", key=OTHER_KEY)
+    make_copy(bridges, tmp_path)
+    for p in copy_dir(bridges).iterdir():  # a2's copy placed in a1's collection
+        p.unlink()
+    for p in copy_dir(bridges, "a2").iterdir():
+        (copy_dir(bridges) / p.name).write_bytes(p.read_bytes())
+    served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges),
+                                     forbidden=[("zucchini", "chats/p.jsonl")])
+
+
+# --- in-process: vectors (the copy fuzzer is in tests/test_fuzz.py) -------------------
+
+def _store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
+    """A copy made by the real indexer and export, with vectors of ``dim``."""
+    import numpy as np
+    from lnkmem.config import from_args
+    from lnkmem.engine import Memory
+    h = Home(tmp_path)
+    for rel, t in text.items():
+        h.write(rel, t)
+    mem = Memory(from_args(*h.args(), {}))
+    mem.store = mem.open_store()
+    mem.refresh_all()
+    mem.store.use_vector_model("m")
+    alive = [int(p) for p in np.flatnonzero(mem.store.snapshot.alive)]
+    vecs = np.eye(max(dim, len(alive)), dim, dtype=np.float32)[: len(alive)] + 0.01
+    mem.store.put_vectors(alive, vecs)
+    exp = copyfmt.export(mem.store, copyfmt.CopyState(), of)
+    mem.store.close()
+    files = dict(exp.blobs)
+    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    return files
+
+
+def test_vectors_of_another_width(tmp_path):
+    files = _store_copy(tmp_path / "a", {f"f{i}.md": f"word{i} text\n" for i in range(5)}, OF)
+    check_copy(files)
+    m = copyfmt.decode_manifest(files["manifest.json"])
+    vec = unpack(files[m.vectors[0]])
+    n = len(vec[0]) // 4
+    wide = 16
+    vec[1] = bytes(n * (wide + 4))  # rows 16 wide under a dim of 8: misattributed rows
+    blob = zlib.compress(msgspec.msgpack.encode(vec))
+    name = copyfmt._name("vec", blob)
+    files2 = dict(files)
+    files2[name] = blob
+    files2["manifest.json"] = json.dumps({**json.loads(files["manifest.json"]), "vectors": [name]}).encode()
+    with pytest.raises(copyfmt.CopyDamaged, match="rows and ids disagree"):
+        check_copy(files2)
+    vec[1], vec[2] = bytes(n * (wide + 4)), wide  # consistent, but not the model's width
+    blob = zlib.compress(msgspec.msgpack.encode(vec))
+    name = copyfmt._name("vec", blob)
+    files2[name] = blob
+    files2["manifest.json"] = json.dumps({**json.loads(files["manifest.json"]), "vectors": [name]}).encode()
+    check_copy(files2)
+    m2 = copyfmt.decode_manifest(files2["manifest.json"])
+    with pytest.raises(copyfmt.CopyDamaged, match="model's are 8"):
+        copyfmt.verify(m2, files2.__getitem__, OF, None, ("m", 8))
+
+
+# --- the copy while serving: re-checked (§7.2), written back debounced (§7.3) -------------
+
+def manifest_puts(bridges) -> list:
+    return [e for e in bridges.storage.log()
+            if e["method"] == "PUT" and e["path"].endswith("manifest.json") and e["status"] == 200]
+
+
+def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
+    """1,000 changed files told in ten controls while the index never rests for
+    the quiet time: one write-back after the burst, holding them all (not one for
+    the first file and one for the rest)."""
+    make_copy(bridges, tmp_path)  # the copy exists: the engine below starts clean
+    with serve(bridges, tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "40", "LNKMEM_QUIET_S": "4"}) as m, \
+            m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
+        time.sleep(0.5)
+        bridges.storage.request("DELETE", "/_log")
+        for k in range(10):  # 1,000 files, told in ten controls
+            for i in range(100):
+                bridges.write_home(f"burst/b{k}/f{i}.md", f"burstword{k}x{i} arrives\n")
+            with m.connect() as ctl:
+                assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/burst/b{k}"}}) == {"ok": True}
+            assert not manifest_puts(bridges)  # nothing is written while the burst goes on
+        assert until(lambda: manifest_puts(bridges), timeout=4 + 5)
+        time.sleep(1)
+        puts = manifest_puts(bridges)
+        assert len(puts) == 1, [p["time"] for p in puts]
+        v = check_copy(copy_files(bridges))
+        refs = {r for r, _ in v.table.files}
+        assert all(f"home/burst/b{k}/f{i}.md" in refs for k in range(10) for i in range(100))
+
+
+def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
+    env = {"LNKMEM_RECHECK_S": "0.5"}
+    with serve(bridges, tmp_path, "a", env=env) as a, a.connect() as ca:
+        assert ca.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in hits(ca, "narwhal"), timeout=20)
+        with a.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.storage.request("DELETE", "/_log")
+        time.sleep(1.6)
+        looks = [e for e in bridges.storage.log() if e["method"] == "GET" and e["path"].endswith("manifest.json")]
+        assert len(looks) >= 2 and all(e["if_none_match"] and e["status"] == 304 for e in looks), looks
+        # another engine indexes a new file and writes the copy; nobody tells the first one
+        bridges.write_home("docs/new.md", "Walruses arrive at dawn.\n")
+        with serve(bridges, tmp_path, "b") as b, b.connect() as cb:
+            assert cb.first(bridges.bound()) == {"ok": True}
+            assert until(lambda: "home/docs/new.md" in hits(cb, "walruses"), timeout=20)
+            with b.connect() as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert until(lambda: "home/docs/new.md" in hits(ca, "walruses"), timeout=5)
+
+
+def test_a_team_reader_looks_at_the_copy_again_before_a_search(tmp_path):
+    b = Bridges(tmp_path / "link", bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY}},
+                teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew", "a2": "o1/crew"},
+                              "grants": {"a1": "all", "a2": "all"}}})
+    try:
+        (b.team_folder("t1") / "memory").mkdir()
+        (b.team_folder("t1") / "memory" / "charter.md").write_text("The crew charters a schooner every July.\n")
+
+        def line(agent, owner, key, named, writes):
+            first = b.bound(agent=agent, owner=owner, key=key, notes=None)
+            first["team"] = {"id": "t1", "named": named, "writes": writes}
+            return first
+        env = {"LNKMEM_RECHECK_S": "1"}
+        with serve(b, tmp_path, "w", env=env) as mw, serve(b, tmp_path, "r", env=env) as mr, \
+                mw.connect() as w, mr.connect() as r:
+            assert w.first(line("a1", "o1", KEY, "crew", True)) == {"ok": True}
+            assert until(lambda: hits(w, "schooner") == ["home/charter.md"], timeout=15)
+            with mw.connect() as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+            assert r.first(line("a2", "o2", OTHER_KEY, "o1/crew", False)) == {"ok": True}
+            assert until(lambda: hits(r, "schooner") == ["home/charter.md"], timeout=15)
+            # the writer indexes a new file and writes the copy; the reader is told nothing
+            (b.team_folder("t1") / "memory" / "later.md").write_text("Barnacles on the schooner hull.\n")
+            with mw.connect() as ctl:
+                assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "later.md", "team": "t1"}}) == {"ok": True}
+            with mw.connect() as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+            b.storage.request("DELETE", "/_log")
+            time.sleep(1.2)
+            assert hits(r, "barnacles") == ["home/later.md"]
+            looks = [e for e in b.storage.log() if e["agent"] == "a2" and e["path"].endswith("manifest.json")]
+            assert any(e["status"] == 200 for e in looks), looks  # the newer version was fetched
+    finally:
+        b.stop()

@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -33,6 +34,8 @@ CANDIDATES = 100  # each ranking's depth before fusion
 QUERY_CACHE = 256
 EMBED_BATCH = 256
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
+POLL_S = 1.0  # local sources looked at this often when they cannot be watched
+REWATCH_S = 30.0  # and watching tried again after this long
 
 
 class NotesPlace:
@@ -358,6 +361,10 @@ class Memory:
         """The ref of a changed local path, or None when it is not indexed."""
         if isinstance(self.notes, LocalNotes) and path == self.notes.path:
             return "notes"
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:  # no ref names it (§3.2: skipped)
+            return None
         state = self.cfg.state
         if path == state or path.startswith(state + os.sep):
             return None
@@ -388,32 +395,58 @@ class Memory:
                 paths.append(d)
         if not paths:
             return
+        from watchfiles._rust_notify import WatchfilesRustInternalError
+        told = False
+        while not self._stop.is_set():
+            try:
+                self._watch_loop(paths)
+                return
+            except WatchfilesRustInternalError as e:
+                # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
+                # to stop watching) makes the watcher fail at every turn: look at
+                # every local source every POLL_S instead, and try watching again later
+                (log.debug if told else log.info)("watching by looking every %gs: %s", POLL_S, e)
+                told = True
+                until = time.monotonic() + REWATCH_S
+                while not self._stop.is_set() and time.monotonic() < until:
+                    self._rescan_local()
+                    self._stop.wait(POLL_S)
+            except Exception as e:  # the watcher is a help, not a need
+                log.warning("watching stopped: %s", e)
+                return
+
+    def _rescan_local(self) -> None:
+        """Look once more at every local source (events may have been missed)."""
+        for source, place in self.places.items():
+            if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
+                self.changed(source, wait=False)
+
+    def _watch_loop(self, paths: list[str]) -> None:
+        from watchfiles._rust_notify import RustNotify
         caught_up = False
-        try:
-            for changes in watchfiles.watch(*paths, stop_event=self._stop, debounce=WATCH_DEBOUNCE_MS,
-                                            step=20, rust_timeout=300, yield_on_timeout=True,
-                                            raise_interrupt=False, watch_filter=None):
-                if not changes:
+        with RustNotify(paths, False, False, 300, True, True) as watcher:
+            while not self._stop.is_set():
+                raw = watcher.watch(WATCH_DEBOUNCE_MS, 20, 300, self._stop)
+                if raw == "stop" or raw == "signal":
+                    return
+                if raw == "timeout" or not raw:
                     if not caught_up:  # watching now: look once more at what changed before
                         caught_up = True
-                        for source, place in self.places.items():
-                            if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
-                                self.changed(source, wait=False)
+                        self._rescan_local()
                     continue
-                refs = {self.ref_for(p) for _, p in changes}
+                changes = {p for _, p in raw}
+                refs = {self.ref_for(p) for p in changes}
                 for r in refs:
                     if r:
                         self.changed(r, wait=False)
                 # files made in a new folder before the watch on it began send no
                 # event of their own: look at new folders once more a little later
-                for _, p in changes:
+                for p in changes:
                     r = self.ref_for(p)
                     if r and os.path.isdir(p):
                         t = threading.Timer(0.5, self.changed, (r,), {"wait": False})
                         t.daemon = True
                         t.start()
-        except Exception as e:  # the watcher is a help, not a need
-            log.warning("watching stopped: %s", e)
 
 
 def _outermost(refs: set[str]) -> list[str]:

@@ -72,3 +72,68 @@ def test_names_not_utf8_are_skipped_and_counted_never_fatal(home):
         home.write("later.md", "The wombat is found.\n")
         assert until(lambda: refs(s.search("wombat")) == ["home/later.md"], timeout=10)
         assert s.proc.poll() is None
+
+
+# --- 2. links swapped in while reading ---------------------------------------------
+
+
+def _swapper(folder: Path, name: str, target: Path, inside: bytes, stop: threading.Event) -> threading.Thread:
+    """Swap ``folder/name`` between a file and a link to ``target``, atomically, until stopped."""
+
+    def run():
+        link, real = folder / ".swap-link", folder / ".swap-real"
+        while not stop.is_set():
+            try:
+                os.symlink(target, link)
+                os.rename(link, folder / name)
+                real.write_bytes(inside)
+                os.rename(real, folder / name)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _reads(s, ref: str, n: int) -> list[dict]:
+    """``n`` reads of ``ref`` sent at once, their answers."""
+    ids = []
+    for _ in range(n):
+        i = next(s.ids)
+        ids.append(i)
+        s.send({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "read", "arguments": {"ref": ref}}})
+    return [s.response(i, timeout=60) for i in ids]
+
+
+def test_a_file_swapped_for_a_link_outside_is_never_read(home, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text(f"{OUTSIDE} beyond Home\n")
+    docs = home.folder / "docs"
+    home.write("docs/f.md", "The quokka inside.\n")
+    home.write("docs/g.md", "The numbat inside.\n")
+    stop = threading.Event()
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        threads = [_swapper(docs, "f.md", outside / "secret.txt", b"The quokka inside.\n", stop),
+                   _swapper(home.folder, "docs2", outside, b"", stop)]  # a folder swapped too
+        try:
+            seen = []
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                seen += _reads(s, "home/docs/f.md", 200)
+                seen.append(s.call("list", {"ref": "home/docs2"}))
+                seen.append(s.search(OUTSIDE))
+            served = sum(1 for r in seen if not r.get("isError") and "quokka" in str(r))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not [r for r in seen if "beyond Home" in str(r) or "secret.txt" in str(r)]
+        assert served > 0  # the file itself was read whenever it was one
+        os.rename(outside / "secret.txt", outside / "secret2.txt")  # settle: f.md last written as a file
+        home.write("docs/f.md", "The quokka inside.\n")
+        assert until(lambda: refs(s.search("quokka")) == ["home/docs/f.md"], timeout=10)
+        assert refs(s.search(OUTSIDE)) == []

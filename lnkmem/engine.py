@@ -103,7 +103,9 @@ class Memory:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._watcher: Optional[threading.Thread] = None
-        self.tmpdir = self.layout.tmpdir
+        # documents are converted through temp files in a folder of this process's
+        # own: what a killed process left there is removed at the next start
+        self.tmpdir = os.path.join(self.layout.tmpdir, f"p{os.getpid()}") if self.layout.tmpdir else ""
         self.embedder = None
         self.vindex = None
         self.writeback = None
@@ -147,13 +149,54 @@ class Memory:
             self.store.close()
         if self.embedder:
             self.embedder.close()
+        if self.tmpdir:
+            import shutil
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def open_store(self) -> Store:
         os.makedirs(os.path.dirname(self.layout.index_path), mode=0o700, exist_ok=True)
+        if self.layout.tmpdir:
+            n = clean_tmp(self.layout.tmpdir, getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
+            if n:
+                log.info("removed %d temp files left by a process that was killed", n)
         store = Store.open(self.layout.index_path)
         if store.rebuilt_because:
             log.warning("index was damaged (%s); rebuilding", store.rebuilt_because)
+        store.on_damage = self._damaged
         return store
+
+    def _damaged(self, why: str) -> None:
+        """The index was found damaged while serving: rebuild it on the indexing thread."""
+        log.warning("the index is damaged (%s); rebuilding it from the sources", why)
+        self._queue.put(("\0rebuild", None))
+
+    def _rebuild(self) -> None:
+        """Start the index anew from the sources (and the copy, for a bound memory)."""
+        from lnkmem.index.store import wipe
+        old = self.store
+        if old is not None and old.damaged is None:
+            return  # already rebuilt
+        self.ready.clear()
+        on_commit = old.on_commit if old is not None else None
+        if old is not None:
+            try:
+                old.close()
+            except Exception as e:  # its file may be unreadable: it is wiped anyway
+                log.debug("closing the damaged index: %s", e)
+        wipe(self.layout.index_path)
+        store = self.open_store()
+        if self.vindex is not None:
+            if self.embedder is not None:
+                store.use_vector_model(self.embedder.model)
+            self.vindex.load(store)
+        self.store = store
+        if self.layout.replica is not None:
+            self._attach()
+        store.on_commit = on_commit
+        try:
+            self.refresh_all()
+        finally:
+            self.ready.set()
 
     def _committed(self) -> None:
         """The index changed: embed what is new, and write the copy back in time."""
@@ -198,6 +241,15 @@ class Memory:
                             events.append(d)
                 except queue.Empty:
                     pass
+                if "\0rebuild" in refs:
+                    refs.discard("\0rebuild")
+                    try:
+                        self._rebuild()
+                    except Exception as e:  # the disk, say: try again a little later
+                        log.exception("rebuilding the index failed: %s", e)
+                        t = threading.Timer(RETRY_S, self._queue.put, (("\0rebuild", None),))
+                        t.daemon = True
+                        t.start()
                 retry = "\0all" in refs
                 if retry:
                     refs.discard("\0all")
@@ -210,9 +262,10 @@ class Memory:
                     for r in _outermost(refs):
                         self.refresh(r)
                 except Exception as e:  # keep serving; the next change retries
-                    log.exception("indexing failed: %s", e)
-                    if retry:
-                        self._retry_all()
+                    if self.store.damaged is None:  # (a damaged index is rebuilt: queued already)
+                        log.exception("indexing failed: %s", e)
+                        if retry:
+                            self._retry_all()
                 for d in events:
                     d.set()
                 self._embed_wake.set()
@@ -447,6 +500,55 @@ class Memory:
                         t = threading.Timer(0.5, self.changed, (r,), {"wait": False})
                         t.daemon = True
                         t.start()
+
+
+STALE_S = 60.0  # a loose temp file older than this is no writer's any more
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
+
+
+def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:
+    """Remove temp files that processes killed mid-write left behind (§7.1): the
+    per-process folders ``p<pid>`` under ``tmpdir`` of processes gone, loose
+    files there, and ``notes-*`` temps in ``state``, once older than STALE_S.
+    Only regular files and those folders are touched, never through a link.
+    Returns how many were removed."""
+    removed = 0
+    now = time.time()
+    mine = f"p{os.getpid()}"
+    for folder, pattern in ((tmpdir, None), (state, "notes-")):
+        if not folder:
+            continue
+        try:
+            it = list(os.scandir(folder))
+        except OSError:
+            continue
+        for d in it:
+            try:
+                s = d.stat(follow_symlinks=False)
+                if pattern is None and d.is_dir(follow_symlinks=False) and d.name[:1] == "p" and d.name[1:].isdigit():
+                    if d.name != mine and not _alive(int(d.name[1:])):
+                        import shutil
+                        shutil.rmtree(d.path, ignore_errors=True)
+                        removed += 1
+                    continue
+                if not d.is_file(follow_symlinks=False) or now - s.st_mtime < STALE_S:
+                    continue
+                if pattern is not None and not (d.name.startswith(pattern) and len(d.name) == len(pattern) + 8):
+                    continue
+                os.unlink(d.path)
+                removed += 1
+            except OSError:
+                continue
+    return removed
 
 
 def _outermost(refs: set[str]) -> list[str]:

@@ -137,3 +137,103 @@ def test_a_file_swapped_for_a_link_outside_is_never_read(home, tmp_path):
         home.write("docs/f.md", "The quokka inside.\n")
         assert until(lambda: refs(s.search("quokka")) == ["home/docs/f.md"], timeout=10)
         assert refs(s.search(OUTSIDE)) == []
+
+
+# --- 3. a damaged data.mdb -----------------------------------------------------------
+
+
+def _indexed_home(home: Home, n: int = 40) -> None:
+    for i in range(n):
+        home.write(f"notes/n{i:03}.md", f"The pangolin note {i}. " + " ".join(f"w{i}x{j}" for j in range(80)) + "\n")
+
+
+def _hits(c, query: str) -> list:
+    """The refs a search answers, or None for a tool error (a damaged index being rebuilt)."""
+    r = c.search(query, limit=50)
+    return None if r.get("isError") else refs(r)
+
+
+def _data(home: Home) -> Path:
+    return home.state / "index" / "data.mdb"
+
+
+def _damage(path: Path, how: str, seed: int) -> None:
+    import random
+    rnd = random.Random(seed)
+    size = path.stat().st_size
+    pages = size // 4096
+    if how == "truncate":
+        os.truncate(path, [size // 2, size - 4096, 3 * 4096 + 17, 100][seed % 4])
+        return
+    with open(path, "r+b") as f:
+        for _ in range(3):
+            pg = rnd.randrange(2, pages)
+            f.seek(pg * 4096)
+            page = bytearray(f.read(4096))
+            if how == "zero":
+                page = bytearray(len(page))
+            else:
+                for _ in range(64):
+                    page[rnd.randrange(len(page))] ^= 1 << rnd.randrange(8)
+            f.seek(pg * 4096)
+            f.write(page)
+
+
+@pytest.mark.parametrize("how", ["truncate", "zero", "flip"])
+def test_damaged_data_mdb_between_runs_is_rebuilt_never_a_crash(home, how):
+    _indexed_home(home)
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert len(_hits(s, "pangolin") or ()) == 40
+    for seed in range(3):
+        _damage(_data(home), how, seed)
+        with Server.start(home) as s:
+            s.initialize()
+            s.wait_indexed(timeout=60)
+            assert sorted(refs(s.search("pangolin", limit=50))) == [f"home/notes/n{i:03}.md" for i in range(40)]
+            assert refs(s.search("w7x3")) == ["home/notes/n007.md"]
+            s.close()
+            assert s.proc.returncode == 0, s.stderr[-2000:]
+
+
+def test_data_mdb_truncated_while_serving_is_rebuilt(home):
+    _indexed_home(home)
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        os.truncate(_data(home), 4096 * 3)
+        r = s.search("pangolin", limit=50)  # an error for this call, or an answer: never a crash
+        assert s.proc.poll() is None
+        assert r.get("isError") or r["structuredContent"]["hits"] is not None
+        assert until(lambda: len(_hits(s, "pangolin") or ()) == 40, timeout=30)
+        assert refs(s.search("w7x3")) == ["home/notes/n007.md"]
+        assert s.proc.poll() is None
+
+
+def test_serve_many_damaged_index_of_one_agent_never_ends_anothers_sessions(tmp_path):
+    a, b = Home(tmp_path / "a"), Home(tmp_path / "b")
+    a.write("a.md", "The aardvark digs.\n")
+    _indexed_home(b, 20)
+    sock = tmp_path / "run" / "s.sock"
+    agents = {"a": agent_entry(a), "b": agent_entry(b)}
+    with Many(sock, agents, ["--stay"]) as m:
+        with m.hello("b") as cb:
+            cb.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+            assert until(lambda: len(_hits(cb, "pangolin") or ()) == 20, timeout=30)
+    # b's index damaged while no session of b is open, then b says Hello while a works
+    os.truncate(_data(b), 4096 + 17)
+    with Many(sock, agents, ["--stay"]) as m:
+        with m.hello("a") as ca:
+            ca.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+            assert until(lambda: refs(ca.search("aardvark")) == ["home/a.md"], timeout=30)
+            with m.hello("b") as cb:
+                cb.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+                assert until(lambda: len(_hits(cb, "pangolin") or ()) == 20, timeout=30)
+                # and damaged while serving: b's calls fail or answer, a's go on
+                os.truncate(_data(b), 4096 * 2)
+                cb.search("pangolin")
+                assert refs(ca.search("aardvark")) == ["home/a.md"]
+                assert until(lambda: len(_hits(cb, "pangolin") or ()) == 20, timeout=30)
+            assert refs(ca.search("aardvark")) == ["home/a.md"]
+        assert m.proc.poll() is None

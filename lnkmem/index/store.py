@@ -25,8 +25,12 @@ mutated, after each commit so that searches read a consistent snapshot.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import struct
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -35,7 +39,7 @@ import lmdb
 import msgspec
 import numpy as np
 
-from lnkmem.errors import DamagedIndex
+from lnkmem.errors import DamagedIndex, ToolError
 
 FORMAT = b"lnkmem-index-2"
 SOURCES = ("home", "chats", "skills", "notes")
@@ -69,6 +73,127 @@ _enc = msgspec.msgpack.Encoder()
 _dec_file = msgspec.msgpack.Decoder(FileRec)
 _dec_passage = msgspec.msgpack.Decoder(Passage)
 _dec_seg = msgspec.msgpack.Decoder(SegMeta)
+
+
+class DamagedWhileServing(DamagedIndex, ToolError):
+    """The index was found damaged under a call: that call fails, the index is rebuilt."""
+
+
+# --- LMDB's file, checked before it is mapped (§7.1 rev. 2) -----------------------------
+#
+# A data.mdb begins with two meta pages (LMDB 0.9, 64-bit): a 16-byte page header
+# (pgno u64, pad u16, flags u16, lower u16, upper u16), then MDB_meta: magic u32,
+# version u32, address u64, mapsize u64, two MDB_db records of 48 bytes (pad u32
+# -- the page size, in the first --, flags u16, depth u16, branch/leaf/overflow
+# pages, entries, root: u64 each), last page u64, txnid u64. LMDB serves from the
+# meta with the higher txnid; every page it may touch lies at or below its last
+# page. A file shorter than that, mapped, is a SIGBUS at the first touch.
+
+MDB_MAGIC = 0xBEEFC0DE
+MDB_DATA_VERSION = 1
+P_META = 0x08
+P_INVALID = (1 << 64) - 1
+_META = struct.Struct("<QHHHHIIQQ" + "IHHQQQQQ" * 2 + "QQ")
+
+
+def _meta(page: bytes, n: int) -> Optional[tuple[int, int, int, list[tuple[int, int, int, int, int]]]]:
+    """(psize, last page, txnid, [(depth, branch, leaf, overflow, root)] * 2) of a meta page, or None."""
+    if len(page) < _META.size:
+        return None
+    f = _META.unpack_from(page)
+    pgno, flags, magic, version = f[0], f[2], f[5], f[6]
+    if pgno != n or not flags & P_META or magic != MDB_MAGIC or version != MDB_DATA_VERSION:
+        return None
+    dbs = [(f[i + 2], f[i + 3], f[i + 4], f[i + 5], f[i + 7]) for i in (9, 17)]
+    return f[9], f[25], f[26], dbs
+
+
+def check_file(data: str) -> None:
+    """Raise DamagedIndex unless ``data`` (a data.mdb) is whole by its own header:
+    both meta pages sound, and the file as long as the pages the current one uses."""
+    fd = os.open(data, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        first = os.pread(fd, _META.size, 0)
+        m0 = _meta(first, 0)
+        if m0 is None:
+            raise DamagedIndex("data.mdb: the first meta page is not LMDB's")
+        psize = m0[0]
+        if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
+            raise DamagedIndex(f"data.mdb: page size {psize} is not one LMDB writes")
+        m1 = _meta(os.pread(fd, _META.size, psize), 1)
+        if m1 is None:
+            raise DamagedIndex("data.mdb: the second meta page is not LMDB's")
+    finally:
+        os.close(fd)
+    _, last, _, dbs = max(m0, m1, key=lambda m: m[2])
+    if size < (last + 1) * psize:
+        raise DamagedIndex(f"data.mdb holds {size} bytes but its index uses {(last + 1) * psize}")
+    for depth, branch, leaf, overflow, root in dbs:
+        if root == P_INVALID:
+            continue
+        if root > last or root < 2 or depth > 64 or branch + leaf + overflow > last + 1:
+            raise DamagedIndex("data.mdb: a table's root lies outside the file")
+
+
+_DEEP_CHECK = r"""
+import sys, lmdb
+env = lmdb.open(sys.argv[1], readonly=True, lock=False, max_dbs=64, map_size=int(sys.argv[2]),
+                readahead=False, subdir=True)
+with env.begin() as txn:
+    names = [bytes(k) for k in txn.cursor().iternext(values=False)]
+    for k, v in txn.cursor():
+        pass
+for name in names:
+    db = env.open_db(name, create=False)
+    with env.begin(db=db) as txn:
+        n = 0
+        for k, v in txn.cursor():
+            n += len(v)
+"""
+DEEP_CHECK_S = 120
+
+
+def deep_check(path: str) -> None:
+    """Read every page of the index in a child process: a damaged page there is the
+    child's SIGSEGV/SIGABRT or LMDB error, never this process's. Raises DamagedIndex."""
+    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL")}
+    try:
+        r = subprocess.run([sys.executable, "-I", "-c", _DEEP_CHECK, path, str(max(size, 1 << 20))],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=DEEP_CHECK_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise DamagedIndex(f"reading the whole index took over {DEEP_CHECK_S}s") from None
+    except OSError as e:  # no child can be started: the header check stands alone
+        return
+    if r.returncode != 0:
+        last = (r.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:200]
+        why = f"signal {-r.returncode}" if r.returncode < 0 else last
+        raise DamagedIndex(f"reading the whole index failed: {why}")
+
+
+SEAL = "sealed"  # beside data.mdb: its size, mtime and inode when it was last closed whole
+
+
+def _stamp(data: str) -> str:
+    st_ = os.stat(data)
+    return f"{FORMAT.decode()} {st_.st_size} {st_.st_mtime_ns} {st_.st_ino}"
+
+
+def _guarded(method):
+    """Store methods that read or write LMDB: refused once the index is damaged, and an
+    LMDB error under them marks it damaged (the engine rebuilds it)."""
+
+    @functools.wraps(method)
+    def run(self, *a, **kw):
+        self._guard()
+        try:
+            return method(self, *a, **kw)
+        except lmdb.Error as e:
+            raise self.damage(e) from None
+
+    return run
 
 
 def _k(n: int) -> bytes:
@@ -141,7 +266,13 @@ class Store:
     def __init__(self, path: str):
         self.path = path
         self.write_lock = threading.Lock()
-        self._open()
+        try:
+            self._open()
+        except BaseException:
+            env = getattr(self, "env", None)
+            if env is not None:
+                env.close()
+            raise
 
     # --- opening, checking, wiping ---------------------------------------
 
@@ -149,7 +280,18 @@ class Store:
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         size = self.MAP_SIZE
         data = os.path.join(self.path, "data.mdb")
-        if os.path.exists(data):
+        self.data = data
+        seal = os.path.join(self.path, SEAL)
+        try:
+            with open(seal) as f:
+                sealed = f.read()
+            os.unlink(seal)  # from now on the file may change
+        except OSError:
+            sealed = None
+        if os.path.lexists(data):
+            check_file(data)
+            if sealed != _stamp(data):  # not closed whole, or touched since: read it all first
+                deep_check(self.path)
             size = max(size, os.path.getsize(data) * 2)
         self.env = lmdb.open(
             self.path, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
@@ -173,6 +315,7 @@ class Store:
                 txn.put(b"next_seg", b"1", db=self.meta)
             elif fmt != FORMAT:
                 raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
+        self.psize = self.env.stat()["psize"]
         self.snapshot = self._load()
 
     @classmethod
@@ -180,7 +323,7 @@ class Store:
         """Open the index at ``path``; a damaged one is wiped and started anew."""
         try:
             return cls(path)
-        except (DamagedIndex, lmdb.Error, msgspec.DecodeError, ValueError) as e:
+        except (DamagedIndex, lmdb.Error, msgspec.DecodeError, ValueError, IndexError, OSError) as e:
             wipe(path)
             store = cls(path)
             store.rebuilt_because = str(e)
@@ -188,6 +331,31 @@ class Store:
 
     rebuilt_because: Optional[str] = None
     on_commit = None  # called after every change that is committed
+    on_damage = None  # called (once) when the index is found damaged while serving
+    damaged: Optional[str] = None
+
+    def _guard(self) -> None:
+        """Refuse to touch a damaged index, or one whose file became shorter than the
+        pages it uses (touching those would be a SIGBUS)."""
+        if self.damaged is not None:
+            raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
+                                      "from the sources; try again in a moment")
+        try:
+            size = os.stat(self.data).st_size
+            need = (self.env.info()["last_pgno"] + 1) * self.psize
+        except (OSError, lmdb.Error) as e:
+            raise self.damage(e) from None
+        if size < need:
+            raise self.damage(f"data.mdb holds {size} bytes but the index uses {need}")
+
+    def damage(self, why) -> DamagedWhileServing:
+        """Mark the index damaged (the engine is told once); the error for the call."""
+        if self.damaged is None:
+            self.damaged = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+            if self.on_damage is not None:
+                self.on_damage(self.damaged)
+        return DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
+                                   "from the sources; try again in a moment")
 
     def _changed(self) -> None:
         if self.on_commit is not None:
@@ -236,6 +404,7 @@ class Store:
         live = int(alive.sum())
         return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)))
 
+    @_guarded
     def refresh(self) -> Snapshot:
         """Reload the snapshot when another process has committed since."""
         with self.env.begin() as txn:
@@ -245,14 +414,32 @@ class Store:
         return self.snapshot
 
     def close(self) -> None:
-        self.env.close()
+        """Close; an index closed whole is sealed, so the next open need not read it all."""
+        with self.write_lock:
+            whole = self.damaged is None
+            try:
+                if whole:
+                    self.env.sync(True)
+            except lmdb.Error:
+                whole = False
+            self.env.close()
+            if whole:
+                try:
+                    tmp = os.path.join(self.path, SEAL + ".tmp")
+                    with open(tmp, "w") as f:
+                        f.write(_stamp(self.data))
+                    os.replace(tmp, os.path.join(self.path, SEAL))
+                except OSError:
+                    pass
 
     # --- reading ---------------------------------------------------------
 
+    @_guarded
     def all_files(self) -> dict[str, FileRec]:
         with self.env.begin() as txn:
             return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
 
+    @_guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
         out = {}
         p = prefix.encode()
@@ -266,6 +453,7 @@ class Store:
                     out[k.decode()] = (rec.version, rec.size)
         return out
 
+    @_guarded
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
         with self.env.begin() as txn:
             out = []
@@ -303,16 +491,19 @@ class Store:
                     break
                 yield bytes(k[4:]), v
 
+    @_guarded
     def get_meta(self, key: bytes) -> Optional[bytes]:
         with self.env.begin() as txn:
             return txn.get(key, db=self.meta)
 
+    @_guarded
     def put_meta(self, key: bytes, value: bytes) -> None:
         with self.write_lock, self.env.begin(write=True) as txn:
             txn.put(key, value, db=self.meta)
 
     # --- writing ---------------------------------------------------------
 
+    @_guarded
     def commit(self, batch: Batch) -> None:
         """Apply a batch in one transaction and publish a new snapshot."""
         if not batch:
@@ -397,6 +588,7 @@ class Store:
         v = self.get_meta(b"model")
         return v.decode() if v is not None else None
 
+    @_guarded
     def use_vector_model(self, model: str) -> bool:
         """Record whose vectors the index holds; another model's are dropped.
         Returns True when vectors were dropped."""
@@ -409,6 +601,7 @@ class Store:
             txn.put(b"model", model.encode(), db=self.meta)
             return old is not None
 
+    @_guarded
     def put_vectors(self, pids: list[int], vecs: np.ndarray, passages: Optional[list] = None) -> list[int]:
         """Store unit vectors (int8 with a scale) of passages still live and, when
         ``passages`` are given, still the passages embedded; returns those stored."""
@@ -433,6 +626,7 @@ class Store:
             self._changed()
         return stored
 
+    @_guarded
     def all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(pids, float32 matrix) of every stored vector."""
         pids, rows = [], []
@@ -451,10 +645,12 @@ class Store:
 
     # --- merging ---------------------------------------------------------
 
+    @_guarded
     def segment_sizes(self) -> dict[int, int]:
         with self.env.begin() as txn:
             return {int.from_bytes(k, "big"): len(v) for k, v in txn.cursor(db=self.segments)}
 
+    @_guarded
     def merge(self, segs: list[int]) -> None:
         """Merge segments into one, dropping dead passages from them."""
         if len(segs) < 2 and not self._has_dead():
@@ -543,7 +739,7 @@ def quantize(v: np.ndarray) -> bytes:
 
 def wipe(path: str) -> None:
     """Remove an index environment (only its own files)."""
-    for name in ("data.mdb", "lock.mdb"):
+    for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp"):
         try:
             os.unlink(os.path.join(path, name))
         except FileNotFoundError:

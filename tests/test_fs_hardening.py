@@ -237,3 +237,31 @@ def test_serve_many_damaged_index_of_one_agent_never_ends_anothers_sessions(tmp_
                 assert until(lambda: len(_hits(cb, "pangolin") or ()) == 20, timeout=30)
             assert refs(ca.search("aardvark")) == ["home/a.md"]
         assert m.proc.poll() is None
+
+
+# --- 5. temp files left by kills -------------------------------------------------------
+
+
+def test_temp_files_left_by_killed_processes_are_removed_at_start(home):
+    import subprocess
+    home.write("a.md", "The tapir.\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tmp = home.state / "tmp"
+    (tmp / f"p{dead.pid}").mkdir(parents=True)
+    (tmp / f"p{dead.pid}" / "doc-k2j3h4.pdf").write_bytes(b"%PDF half written")
+    old = time.time() - 3600
+    left = [tmp / "doc-a1b2c3d4.docx", home.state / "notes-x7y8z9w0"]
+    for p in left:
+        p.write_bytes(b"half written")
+        os.utime(p, (old, old))
+    fresh = home.state / "notes-q1w2e3r4"  # a live writer's, perhaps: kept
+    fresh.write_bytes(b"being written")
+    keep = home.state / "keep.txt"
+    keep.write_bytes(b"not a temp file")
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert not (tmp / f"p{dead.pid}").exists()
+        assert not any(p.exists() for p in left)
+        assert fresh.exists() and keep.exists()

@@ -265,3 +265,26 @@ def test_temp_files_left_by_killed_processes_are_removed_at_start(home):
         assert not (tmp / f"p{dead.pid}").exists()
         assert not any(p.exists() for p in left)
         assert fresh.exists() and keep.exists()
+
+
+# --- 4. `read` of a Home file over 4 MiB ---------------------------------------------
+
+
+def test_read_of_a_home_file_over_4_mib_counts_and_serves_every_line(home):
+    n = 300_000  # about 5.7 MiB
+    with open(home.folder / "big.log", "w") as f:
+        for i in range(1, n + 1):
+            f.write(f"line {i:06} of the big log\n")
+    assert (home.folder / "big.log").stat().st_size > 4 * 1024 * 1024
+    with Server.start(home) as s:
+        s.initialize()
+        r = s.call("read", {"ref": "home/big.log", "lines": [n - 2, n]})
+        sc = r["structuredContent"]
+        assert sc["total_lines"] == n and sc["lines"] == [n - 2, n] and not sc["truncated"]
+        assert sc["text"] == "\n".join(f"line {i:06} of the big log" for i in range(n - 2, n + 1))
+        whole = s.call("read", {"ref": "home/big.log"})["structuredContent"]
+        assert whole["total_lines"] == n and whole["truncated"] and whole["lines"][0] == 1
+        assert whole["text"].startswith("line 000001 of the big log\nline 000002")
+        assert whole["text"].count("\n") + 1 == whole["lines"][1]
+        past = s.call("read", {"ref": "home/big.log", "lines": [n + 1, n + 5]})
+        assert past["isError"] and str(n) in past["content"][0]["text"]

@@ -288,3 +288,36 @@ def test_read_of_a_home_file_over_4_mib_counts_and_serves_every_line(home):
         assert whole["text"].count("\n") + 1 == whole["lines"][1]
         past = s.call("read", {"ref": "home/big.log", "lines": [n + 1, n + 5]})
         assert past["isError"] and str(n) in past["content"][0]["text"]
+
+
+# --- 6. passage ids follow live data, not edits ---------------------------------------
+
+
+def _next_pid(home: Home) -> int:
+    import lmdb
+    env = lmdb.open(str(home.state / "index"), readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+            return int(txn.get(b"next_pid"))
+    finally:
+        env.close()
+
+
+def test_passage_ids_follow_live_data_not_edits(home):
+    def para(r: int, i: int, j: int) -> str:
+        return f"Round r{r}x{i} paragraph {j} of the kiwi file.\n" + "filler words here " * 40 + "\n\n"
+
+    files, paras, rounds = 6, 25, 25
+    with Server.start(home) as s:
+        s.initialize()
+        for r in range(rounds):
+            for i in range(files):
+                tmp = home.folder / f".f{i}.tmp"
+                tmp.write_text("".join(para(r, i, j) for j in range(paras)))
+                os.rename(tmp, home.folder / f"f{i}.md")
+            assert until(lambda: set(refs(s.search(f"r{r}x{files - 1}"))) == {f"home/f{files - 1}.md"}, timeout=20)
+        assert until(lambda: all(set(refs(s.search(f"r{rounds - 1}x{i}"))) == {f"home/f{i}.md"} for i in range(files)))
+        live = len(s.search("kiwi", limit=50)["structuredContent"]["hits"])
+        assert live == 50
+    # every passage made was counted: rounds x files x passages without reuse
+    assert _next_pid(home) <= 3 * files * paras

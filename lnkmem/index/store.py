@@ -216,6 +216,7 @@ class Snapshot:
     refs: list[str]
     live: int
     total_len: float
+    seg_of: Optional[np.ndarray] = None  # int32 per pid -> its segment, -1: in none (a free id)
 
     @property
     def avgdl(self) -> float:
@@ -332,6 +333,7 @@ class Store:
     rebuilt_because: Optional[str] = None
     on_commit = None  # called after every change that is committed
     on_damage = None  # called (once) when the index is found damaged while serving
+    on_alloc = None  # called with the ids a commit gave new passages (ids are reused)
     damaged: Optional[str] = None
 
     def _guard(self) -> None:
@@ -370,13 +372,17 @@ class Store:
             alive = np.zeros(cap, bool)
             src = np.zeros(cap, np.uint8)
             refid = np.full(cap, -1, np.int32)
+            seg_of = np.full(cap, -1, np.int32)
             refs: list[str] = []
             ids: dict[str, int] = {}
-            for _, v in txn.cursor(db=self.segments):
+            for k, v in txn.cursor(db=self.segments):
                 seg = _dec_seg.decode(v)
                 pids = np.frombuffer(seg.pids, "<u4")
                 if len(pids) != len(seg.refs) or (len(pids) and pids.max() >= cap):
                     raise DamagedIndex("segment table disagrees with passage ids")
+                if len(pids) and (seg_of[pids] >= 0).any():
+                    raise DamagedIndex("a passage id lies in two segments")
+                seg_of[pids] = int.from_bytes(k, "big")
                 doclen[pids] = np.frombuffer(seg.lens, "<u4")
                 alive[pids] = True
                 for r in dict.fromkeys(seg.refs):  # new refs, in order
@@ -402,7 +408,7 @@ class Store:
             if owned != int(alive.sum()):
                 raise DamagedIndex("live passages and files disagree")
         live = int(alive.sum())
-        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)))
+        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)), seg_of)
 
     @_guarded
     def refresh(self) -> Snapshot:
@@ -511,18 +517,28 @@ class Store:
         with self.write_lock:
             while True:
                 try:
-                    self._commit(batch)
+                    allocated = self._commit(batch)
                     break
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            if allocated and self.on_alloc is not None:
+                self.on_alloc(allocated)  # before any search sees them as live
             self.snapshot = self._load()
         self._changed()
 
-    def _commit(self, batch: Batch) -> None:
+    def _commit(self, batch: Batch) -> list[int]:
+        """One transaction; returns the ids given to new passages.
+
+        Ids follow live data, not edits: a segment whose passages are all dead
+        now is dropped at once (as a merge would drop it), and new passages take
+        the lowest ids no segment holds before new ones are made; ``next_pid``
+        comes down when the highest ids are free (not in a cache of a copy)."""
         with self.env.begin(write=True) as txn:
             next_pid = int(txn.get(b"next_pid", db=self.meta))
             seg = int(txn.get(b"next_seg", db=self.meta))
+            snap = self.snapshot if int(txn.get(b"gen", db=self.meta)) == self.snapshot.gen else None
             gone = set(batch.removed) | {f.ref for f in batch.files}
+            killed: list[int] = []
             for ref in gone:
                 old = txn.get(ref.encode(), db=self.files)
                 if old is None:
@@ -532,7 +548,27 @@ class Store:
                     txn.delete(_k(p), db=self.passages)
                     txn.delete(_k(p), db=self.vectors)
                     txn.delete(_k(p), db=self.vec_pending)
+                    killed.append(p)
                 txn.delete(ref.encode(), db=self.files)
+            ids = iter(())
+            if snap is not None and snap.seg_of is not None:  # else: another process wrote; plain ids
+                seg_of = snap.seg_of.copy()
+                if killed:
+                    alive = snap.alive.copy()
+                    alive[killed] = False
+                    for s in np.unique(seg_of[killed]).tolist():
+                        members = np.flatnonzero(seg_of == s)
+                        if s >= 0 and not alive[members].any():  # wholly dead: drop it now
+                            self._drop_segment(txn, s, members)
+                            seg_of[members] = -1
+                # a cache of a copy keeps its ids: the copy's vector chunks name passages
+                # by id, and an old chunk would give a reused id another passage's vector
+                if txn.get(b"copy", db=self.meta) is None:
+                    free = np.flatnonzero(seg_of[1:next_pid] < 0) + 1
+                    used = np.flatnonzero(seg_of[1:next_pid] >= 0)
+                    next_pid = int(used[-1]) + 2 if len(used) else 1  # the highest ids free: made again
+                    ids = iter(free[free < next_pid].tolist())
+            allocated: list[int] = []
             # postings of the whole batch as flat columns (C-speed extends), then
             # grouped by term with one sort
             p_terms: list[str] = []
@@ -545,9 +581,12 @@ class Store:
             for f in batch.files:
                 pids = []
                 for passage, (counts, length) in zip(f.passages, f.counts):
-                    pid = next_pid
-                    next_pid += 1
+                    pid = next(ids, None)  # ascending: a file's ids ascend with its lines
+                    if pid is None:
+                        pid = next_pid
+                        next_pid += 1
                     pids.append(pid)
+                    allocated.append(pid)
                     new_passages.append((_k(pid), _enc.encode(passage)))
                     seg_pids.append(pid)
                     seg_lens.append(length)
@@ -556,8 +595,10 @@ class Store:
                     p_tfs.extend(counts.values())
                     p_pids.extend([pid] * len(counts))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind)), db=self.files)
-            # ids only grow: appending packs the pages full
-            txn.cursor(db=self.passages).putmulti(new_passages, append=True)
+            # new ids only: appending packs the pages full; reused ones go in their place
+            last = txn.cursor(db=self.passages)
+            fresh = not new_passages or not last.last() or last.key() < new_passages[0][0]
+            txn.cursor(db=self.passages).putmulti(new_passages, append=fresh)
             if seg_pids:
                 sk = _k(seg)
                 names = sorted(dict.fromkeys(p_terms))
@@ -581,6 +622,22 @@ class Store:
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            return allocated
+
+    def _drop_segment(self, txn, seg: int, pids: np.ndarray) -> None:
+        """Remove a segment whose passages are all dead: its postings, its record,
+        its passages' dead marks and vectors. Their ids are free after it."""
+        sk = _k(seg)
+        cur = txn.cursor(db=self.postings)
+        if cur.set_range(sk):
+            while cur.key()[:4] == sk:
+                if not cur.delete():
+                    break
+        txn.delete(sk, db=self.segments)
+        for p in pids.tolist():
+            txn.delete(_k(p), db=self.dead)
+            txn.delete(_k(p), db=self.vectors)
+            txn.delete(_k(p), db=self.vec_pending)
 
     # --- vectors -----------------------------------------------------------
 

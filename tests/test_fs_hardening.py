@@ -321,3 +321,29 @@ def test_passage_ids_follow_live_data_not_edits(home):
         assert live == 50
     # every passage made was counted: rounds x files x passages without reuse
     assert _next_pid(home) <= 3 * files * paras
+
+
+def test_serve_many_one_agent_never_reads_anothers_files_through_a_swapped_link(tmp_path):
+    a, b = Home(tmp_path / "a"), Home(tmp_path / "b")
+    a.write("docs/f.md", "The quokka of a.\n")
+    b.write("private.md", "PRIVATE-OF-B the numbat.\n")
+    stop = threading.Event()
+    sock = tmp_path / "run" / "s.sock"
+    with Many(sock, {"a": agent_entry(a), "b": agent_entry(b)}, ["--stay"]) as m:
+        with m.hello("a") as ca, m.hello("b") as cb:
+            for c in (ca, cb):
+                c.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+            assert until(lambda: refs(cb.search("numbat")) == ["home/private.md"], timeout=20)
+            t = _swapper(a.folder / "docs", "f.md", b.folder / "private.md", b"The quokka of a.\n", stop)
+            try:
+                seen = []
+                deadline = time.monotonic() + 2
+                while time.monotonic() < deadline:
+                    seen.append(ca.call("read", {"ref": "home/docs/f.md"}))
+                    if len(seen) % 20 == 0:
+                        seen.append(ca.search("numbat PRIVATE"))
+            finally:
+                stop.set()
+                t.join()
+            assert not [r for r in seen if "PRIVATE-OF-B" in str(r) or "numbat" in str(r).replace("'numbat PRIVATE'", "")]
+            assert any("quokka" in str(r) for r in seen)

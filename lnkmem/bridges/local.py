@@ -41,6 +41,12 @@ def utf8(name: str) -> bool:
         return False
 
 
+def nameable(name: str) -> bool:
+    """Whether a ref can name this file name: valid UTF-8, and no backslash (refs
+    refuse it, §4.2)."""
+    return "\\" not in name and utf8(name)
+
+
 # --- openat2(RESOLVE_BENEATH) -------------------------------------------------------
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
@@ -187,15 +193,15 @@ class LocalPlace:
 
     def _entries(self, fd: int, rel: str) -> list[tuple[str, Optional[os.stat_result]]]:
         """(name, its own stat; None for a link) of each entry of an open folder
-        that may be served: hidden names left out, names that are not UTF-8
-        skipped and counted, excluded folders left out."""
+        that may be served: hidden names left out, names no ref can spell (not
+        UTF-8, a backslash) skipped and counted, excluded folders left out."""
         here = _fd_path(fd) or os.path.join(self.real, rel)
         out = []
         with os.scandir(fd) as it:  # its entries stat through ``fd``: used while it is open
             for d in it:
                 if d.name.startswith("."):
                     continue
-                if not utf8(d.name):  # no ref can name it
+                if not nameable(d.name):  # no ref can name it
                     self.skipped += 1
                     continue
                 try:

@@ -197,12 +197,19 @@ def test_damaged_data_mdb_between_runs_is_rebuilt_never_a_crash(home, how):
             assert s.proc.returncode == 0, s.stderr[-2000:]
 
 
-def test_data_mdb_truncated_while_serving_is_rebuilt(home):
+@pytest.mark.parametrize("how", ["truncate", "zero"])
+def test_data_mdb_damaged_while_serving_is_rebuilt(home, how):
     _indexed_home(home)
     with Server.start(home) as s:
         s.initialize()
         s.wait_indexed()
-        os.truncate(_data(home), 4096 * 3)
+        if how == "truncate":
+            os.truncate(_data(home), 4096 * 3)
+        else:
+            with open(_data(home), "r+b") as f:
+                for pg in range(2, _data(home).stat().st_size // 4096, 3):
+                    f.seek(pg * 4096)
+                    f.write(bytes(4096))
         r = s.search("pangolin", limit=50)  # an error for this call, or an answer: never a crash
         assert s.proc.poll() is None
         assert r.get("isError") or r["structuredContent"]["hits"] is not None

@@ -471,6 +471,7 @@ class Memory:
             return
         from watchfiles._rust_notify import WatchfilesRustInternalError
         told = False
+        rewatch = REWATCH_S
         while not self._stop.is_set():
             try:
                 self._watch_loop(paths)
@@ -478,22 +479,27 @@ class Memory:
             except WatchfilesRustInternalError as e:
                 # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
                 # to stop watching) makes the watcher fail at every turn: look at
-                # every local source every POLL_S instead, and try watching again later
-                (log.debug if told else log.info)("watching by looking every %gs: %s", POLL_S, e)
+                # every local source instead, every POLL_S or five times as long as a
+                # look takes (at most a fifth of a core), and try watching again later
+                (log.debug if told else log.info)("watching by looking every %gs or more: %s", POLL_S, e)
                 told = True
-                until = time.monotonic() + REWATCH_S
+                until = time.monotonic() + rewatch
+                rewatch = min(rewatch * 2, 600.0)
                 while not self._stop.is_set() and time.monotonic() < until:
-                    self._rescan_local()
-                    self._stop.wait(POLL_S)
+                    t0 = time.monotonic()
+                    self._rescan_local(wait=True)
+                    self._stop.wait(max(POLL_S, 4 * (time.monotonic() - t0)))
             except Exception as e:  # the watcher is a help, not a need
                 log.warning("watching stopped: %s", e)
                 return
 
-    def _rescan_local(self) -> None:
+    def _rescan_local(self, wait: bool = False) -> None:
         """Look once more at every local source (events may have been missed)."""
         for source, place in self.places.items():
+            if self._stop.is_set():
+                return
             if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
-                self.changed(source, wait=False)
+                self.changed(source, wait=wait, timeout=60)
 
     def _watch_loop(self, paths: list[str]) -> None:
         from watchfiles._rust_notify import RustNotify

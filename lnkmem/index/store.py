@@ -137,8 +137,12 @@ def check_file(data: str) -> None:
 
 
 _DEEP_CHECK = r"""
-import sys, lmdb
-env = lmdb.open(sys.argv[1], readonly=True, lock=False, max_dbs=64, map_size=int(sys.argv[2]),
+import sys
+try:
+    import lmdb
+except ImportError:
+    sys.exit(3)  # this child cannot check: not a verdict on the index
+env = lmdb.open(sys.argv[1], readonly=True, lock=True, max_dbs=64, map_size=int(sys.argv[2]),
                 readahead=False, subdir=True)
 with env.begin() as txn:
     names = [bytes(k) for k in txn.cursor().iternext(values=False)]
@@ -158,14 +162,17 @@ def deep_check(path: str) -> None:
     """Read every page of the index in a child process: a damaged page there is the
     child's SIGSEGV/SIGABRT or LMDB error, never this process's. Raises DamagedIndex."""
     size = os.path.getsize(os.path.join(path, "data.mdb"))
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "LC_ALL")}
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # lmdb where this process found it
     try:
-        r = subprocess.run([sys.executable, "-I", "-c", _DEEP_CHECK, path, str(max(size, 1 << 20))],
+        r = subprocess.run([sys.executable, "-c", _DEEP_CHECK, path, str(max(size, 1 << 20))],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            timeout=DEEP_CHECK_S, env=env)
     except subprocess.TimeoutExpired:
         raise DamagedIndex(f"reading the whole index took over {DEEP_CHECK_S}s") from None
     except OSError as e:  # no child can be started: the header check stands alone
+        return
+    if r.returncode == 3:
         return
     if r.returncode != 0:
         last = (r.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:200]

@@ -539,7 +539,8 @@ class Store:
         Ids follow live data, not edits: a segment whose passages are all dead
         now is dropped at once (as a merge would drop it), and new passages take
         the lowest ids no segment holds before new ones are made; ``next_pid``
-        comes down when the highest ids are free (not in a cache of a copy)."""
+        comes down when the highest ids are free (not in a cache of a copy
+        that holds vectors)."""
         with self.env.begin(write=True) as txn:
             next_pid = int(txn.get(b"next_pid", db=self.meta))
             seg = int(txn.get(b"next_seg", db=self.meta))
@@ -568,9 +569,10 @@ class Store:
                         if s >= 0 and not alive[members].any():  # wholly dead: drop it now
                             self._drop_segment(txn, s, members)
                             seg_of[members] = -1
-                # a cache of a copy keeps its ids: the copy's vector chunks name passages
-                # by id, and an old chunk would give a reused id another passage's vector
-                if txn.get(b"copy", db=self.meta) is None:
+                # a cache of a copy with vectors keeps its ids: the copy's vector chunks
+                # name passages by id, and an old chunk would give a reused id another
+                # passage's vector (all vectors are sent anew when a model first appears)
+                if txn.get(b"copy", db=self.meta) is None or txn.get(b"model", db=self.meta) is None:
                     free = np.flatnonzero(seg_of[1:next_pid] < 0) + 1
                     used = np.flatnonzero(seg_of[1:next_pid] >= 0)
                     next_pid = int(used[-1]) + 2 if len(used) else 1  # the highest ids free: made again

@@ -166,8 +166,8 @@ def _damage(path: Path, how: str, seed: int) -> None:
         os.truncate(path, [size // 2, size - 4096, 3 * 4096 + 17, 100][seed % 4])
         return
     with open(path, "r+b") as f:
-        for _ in range(3):
-            pg = rnd.randrange(2, pages)
+        for k in range(3):
+            pg = rnd.randrange(0, 2) if how == "flip" and k == 0 and seed % 2 else rnd.randrange(2, pages)
             f.seek(pg * 4096)
             page = bytearray(f.read(4096))
             if how == "zero":

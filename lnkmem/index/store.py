@@ -105,6 +105,8 @@ def _meta(page: bytes, n: int) -> Optional[tuple[int, int, int, list[tuple[int, 
     if pgno != n or not flags & P_META or magic != MDB_MAGIC or version != MDB_DATA_VERSION:
         return None
     dbs = [(f[i + 2], f[i + 3], f[i + 4], f[i + 5], f[i + 7]) for i in (9, 17)]
+    if f[8] < (f[25] + 1) * max(f[9], 1):  # a map smaller than the pages it holds
+        return None
     return f[9], f[25], f[26], dbs
 
 

@@ -35,10 +35,13 @@ def main(appends: int = 1000) -> None:
     spent = time.perf_counter() - t0
     snap = store.snapshot
     nbytes = snap.doclen.nbytes + snap.alive.nbytes + snap.src.nbytes + snap.refid.nbytes
-    t1 = time.perf_counter()
-    for _ in range(50):
-        bm25(store, "heron egret", 10)
-    search_ms = (time.perf_counter() - t1) / 50 * 1000
+    runs = []
+    for _ in range(7):  # the best of seven runs of 50 searches: a shared machine is noisy
+        t1 = time.perf_counter()
+        for _ in range(50):
+            bm25(store, "heron egret", 10)
+        runs.append((time.perf_counter() - t1) / 50 * 1000)
+    search_ms = min(runs)
     print(json.dumps({"appends": appends, "ids_used": int(store.get_meta(b"next_pid")) - 1, "live": snap.live,
                       "snapshot_bytes": nbytes, "segments": len(store.segment_sizes()),
                       "data_mdb_bytes": os.path.getsize(os.path.join(base, "index", "data.mdb")),

@@ -404,14 +404,14 @@ class Memory:
 
     def rank(self, query: str, limit: int, sources=None, under=None) -> tuple[list[tuple[int, float]], str]:
         """Best (pid, score) pairs and how they were ranked ("words" or "meaning+words")."""
-        import lmdb
         from lnkmem.index.hybrid import fuse
         from lnkmem.index.search import bm25
+        from lnkmem.index.store import DAMAGE_ERRORS
         meaning = self.embedder is not None and self.vindex.count() > 0
         store = self.store
         try:
             words = bm25(store, query, limit, sources, under, candidates=max(limit, CANDIDATES) if meaning else limit)
-        except lmdb.Error as e:  # a page found damaged under the search: this call fails, the index is rebuilt
+        except DAMAGE_ERRORS as e:  # a page found damaged under the search: this call fails, the index is rebuilt
             raise store.damage(e) from None
         if meaning:
             q = self.query_vector(query)

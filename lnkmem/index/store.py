@@ -190,16 +190,22 @@ def _stamp(data: str) -> str:
     return f"{FORMAT.decode()} {st_.st_size} {st_.st_mtime_ns} {st_.st_ino}"
 
 
+# LMDB's errors that say its file is damaged (not a full disk, not a full map)
+DAMAGE_ERRORS = tuple(getattr(lmdb, n) for n in (
+    "CorruptedError", "PageNotFoundError", "InvalidError", "VersionMismatchError", "PanicError",
+    "BadChecksumError", "IncompatibleError") if hasattr(lmdb, n))
+
+
 def _guarded(method):
     """Store methods that read or write LMDB: refused once the index is damaged, and an
-    LMDB error under them marks it damaged (the engine rebuilds it)."""
+    LMDB error saying its file is damaged marks it so (the engine rebuilds it)."""
 
     @functools.wraps(method)
     def run(self, *a, **kw):
         self._guard()
         try:
             return method(self, *a, **kw)
-        except lmdb.Error as e:
+        except DAMAGE_ERRORS as e:
             raise self.damage(e) from None
 
     return run

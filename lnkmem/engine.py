@@ -478,9 +478,17 @@ class Memory:
                 return
             except WatchfilesRustInternalError as e:
                 # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
-                # to stop watching) makes the watcher fail at every turn: look at
-                # every local source instead, every POLL_S or five times as long as a
-                # look takes (at most a fifth of a core), and try watching again later
+                # to stop watching) makes watchfiles fail at every turn: watch with
+                # inotify itself, which keeps names as bytes
+                log.info("watching with inotify: %s", e)
+                try:
+                    self._inotify_loop(paths)
+                    return
+                except OSError as e2:
+                    e = e2
+                # no inotify (or no watches left): look at every local source
+                # instead, every POLL_S or five times as long as a look takes (at
+                # most a fifth of a core), and try watching again later
                 (log.debug if told else log.info)("watching by looking every %gs or more: %s", POLL_S, e)
                 told = True
                 until = time.monotonic() + rewatch
@@ -500,6 +508,35 @@ class Memory:
                 return
             if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
                 self.changed(source, wait=wait, timeout=60)
+
+    def _inotify_loop(self, paths: list[str]) -> None:
+        """Watch with inotify directly (bytes names), until stopped."""
+        from lnkmem.inotify import Inotify
+        ino = Inotify()
+        try:
+            for p in paths:
+                ino.add_tree(os.fsencode(p))
+            self._rescan_local()  # what changed before the watches were in place
+            while not self._stop.is_set():
+                events = ino.read(0.3)
+                if events is None:  # events were lost: look at everything
+                    self._rescan_local()
+                    continue
+                if not events:
+                    continue
+                deadline = time.monotonic() + WATCH_DEBOUNCE_MS / 1000
+                while (left := deadline - time.monotonic()) > 0:
+                    more = ino.read(left)
+                    if more is None:
+                        self._rescan_local()
+                        break
+                    events += more
+                refs = {self.ref_for(os.fsdecode(p)) for _, p in events}
+                for r in refs:
+                    if r:
+                        self.changed(r, wait=False)
+        finally:
+            ino.close()
 
     def _watch_loop(self, paths: list[str]) -> None:
         from watchfiles._rust_notify import RustNotify

@@ -71,6 +71,12 @@ def test_names_not_utf8_are_skipped_and_counted_never_fatal(home):
         os.mkdir(_bad(home.folder, b"new\xfe"))
         home.write("later.md", "The wombat is found.\n")
         assert until(lambda: refs(s.search("wombat")) == ["home/later.md"], timeout=10)
+        home.write("fresh/deep/x.md", "The dingo in a new folder.\n")  # a folder made while watching
+        home.write("good03.md", "The quokka number 3 now sings.\n")  # a file changed
+        with open(_bad(home.folder, b"new\xfe/inner.md"), "wb") as f:
+            f.write(b"The dingo hides in a bad folder.\n")
+        assert until(lambda: refs(s.search("dingo")) == ["home/fresh/deep/x.md"], timeout=10)
+        assert until(lambda: refs(s.search("sings")) == ["home/good03.md"], timeout=10)
         assert s.proc.poll() is None
 
 

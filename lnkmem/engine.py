@@ -459,7 +459,7 @@ class Memory:
         if self.error:
             return
         try:
-            import watchfiles
+            import watchfiles  # noqa: F401  (a help, not a need)
         except ImportError:
             return
         paths = [r for r, _ in self._roots() if os.path.isdir(r)]

@@ -9,7 +9,6 @@ the real `lnk-lnkmem` over its real pipes or socket.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from pathlib import Path

@@ -36,6 +36,8 @@ EMBED_BATCH = 256
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
 BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
 PATH_ITEM = "\0path/"  # a queued `changed` path as Link names it, resolved on the index thread
+POLL_S = 1.0  # local sources looked at this often when they cannot be watched
+REWATCH_S = 30.0  # and watching tried again after this long
 
 
 class NotesPlace:
@@ -104,7 +106,9 @@ class Memory:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._watcher: Optional[threading.Thread] = None
-        self.tmpdir = self.layout.tmpdir
+        # documents are converted through temp files in a folder of this process's
+        # own: what a killed process left there is removed at the next start
+        self.tmpdir = os.path.join(self.layout.tmpdir, f"p{os.getpid()}") if self.layout.tmpdir else ""
         self.embedder = None
         self.vindex = None
         self.writeback = None
@@ -148,13 +152,70 @@ class Memory:
             self.store.close()
         if self.embedder:
             self.embedder.close()
+        if self.tmpdir:
+            import shutil
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def open_store(self) -> Store:
         os.makedirs(os.path.dirname(self.layout.index_path), mode=0o700, exist_ok=True)
+        if self.layout.tmpdir:
+            n = clean_tmp(self.layout.tmpdir, getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
+            if n:
+                log.info("removed %d temp files left by a process that was killed", n)
         store = Store.open(self.layout.index_path)
         if store.rebuilt_because:
             log.warning("index was damaged (%s); rebuilding", store.rebuilt_because)
+        store.on_damage = self._damaged
+        store.on_alloc = self._forget_vectors
         return store
+
+    def _forget_vectors(self, pids: list[int]) -> None:
+        """Ids given to new passages (ids are reused): no vector held for them is theirs."""
+        vi = self.vindex
+        if vi is None:
+            return
+        import numpy as np
+        with vi.lock:
+            has = vi.has
+            p = np.asarray(pids, np.int64)
+            p = p[p < len(has)]
+            if len(p) and has[p].any():
+                has = has.copy()
+                has[p] = False
+                vi.has = has
+
+    def _damaged(self, why: str) -> None:
+        """The index was found damaged while serving: rebuild it on the indexing thread."""
+        log.warning("the index is damaged (%s); rebuilding it from the sources", why)
+        self._queue.put(("\0rebuild", None))
+
+    def _rebuild(self) -> None:
+        """Start the index anew from the sources (and the copy, for a bound memory)."""
+        from lnkmem.index.store import wipe
+        old = self.store
+        if old is not None and old.damaged is None:
+            return  # already rebuilt
+        self.ready.clear()
+        on_commit = old.on_commit if old is not None else None
+        if old is not None:
+            try:
+                old.close()
+            except Exception as e:  # its file may be unreadable: it is wiped anyway
+                log.debug("closing the damaged index: %s", e)
+        wipe(self.layout.index_path)
+        store = self.open_store()
+        if self.vindex is not None:
+            if self.embedder is not None:
+                store.use_vector_model(self.embedder.model)
+            self.vindex.load(store)
+        self.store = store
+        if self.layout.replica is not None:
+            self._attach()
+        store.on_commit = on_commit
+        try:
+            self.refresh_all()
+        finally:
+            self.ready.set()
 
     def _committed(self) -> None:
         """The index changed: embed what is new, and write the copy back in time."""
@@ -212,6 +273,15 @@ class Memory:
                                 events.append(d)
                     except queue.Empty:
                         pass
+                if "\0rebuild" in refs:
+                    refs.discard("\0rebuild")
+                    try:
+                        self._rebuild()
+                    except Exception as e:  # the disk, say: try again a little later
+                        log.exception("rebuilding the index failed: %s", e)
+                        t = threading.Timer(RETRY_S, self._queue.put, (("\0rebuild", None),))
+                        t.daemon = True
+                        t.start()
                 retry = "\0all" in refs
                 if retry:
                     refs.discard("\0all")
@@ -254,9 +324,10 @@ class Memory:
                     if failed is not None:
                         raise failed
                 except Exception as e:  # keep serving; the next change retries
-                    log.exception("indexing failed: %s", e)
-                    if retry:
-                        self._retry_all()
+                    if self.store.damaged is None:  # (a damaged index is rebuilt: queued already)
+                        log.exception("indexing failed: %s", e)
+                        if retry:
+                            self._retry_all()
                 for d in events:
                     d.set()
                 self._embed_wake.set()
@@ -427,8 +498,13 @@ class Memory:
         from lnkmem.index.hybrid import fuse
         from lnkmem.index.search import bm25
         self.check_copy()
+        from lnkmem.index.store import DAMAGE_ERRORS
         meaning = self.embedder is not None and self.vindex.count() > 0
-        words = bm25(self.store, query, limit, sources, under, candidates=max(limit, CANDIDATES) if meaning else limit)
+        store = self.store
+        try:
+            words = bm25(store, query, limit, sources, under, candidates=max(limit, CANDIDATES) if meaning else limit)
+        except DAMAGE_ERRORS as e:  # a page found damaged under the search: this call fails, the index is rebuilt
+            raise store.damage(e) from None
         if meaning:
             q = self.query_vector(query)
             if q is not None:
@@ -451,6 +527,10 @@ class Memory:
         """The ref of a changed local path, or None when it is not indexed."""
         if isinstance(self.notes, LocalNotes) and path == self.notes.path:
             return "notes"
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:  # no ref names it (§3.2: skipped)
+            return None
         state = self.cfg.state
         if path == state or path.startswith(state + os.sep):
             return None
@@ -471,7 +551,7 @@ class Memory:
         if self.error:
             return
         try:
-            import watchfiles
+            import watchfiles  # noqa: F401  (a help, not a need)
         except ImportError:
             return
         paths = [r for r, _ in self._roots() if os.path.isdir(r)]
@@ -481,32 +561,150 @@ class Memory:
                 paths.append(d)
         if not paths:
             return
-        caught_up = False
+        from watchfiles._rust_notify import WatchfilesRustInternalError
+        told = False
+        rewatch = REWATCH_S
+        while not self._stop.is_set():
+            try:
+                self._watch_loop(paths)
+                return
+            except WatchfilesRustInternalError as e:
+                # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
+                # to stop watching) makes watchfiles fail at every turn: watch with
+                # inotify itself, which keeps names as bytes
+                log.info("watching with inotify: %s", e)
+                try:
+                    self._inotify_loop(paths)
+                    return
+                except OSError as e2:
+                    e = e2
+                # no inotify (or no watches left): look at every local source
+                # instead, every POLL_S or five times as long as a look takes (at
+                # most a fifth of a core), and try watching again later
+                (log.debug if told else log.info)("watching by looking every %gs or more: %s", POLL_S, e)
+                told = True
+                until = time.monotonic() + rewatch
+                rewatch = min(rewatch * 2, 600.0)
+                while not self._stop.is_set() and time.monotonic() < until:
+                    t0 = time.monotonic()
+                    self._rescan_local(wait=True)
+                    self._stop.wait(max(POLL_S, 4 * (time.monotonic() - t0)))
+            except Exception as e:  # the watcher is a help, not a need
+                log.warning("watching stopped: %s", e)
+                return
+
+    def _rescan_local(self, wait: bool = False) -> None:
+        """Look once more at every local source (events may have been missed)."""
+        for source, place in self.places.items():
+            if self._stop.is_set():
+                return
+            if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
+                self.changed(source, wait=wait, timeout=60)
+
+    def _inotify_loop(self, paths: list[str]) -> None:
+        """Watch with inotify directly (bytes names), until stopped."""
+        from lnkmem.inotify import Inotify
+        ino = Inotify()
         try:
-            for changes in watchfiles.watch(*paths, stop_event=self._stop, debounce=WATCH_DEBOUNCE_MS,
-                                            step=20, rust_timeout=300, yield_on_timeout=True,
-                                            raise_interrupt=False, watch_filter=None):
-                if not changes:
+            for p in paths:
+                ino.add_tree(os.fsencode(p))
+            self._rescan_local()  # what changed before the watches were in place
+            while not self._stop.is_set():
+                events = ino.read(0.3)
+                if events is None:  # events were lost: look at everything
+                    self._rescan_local()
+                    continue
+                if not events:
+                    continue
+                deadline = time.monotonic() + WATCH_DEBOUNCE_MS / 1000
+                while (left := deadline - time.monotonic()) > 0:
+                    more = ino.read(left)
+                    if more is None:
+                        self._rescan_local()
+                        break
+                    events += more
+                refs = {self.ref_for(os.fsdecode(p)) for _, p in events}
+                for r in refs:
+                    if r:
+                        self.changed(r, wait=False)
+        finally:
+            ino.close()
+
+    def _watch_loop(self, paths: list[str]) -> None:
+        from watchfiles._rust_notify import RustNotify
+        caught_up = False
+        with RustNotify(paths, False, False, 300, True, True) as watcher:
+            while not self._stop.is_set():
+                raw = watcher.watch(WATCH_DEBOUNCE_MS, 20, 300, self._stop)
+                if raw == "stop" or raw == "signal":
+                    return
+                if raw == "timeout" or not raw:
                     if not caught_up:  # watching now: look once more at what changed before
                         caught_up = True
-                        for source, place in self.places.items():
-                            if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
-                                self.changed(source, wait=False)
+                        self._rescan_local()
                     continue
-                refs = {self.ref_for(p) for _, p in changes}
+                changes = {p for _, p in raw}
+                refs = {self.ref_for(p) for p in changes}
                 for r in refs:
                     if r:
                         self.changed(r, wait=False)
                 # files made in a new folder before the watch on it began send no
                 # event of their own: look at new folders once more a little later
-                for _, p in changes:
+                for p in changes:
                     r = self.ref_for(p)
                     if r and os.path.isdir(p):
                         t = threading.Timer(0.5, self.changed, (r,), {"wait": False})
                         t.daemon = True
                         t.start()
-        except Exception as e:  # the watcher is a help, not a need
-            log.warning("watching stopped: %s", e)
+
+
+STALE_S = 60.0  # a loose temp file older than this is no writer's any more
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
+
+
+def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:
+    """Remove temp files that processes killed mid-write left behind (§7.1): the
+    per-process folders ``p<pid>`` under ``tmpdir`` of processes gone, loose
+    files there, and ``notes-*`` temps in ``state``, once older than STALE_S.
+    Only regular files and those folders are touched, never through a link.
+    Returns how many were removed."""
+    removed = 0
+    now = time.time()
+    mine = f"p{os.getpid()}"
+    for folder, pattern in ((tmpdir, None), (state, "notes-")):
+        if not folder:
+            continue
+        try:
+            it = list(os.scandir(folder))
+        except OSError:
+            continue
+        for d in it:
+            try:
+                s = d.stat(follow_symlinks=False)
+                if pattern is None and d.is_dir(follow_symlinks=False) and d.name[:1] == "p" and d.name[1:].isdigit():
+                    if d.name != mine and not _alive(int(d.name[1:])):
+                        import shutil
+                        shutil.rmtree(d.path, ignore_errors=True)
+                        removed += 1
+                    continue
+                if not d.is_file(follow_symlinks=False) or now - s.st_mtime < STALE_S:
+                    continue
+                if pattern is not None and not (d.name.startswith(pattern) and len(d.name) == len(pattern) + 8):
+                    continue
+                os.unlink(d.path)
+                removed += 1
+            except OSError:
+                continue
+    return removed
 
 
 def _outermost(refs: set[str]) -> list[str]:

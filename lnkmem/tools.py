@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from lnkmem import budget
-from lnkmem.bridges.place import Forbidden, NotFound, check_relpath
+from lnkmem.bridges.place import MAX_FILE, Forbidden, NotFound, check_relpath
 from lnkmem.engine import Memory
 from lnkmem.errors import ToolError
 from lnkmem.index import analyze, chats, documents
@@ -128,14 +128,33 @@ def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
     source, path, place = _place_for(memory, args.ref)
     if source != "notes" and not path:
         raise ToolError(f"ref: {args.ref!r} is a folder; use list")
+    name = path.rsplit("/", 1)[-1]
+    big = None
     try:
-        data, _ = place.read(path)
+        if (source != "notes" and hasattr(place, "read_lines") and not documents.is_document(path)
+                and not (source == "chats" and name.endswith(".jsonl"))):
+            e = place.stat(path)
+            if e is not None and e.size > MAX_FILE:  # not indexed, but served: streamed, line by line
+                big = place.read_lines(path, *(args.lines or (1, None)), memory.cfg.budget)
+        if big is None:
+            data, _ = place.read(path)
     except Forbidden as e:
         raise ToolError(f"ref: {e}") from None
     except (NotFound, IsADirectoryError, OSError):
         raise ToolError(f"ref: {args.ref!r} names no file") from None
-    name = path.rsplit("/", 1)[-1]
-    if source == "chats" and name.endswith(".jsonl"):
+    if big is not None:
+        raw, total, _, binary = big
+        if binary:
+            raise ToolError(f"ref: {args.ref!r} is not a text file")
+        first, last = args.lines or (1, max(total, 1))
+        if total and first > total:
+            raise ToolError(f"lines: the file has {total} lines, fewer than {first}")
+        last = min(last, total) if total else first
+        body = raw.decode("utf-8", "replace")
+        if body.endswith("\n"):
+            body = body[:-1]
+        shown = (first, last)
+    elif source == "chats" and name.endswith(".jsonl"):
         text = data.decode("utf-8", "replace")
         total = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
         first, last = args.lines or (1, max(total, 1))

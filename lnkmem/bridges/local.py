@@ -1,16 +1,99 @@
-"""A local folder as a place (§3.2 rules for what is listed and read)."""
+"""A local folder as a place (§3.2 rules for what is listed and read).
+
+Every open goes through :meth:`LocalPlace._open`, which no link swapped in
+between a check and the open can lead outside the root (§3.2 rev. 2): the
+path is opened beneath the root with ``openat2(RESOLVE_BENEATH)`` where the
+kernel has it, and in every case the opened descriptor itself (its path in
+``/proc/self/fd``) is checked to lie inside the root and outside the
+excluded folders before anything is read from it. Folders are walked
+through such descriptors too, so a folder swapped for a link mid-walk is
+never entered. A name that is not valid UTF-8 is skipped and counted: it
+has no ref (§3.1 refs are text), and it never stops a walk or a listing.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 import stat as st
 from typing import Iterable, Optional
 
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
 
+O_PATH = getattr(os, "O_PATH", 0)
+READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+META_FLAGS = (O_PATH or os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY) | getattr(os, "O_CLOEXEC", 0)
+
 
 def version_of(s: os.stat_result) -> str:
     return f"{s.st_mtime_ns:x}-{s.st_size:x}-{s.st_ino:x}"
+
+
+def utf8(name: str) -> bool:
+    """Whether a name from the filesystem is valid UTF-8 (no surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def nameable(name: str) -> bool:
+    """Whether a ref can name this file name: valid UTF-8, and no backslash (refs
+    refuse it, §4.2)."""
+    return "\\" not in name and utf8(name)
+
+
+# --- openat2(RESOLVE_BENEATH) -------------------------------------------------------
+
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_BENEATH = 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+try:
+    _syscall = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).syscall
+    _syscall.restype = ctypes.c_long
+    _has_openat2 = os.uname().sysname == "Linux"
+except (OSError, AttributeError):
+    _syscall = None
+    _has_openat2 = False
+
+
+def _openat2(dirfd: int, rel: str, flags: int) -> Optional[int]:
+    """``rel`` opened beneath ``dirfd``; None when the kernel (or a sandbox) lacks openat2.
+    Raises OSError (EXDEV: a link or `..` would leave ``dirfd``)."""
+    global _has_openat2
+    if not _has_openat2:
+        return None
+    how = _OpenHow(flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+    fd = _syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(rel)),
+                  ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd >= 0:
+        return int(fd)
+    e = ctypes.get_errno()
+    if e in (errno.ENOSYS, errno.EPERM, errno.E2BIG, errno.EINVAL):
+        _has_openat2 = False  # seccomp or an old kernel: the descriptor check alone guards
+        return None
+    raise OSError(e, os.strerror(e), rel)
+
+
+def _fd_path(fd: int) -> Optional[str]:
+    """Where an open descriptor really is, or None without /proc."""
+    try:
+        p = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    if p.endswith(" (deleted)"):
+        p = p[: -len(" (deleted)")]
+    return p
 
 
 class LocalPlace:
@@ -28,121 +111,239 @@ class LocalPlace:
             return False
         return real == self.real or real.startswith(self.real + os.sep)
 
-    def resolve(self, path: str) -> str:
-        """The absolute path of ``path``; Forbidden if it leaves the root."""
+    def _rel(self, path: str) -> str:
+        """A clean relative path that may be served; Forbidden otherwise."""
         rel = check_relpath(path)
-        if any(p.startswith(".") for p in rel.split("/") if p):
+        parts = [p for p in rel.split("/") if p]
+        if any(p.startswith(".") for p in parts):
             raise Forbidden(f"hidden paths are not served: {path!r}")
-        full = os.path.join(self.root, rel) if rel else self.root
-        real = os.path.realpath(full)
-        if not self._inside(real):
-            raise Forbidden(f"path leaves its root: {path!r}")
-        return full
+        if not utf8(rel):
+            raise Forbidden(f"not a UTF-8 path: {path!r}")
+        return rel
+
+    def _open(self, rel: str, flags: int) -> int:
+        """A descriptor of ``rel`` (already clean) that lies inside the root.
+
+        Opened beneath the root where the kernel allows it; whatever the kernel,
+        the descriptor's own path is checked before it is handed out, so a link
+        swapped in at any moment is never read through. Raises NotFound or
+        Forbidden."""
+        fd = None
+        try:
+            root = os.open(self.real, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise NotFound(f"{rel or '.'}: {e.strerror}") from None
+        try:
+            try:
+                fd = _openat2(root, rel or ".", flags)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                # a link on the way: absolute ones (even to inside) or one leaving the
+                # root. Follow it by name, and open what it names beneath the root again.
+                target = os.path.realpath(os.path.join(self.real, rel))
+                if not self._inside(target):
+                    raise Forbidden(f"path leaves its root: {rel!r}") from None
+                fd = _openat2(root, os.path.relpath(target, self.real), flags)
+            if fd is None:  # no openat2: the descriptor check below is the guard
+                fd = os.open(os.path.join(self.real, rel) if rel else self.real, flags)
+        except FileNotFoundError:
+            raise NotFound(rel) from None
+        except OSError as e:
+            if e.errno == errno.EXDEV:
+                raise Forbidden(f"path leaves its root: {rel!r}") from None
+            raise NotFound(f"{rel}: {e.strerror}") from None
+        finally:
+            os.close(root)
+        try:
+            where = _fd_path(fd)
+            if where is None:  # no /proc: the descriptor must be the file a checked path names now
+                where = os.path.realpath(os.path.join(self.real, rel))
+                s, t = os.fstat(fd), os.stat(where)
+                if (s.st_dev, s.st_ino) != (t.st_dev, t.st_ino):
+                    raise Forbidden(f"path changed while opened: {rel!r}")
+            if not self._inside(where):
+                raise Forbidden(f"path leaves its root: {rel!r}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _fstat(self, rel: str) -> os.stat_result:
+        fd = self._open(rel, META_FLAGS)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     def list(self, prefix: str = "") -> list[Entry]:
         out: list[Entry] = []
         self.skipped = 0
         try:
-            start = self.resolve(prefix)
-        except Forbidden:
+            rel0 = self._rel(prefix)
+            s = self._fstat(rel0)
+        except (Forbidden, NotFound):
             return out
-        seen: set[tuple[int, int]] = set()
-        rel0 = check_relpath(prefix)
-        if os.path.isfile(start):
+        if st.S_ISREG(s.st_mode):
             e = self.stat(rel0)
             return [e] if e else []
-        self._walk(start, rel0, out, seen)
+        seen: set[tuple[int, int]] = set()
+        self._walk(rel0, out, seen)
         return out
 
-    def _walk(self, folder: str, rel: str, out: list[Entry], seen: set) -> None:
-        try:
-            s = os.stat(folder)
-            if (s.st_dev, s.st_ino) in seen:
-                return
-            seen.add((s.st_dev, s.st_ino))
-            it = os.scandir(folder)
-        except OSError:
-            self.skipped += 1
-            return
-        with it:
+    def _entries(self, fd: int, rel: str) -> list[tuple[str, Optional[os.stat_result]]]:
+        """(name, its own stat; None for a link) of each entry of an open folder
+        that may be served: hidden names left out, names no ref can spell (not
+        UTF-8, a backslash) skipped and counted, excluded folders left out."""
+        here = _fd_path(fd) or os.path.join(self.real, rel)
+        out = []
+        with os.scandir(fd) as it:  # its entries stat through ``fd``: used while it is open
             for d in it:
                 if d.name.startswith("."):
                     continue
-                path = f"{rel}/{d.name}" if rel else d.name
+                if not nameable(d.name):  # no ref can name it
+                    self.skipped += 1
+                    continue
                 try:
                     if d.is_symlink():
-                        real = os.path.realpath(d.path)
-                        if not self._inside(real):
-                            continue
-                        s = os.stat(d.path)
-                    else:
-                        if d.path in self.exclude:
-                            continue
-                        s = d.stat(follow_symlinks=False)
-                    if st.S_ISDIR(s.st_mode):
-                        if os.path.realpath(d.path) in self.exclude:
-                            continue
-                        self._walk(d.path, path, out, seen)
-                    elif st.S_ISREG(s.st_mode):
-                        if s.st_size > MAX_FILE:
-                            self.skipped += 1
-                            continue
-                        out.append(Entry(path, s.st_size, version_of(s)))
+                        out.append((d.name, None))
+                    elif os.path.join(here, d.name) not in self.exclude:
+                        out.append((d.name, d.stat(follow_symlinks=False)))
                 except OSError:
                     self.skipped += 1
+        return out
+
+    def _walk(self, rel: str, out: list[Entry], seen: set) -> None:
+        try:
+            fd = self._open(rel, DIR_FLAGS)
+        except (NotFound, Forbidden):
+            self.skipped += 1
+            return
+        try:
+            s = os.fstat(fd)
+            if (s.st_dev, s.st_ino) in seen:
+                return
+            seen.add((s.st_dev, s.st_ino))
+            found = self._entries(fd, rel)
+        except OSError:
+            self.skipped += 1
+            return
+        finally:
+            os.close(fd)
+        for name, s in found:
+            path = f"{rel}/{name}" if rel else name
+            try:
+                if s is None:
+                    s = self._fstat(path)  # a link: followed only inside the root
+                if st.S_ISDIR(s.st_mode):
+                    self._walk(path, out, seen)
+                elif st.S_ISREG(s.st_mode):
+                    if s.st_size > MAX_FILE:
+                        self.skipped += 1
+                        continue
+                    out.append(Entry(path, s.st_size, version_of(s)))
+            except Forbidden:
+                continue  # a link leaving the root (or into an excluded folder)
+            except (OSError, NotFound):
+                self.skipped += 1
 
     def stat(self, path: str) -> Optional[Entry]:
         try:
-            full = self.resolve(path)
-            s = os.stat(full)
-        except (OSError, Forbidden):
+            rel = self._rel(path)
+            s = self._fstat(rel)
+        except (OSError, Forbidden, NotFound):
             return None
         if not st.S_ISREG(s.st_mode):
             return None
-        return Entry(check_relpath(path), s.st_size, version_of(s))
+        return Entry(rel, s.st_size, version_of(s))
 
-    def read(self, path: str) -> tuple[bytes, str]:
-        full = self.resolve(path)
-        try:
-            fd = os.open(full, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise NotFound(path) from None
-        except OSError as e:
-            raise NotFound(f"{path}: {e.strerror}") from None
+    def open_file(self, path: str):
+        """A binary file object of a regular file inside the root, and its stat."""
+        rel = self._rel(path)
+        fd = self._open(rel, READ_FLAGS)
         try:
             s = os.fstat(fd)
             if not st.S_ISREG(s.st_mode):
                 raise NotFound(f"not a file: {path}")
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                # read(n) allocates n bytes up front: ask for what the file holds
-                data = f.read(min(s.st_size, MAX_FILE) + 1)
-            return data, version_of(s)
-        finally:
+            return os.fdopen(fd, "rb"), s
+        except BaseException:
             os.close(fd)
+            raise
+
+    def read(self, path: str) -> tuple[bytes, str]:
+        f, s = self.open_file(path)
+        with f:
+            # read(n) allocates n bytes up front: ask for what the file holds
+            data = f.read(min(s.st_size, MAX_FILE) + 1)
+        return data, version_of(s)
+
+    def read_lines(self, path: str, first: int, last: Optional[int], limit: int) -> tuple[bytes, int, bool, bool]:
+        """Lines ``first``..``last`` (1-based, inclusive; None: to the end) of a file
+        of any size, streamed: (their bytes, at most ``limit`` + 4 of them; the
+        file's total lines; whether bytes were left out; whether the file starts
+        with a NUL in its first 8 KiB, i.e. is not text). Memory stays bounded."""
+        f, _ = self.open_file(path)
+        out = bytearray()
+        more = False
+        line = 1  # the line the next byte belongs to
+        ended = True  # the last byte read was a newline (or nothing was read)
+        head = b""
+        with f:
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                if len(head) < 8192:
+                    head += chunk[: 8192 - len(head)]
+                ended = chunk.endswith(b"\n")
+                if last is not None and line > last:
+                    line += chunk.count(b"\n")
+                    continue
+                pos = 0
+                while pos < len(chunk):
+                    nl = chunk.find(b"\n", pos)
+                    end = len(chunk) if nl < 0 else nl + 1
+                    if line >= first and (last is None or line <= last):
+                        take = chunk[pos:end]
+                        room = limit + 4 - len(out)
+                        if len(take) > room:
+                            more = True
+                            take = take[: max(room, 0)]
+                        out += take
+                    if nl < 0:
+                        break
+                    line += 1
+                    pos = end
+                    if last is not None and line > last:
+                        line += chunk.count(b"\n", pos)
+                        break
+        total = line - 1 if ended else line
+        return bytes(out), total, more, b"\0" in head
 
     def listdir(self, path: str) -> list[tuple[str, str, int]]:
         """(name, 'file'|'folder', size) directly under ``path`` (for `list`)."""
-        full = self.resolve(path)
-        out = []
+        rel = self._rel(path)
         try:
-            it = os.scandir(full)
-        except NotADirectoryError:
-            raise NotFound(f"not a folder: {path}") from None
+            fd = self._open(rel, DIR_FLAGS)
+        except NotFound:
+            if self.stat(rel) is not None:
+                raise NotFound(f"not a folder: {path}") from None
+            raise
+        try:
+            found = sorted(self._entries(fd, rel), key=lambda e: e[0])
         except OSError:
             raise NotFound(path) from None
-        with it:
-            for d in sorted(it, key=lambda d: d.name):
-                if d.name.startswith("."):
-                    continue
-                try:
-                    real = os.path.realpath(d.path)
-                    if not self._inside(real):
-                        continue
-                    s = os.stat(d.path)
-                except OSError:
-                    continue
-                if st.S_ISDIR(s.st_mode):
-                    out.append((d.name, "folder", 0))
-                elif st.S_ISREG(s.st_mode):
-                    out.append((d.name, "file", s.st_size))
+        finally:
+            os.close(fd)
+        out = []
+        for name, s in found:
+            try:
+                if s is None:
+                    s = self._fstat(f"{rel}/{name}" if rel else name)
+            except (OSError, NotFound, Forbidden):
+                continue
+            if st.S_ISDIR(s.st_mode):
+                out.append((name, "folder", 0))
+            elif st.S_ISREG(s.st_mode):
+                out.append((name, "file", s.st_size))
         return out

@@ -25,8 +25,12 @@ mutated, after each commit so that searches read a consistent snapshot.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import struct
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -35,7 +39,7 @@ import lmdb
 import msgspec
 import numpy as np
 
-from lnkmem.errors import DamagedIndex
+from lnkmem.errors import DamagedIndex, ToolError
 
 FORMAT = b"lnkmem-index-2"
 SOURCES = ("home", "chats", "skills", "notes")
@@ -71,6 +75,145 @@ _dec_passage = msgspec.msgpack.Decoder(Passage)
 _dec_seg = msgspec.msgpack.Decoder(SegMeta)
 
 
+class DamagedWhileServing(DamagedIndex, ToolError):
+    """The index was found damaged under a call: that call fails, the index is rebuilt."""
+
+
+# --- LMDB's file, checked before it is mapped (§7.1 rev. 2) -----------------------------
+#
+# A data.mdb begins with two meta pages (LMDB 0.9, 64-bit): a 16-byte page header
+# (pgno u64, pad u16, flags u16, lower u16, upper u16), then MDB_meta: magic u32,
+# version u32, address u64, mapsize u64, two MDB_db records of 48 bytes (pad u32
+# -- the page size, in the first --, flags u16, depth u16, branch/leaf/overflow
+# pages, entries, root: u64 each), last page u64, txnid u64. LMDB serves from the
+# meta with the higher txnid; every page it may touch lies at or below its last
+# page. A file shorter than that, mapped, is a SIGBUS at the first touch.
+
+MDB_MAGIC = 0xBEEFC0DE
+MDB_DATA_VERSION = 1
+P_META = 0x08
+P_INVALID = (1 << 64) - 1
+_META = struct.Struct("=QHHHHIIQQ" + "IHHQQQQQ" * 2 + "QQ")  # LMDB writes its host's byte order
+_CHECKABLE = sys.maxsize > 2 ** 32  # the layout above is a 64-bit build's
+
+
+def _meta(page: bytes, n: int) -> Optional[tuple[int, int, int, list[tuple[int, int, int, int, int]]]]:
+    """(psize, last page, txnid, [(depth, branch, leaf, overflow, root)] * 2) of a meta page, or None."""
+    if len(page) < _META.size:
+        return None
+    f = _META.unpack_from(page)
+    pgno, flags, magic, version = f[0], f[2], f[5], f[6]
+    if pgno != n or not flags & P_META or magic != MDB_MAGIC or version != MDB_DATA_VERSION:
+        return None
+    dbs = [(f[i + 2], f[i + 3], f[i + 4], f[i + 5], f[i + 7]) for i in (9, 17)]
+    if f[8] < (f[25] + 1) * max(f[9], 1):  # a map smaller than the pages it holds
+        return None
+    return f[9], f[25], f[26], dbs
+
+
+def check_file(data: str) -> None:
+    """Raise DamagedIndex unless ``data`` (a data.mdb) is whole by its own header:
+    both meta pages sound, and the file as long as the pages the current one uses."""
+    if not _CHECKABLE:
+        return
+    fd = os.open(data, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        first = os.pread(fd, _META.size, 0)
+        m0 = _meta(first, 0)
+        if m0 is None:
+            raise DamagedIndex("data.mdb: the first meta page is not LMDB's")
+        psize = m0[0]
+        if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
+            raise DamagedIndex(f"data.mdb: page size {psize} is not one LMDB writes")
+        m1 = _meta(os.pread(fd, _META.size, psize), 1)
+        if m1 is None:
+            raise DamagedIndex("data.mdb: the second meta page is not LMDB's")
+    finally:
+        os.close(fd)
+    _, last, _, dbs = max(m0, m1, key=lambda m: m[2])
+    if size < (last + 1) * psize:
+        raise DamagedIndex(f"data.mdb holds {size} bytes but its index uses {(last + 1) * psize}")
+    for depth, branch, leaf, overflow, root in dbs:
+        if root == P_INVALID:
+            continue
+        if root > last or root < 2 or depth > 64 or branch + leaf + overflow > last + 1:
+            raise DamagedIndex("data.mdb: a table's root lies outside the file")
+
+
+_DEEP_CHECK = r"""
+import sys
+try:
+    import lmdb
+except ImportError:
+    sys.exit(3)  # this child cannot check: not a verdict on the index
+env = lmdb.open(sys.argv[1], readonly=True, lock=True, max_dbs=64, map_size=int(sys.argv[2]),
+                readahead=False, subdir=True)
+with env.begin() as txn:
+    names = [bytes(k) for k in txn.cursor().iternext(values=False)]
+    for k, v in txn.cursor():
+        pass
+for name in names:
+    db = env.open_db(name, create=False)
+    with env.begin(db=db) as txn:
+        n = 0
+        for k, v in txn.cursor():
+            n += len(v)
+"""
+DEEP_CHECK_S = 120
+
+
+def deep_check(path: str) -> None:
+    """Read every page of the index in a child process: a damaged page there is the
+    child's SIGSEGV/SIGABRT or LMDB error, never this process's. Raises DamagedIndex."""
+    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # lmdb where this process found it
+    try:
+        r = subprocess.run([sys.executable, "-c", _DEEP_CHECK, path, str(max(size, 1 << 20))],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=DEEP_CHECK_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise DamagedIndex(f"reading the whole index took over {DEEP_CHECK_S}s") from None
+    except OSError as e:  # no child can be started: the header check stands alone
+        return
+    if r.returncode == 3:
+        return
+    if r.returncode != 0:
+        last = (r.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:200]
+        why = f"signal {-r.returncode}" if r.returncode < 0 else last
+        raise DamagedIndex(f"reading the whole index failed: {why}")
+
+
+SEAL = "sealed"  # beside data.mdb: its size, mtime and inode when it was last closed whole
+
+
+def _stamp(data: str) -> str:
+    st_ = os.stat(data)
+    return f"{FORMAT.decode()} {st_.st_size} {st_.st_mtime_ns} {st_.st_ino}"
+
+
+# LMDB's errors that say its file is damaged (not a full disk, not a full map)
+DAMAGE_ERRORS = tuple(getattr(lmdb, n) for n in (
+    "CorruptedError", "PageNotFoundError", "InvalidError", "VersionMismatchError", "PanicError",
+    "BadChecksumError", "IncompatibleError") if hasattr(lmdb, n))
+
+
+def _guarded(method):
+    """Store methods that read or write LMDB: refused once the index is damaged, and an
+    LMDB error saying its file is damaged marks it so (the engine rebuilds it)."""
+
+    @functools.wraps(method)
+    def run(self, *a, **kw):
+        self._guard()
+        try:
+            return method(self, *a, **kw)
+        except DAMAGE_ERRORS as e:
+            raise self.damage(e) from None
+
+    return run
+
+
 def _k(n: int) -> bytes:
     return n.to_bytes(4, "big")
 
@@ -91,6 +234,7 @@ class Snapshot:
     refs: list[str]
     live: int
     total_len: float
+    seg_of: Optional[np.ndarray] = None  # int32 per pid -> its segment, -1: in none (a free id)
 
     @property
     def avgdl(self) -> float:
@@ -141,7 +285,13 @@ class Store:
     def __init__(self, path: str):
         self.path = path
         self.write_lock = threading.Lock()
-        self._open()
+        try:
+            self._open()
+        except BaseException:
+            env = getattr(self, "env", None)
+            if env is not None:
+                env.close()
+            raise
 
     # --- opening, checking, wiping ---------------------------------------
 
@@ -149,7 +299,18 @@ class Store:
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         size = self.MAP_SIZE
         data = os.path.join(self.path, "data.mdb")
-        if os.path.exists(data):
+        self.data = data
+        seal = os.path.join(self.path, SEAL)
+        try:
+            with open(seal) as f:
+                sealed = f.read()
+            os.unlink(seal)  # from now on the file may change
+        except OSError:
+            sealed = None
+        if os.path.lexists(data):
+            check_file(data)
+            if sealed != _stamp(data):  # not closed whole, or touched since: read it all first
+                deep_check(self.path)
             size = max(size, os.path.getsize(data) * 2)
         self.env = lmdb.open(
             self.path, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
@@ -173,6 +334,7 @@ class Store:
                 txn.put(b"next_seg", b"1", db=self.meta)
             elif fmt != FORMAT:
                 raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
+        self.psize = self.env.stat()["psize"]
         self.snapshot = self._load()
 
     @classmethod
@@ -180,7 +342,7 @@ class Store:
         """Open the index at ``path``; a damaged one is wiped and started anew."""
         try:
             return cls(path)
-        except (DamagedIndex, lmdb.Error, msgspec.DecodeError, ValueError) as e:
+        except (DamagedIndex, lmdb.Error, msgspec.DecodeError, ValueError, IndexError, OSError) as e:
             wipe(path)
             store = cls(path)
             store.rebuilt_because = str(e)
@@ -188,6 +350,32 @@ class Store:
 
     rebuilt_because: Optional[str] = None
     on_commit = None  # called after every change that is committed
+    on_damage = None  # called (once) when the index is found damaged while serving
+    on_alloc = None  # called with the ids a commit gave new passages (ids are reused)
+    damaged: Optional[str] = None
+
+    def _guard(self) -> None:
+        """Refuse to touch a damaged index, or one whose file became shorter than the
+        pages it uses (touching those would be a SIGBUS)."""
+        if self.damaged is not None:
+            raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
+                                      "from the sources; try again in a moment")
+        try:
+            size = os.stat(self.data).st_size
+            need = (self.env.info()["last_pgno"] + 1) * self.psize
+        except (OSError, lmdb.Error) as e:
+            raise self.damage(e) from None
+        if size < need:
+            raise self.damage(f"data.mdb holds {size} bytes but the index uses {need}")
+
+    def damage(self, why) -> DamagedWhileServing:
+        """Mark the index damaged (the engine is told once); the error for the call."""
+        if self.damaged is None:
+            self.damaged = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+            if self.on_damage is not None:
+                self.on_damage(self.damaged)
+        return DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
+                                   "from the sources; try again in a moment")
 
     def _changed(self) -> None:
         if self.on_commit is not None:
@@ -202,13 +390,17 @@ class Store:
             alive = np.zeros(cap, bool)
             src = np.zeros(cap, np.uint8)
             refid = np.full(cap, -1, np.int32)
+            seg_of = np.full(cap, -1, np.int32)
             refs: list[str] = []
             ids: dict[str, int] = {}
-            for _, v in txn.cursor(db=self.segments):
+            for k, v in txn.cursor(db=self.segments):
                 seg = _dec_seg.decode(v)
                 pids = np.frombuffer(seg.pids, "<u4")
                 if len(pids) != len(seg.refs) or (len(pids) and pids.max() >= cap):
                     raise DamagedIndex("segment table disagrees with passage ids")
+                if len(pids) and (seg_of[pids] >= 0).any():
+                    raise DamagedIndex("a passage id lies in two segments")
+                seg_of[pids] = int.from_bytes(k, "big")
                 doclen[pids] = np.frombuffer(seg.lens, "<u4")
                 alive[pids] = True
                 for r in dict.fromkeys(seg.refs):  # new refs, in order
@@ -234,8 +426,9 @@ class Store:
             if owned != int(alive.sum()):
                 raise DamagedIndex("live passages and files disagree")
         live = int(alive.sum())
-        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)))
+        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)), seg_of)
 
+    @_guarded
     def refresh(self) -> Snapshot:
         """Reload the snapshot when another process has committed since."""
         with self.env.begin() as txn:
@@ -245,14 +438,32 @@ class Store:
         return self.snapshot
 
     def close(self) -> None:
-        self.env.close()
+        """Close; an index closed whole is sealed, so the next open need not read it all."""
+        with self.write_lock:
+            whole = self.damaged is None
+            try:
+                if whole:
+                    self.env.sync(True)
+            except lmdb.Error:
+                whole = False
+            self.env.close()
+            if whole:
+                try:
+                    tmp = os.path.join(self.path, SEAL + ".tmp")
+                    with open(tmp, "w") as f:
+                        f.write(_stamp(self.data))
+                    os.replace(tmp, os.path.join(self.path, SEAL))
+                except OSError:
+                    pass
 
     # --- reading ---------------------------------------------------------
 
+    @_guarded
     def all_files(self) -> dict[str, FileRec]:
         with self.env.begin() as txn:
             return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
 
+    @_guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
         out = {}
         p = prefix.encode()
@@ -266,6 +477,7 @@ class Store:
                     out[k.decode()] = (rec.version, rec.size)
         return out
 
+    @_guarded
     def refs_of_kind(self, prefix: str, kind: str) -> set[str]:
         """The refs below ``prefix`` indexed as ``kind`` (e.g. "name": a document
         indexed by name while no converter was installed, §3.3)."""
@@ -281,6 +493,7 @@ class Store:
                         out.add(k.decode())
         return out
 
+    @_guarded
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
         with self.env.begin() as txn:
             out = []
@@ -318,16 +531,19 @@ class Store:
                     break
                 yield bytes(k[4:]), v
 
+    @_guarded
     def get_meta(self, key: bytes) -> Optional[bytes]:
         with self.env.begin() as txn:
             return txn.get(key, db=self.meta)
 
+    @_guarded
     def put_meta(self, key: bytes, value: bytes) -> None:
         with self.write_lock, self.env.begin(write=True) as txn:
             txn.put(key, value, db=self.meta)
 
     # --- writing ---------------------------------------------------------
 
+    @_guarded
     def commit(self, batch: Batch) -> None:
         """Apply a batch in one transaction and publish a new snapshot."""
         if not batch:
@@ -335,18 +551,29 @@ class Store:
         with self.write_lock:
             while True:
                 try:
-                    self._commit(batch)
+                    allocated = self._commit(batch)
                     break
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            if allocated and self.on_alloc is not None:
+                self.on_alloc(allocated)  # before any search sees them as live
             self.snapshot = self._load()
         self._changed()
 
-    def _commit(self, batch: Batch) -> None:
+    def _commit(self, batch: Batch) -> list[int]:
+        """One transaction; returns the ids given to new passages.
+
+        Ids follow live data, not edits: a segment whose passages are all dead
+        now is dropped at once (as a merge would drop it), and new passages take
+        the lowest ids no segment holds before new ones are made; ``next_pid``
+        comes down when the highest ids are free (not in a cache of a copy
+        that holds vectors)."""
         with self.env.begin(write=True) as txn:
             next_pid = int(txn.get(b"next_pid", db=self.meta))
             seg = int(txn.get(b"next_seg", db=self.meta))
+            snap = self.snapshot if int(txn.get(b"gen", db=self.meta)) == self.snapshot.gen else None
             gone = set(batch.removed) | {f.ref for f in batch.files}
+            killed: list[int] = []
             for ref in gone:
                 old = txn.get(ref.encode(), db=self.files)
                 if old is None:
@@ -356,7 +583,28 @@ class Store:
                     txn.delete(_k(p), db=self.passages)
                     txn.delete(_k(p), db=self.vectors)
                     txn.delete(_k(p), db=self.vec_pending)
+                    killed.append(p)
                 txn.delete(ref.encode(), db=self.files)
+            ids = iter(())
+            if snap is not None and snap.seg_of is not None:  # else: another process wrote; plain ids
+                seg_of = snap.seg_of.copy()
+                if killed:
+                    alive = snap.alive.copy()
+                    alive[killed] = False
+                    for s in np.unique(seg_of[killed]).tolist():
+                        members = np.flatnonzero(seg_of == s)
+                        if s >= 0 and not alive[members].any():  # wholly dead: drop it now
+                            self._drop_segment(txn, s, members)
+                            seg_of[members] = -1
+                # a cache of a copy with vectors keeps its ids: the copy's vector chunks
+                # name passages by id, and an old chunk would give a reused id another
+                # passage's vector (all vectors are sent anew when a model first appears)
+                if txn.get(b"copy", db=self.meta) is None or txn.get(b"model", db=self.meta) is None:
+                    free = np.flatnonzero(seg_of[1:next_pid] < 0) + 1
+                    used = np.flatnonzero(seg_of[1:next_pid] >= 0)
+                    next_pid = int(used[-1]) + 2 if len(used) else 1  # the highest ids free: made again
+                    ids = iter(free[free < next_pid].tolist())
+            allocated: list[int] = []
             # postings of the whole batch as flat columns (C-speed extends), then
             # grouped by term with one sort
             p_terms: list[str] = []
@@ -369,9 +617,12 @@ class Store:
             for f in batch.files:
                 pids = []
                 for passage, (counts, length) in zip(f.passages, f.counts):
-                    pid = next_pid
-                    next_pid += 1
+                    pid = next(ids, None)  # ascending: a file's ids ascend with its lines
+                    if pid is None:
+                        pid = next_pid
+                        next_pid += 1
                     pids.append(pid)
+                    allocated.append(pid)
                     new_passages.append((_k(pid), _enc.encode(passage)))
                     seg_pids.append(pid)
                     seg_lens.append(length)
@@ -380,8 +631,10 @@ class Store:
                     p_tfs.extend(counts.values())
                     p_pids.extend([pid] * len(counts))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind)), db=self.files)
-            # ids only grow: appending packs the pages full
-            txn.cursor(db=self.passages).putmulti(new_passages, append=True)
+            # new ids only: appending packs the pages full; reused ones go in their place
+            last = txn.cursor(db=self.passages)
+            fresh = not new_passages or not last.last() or last.key() < new_passages[0][0]
+            txn.cursor(db=self.passages).putmulti(new_passages, append=fresh)
             if seg_pids:
                 sk = _k(seg)
                 names = sorted(dict.fromkeys(p_terms))
@@ -405,6 +658,22 @@ class Store:
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            return allocated
+
+    def _drop_segment(self, txn, seg: int, pids: np.ndarray) -> None:
+        """Remove a segment whose passages are all dead: its postings, its record,
+        its passages' dead marks and vectors. Their ids are free after it."""
+        sk = _k(seg)
+        cur = txn.cursor(db=self.postings)
+        if cur.set_range(sk):
+            while cur.key()[:4] == sk:
+                if not cur.delete():
+                    break
+        txn.delete(sk, db=self.segments)
+        for p in pids.tolist():
+            txn.delete(_k(p), db=self.dead)
+            txn.delete(_k(p), db=self.vectors)
+            txn.delete(_k(p), db=self.vec_pending)
 
     # --- vectors -----------------------------------------------------------
 
@@ -412,6 +681,7 @@ class Store:
         v = self.get_meta(b"model")
         return v.decode() if v is not None else None
 
+    @_guarded
     def use_vector_model(self, model: str) -> bool:
         """Record whose vectors the index holds; another model's are dropped.
         Returns True when vectors were dropped."""
@@ -424,6 +694,7 @@ class Store:
             txn.put(b"model", model.encode(), db=self.meta)
             return old is not None
 
+    @_guarded
     def put_vectors(self, pids: list[int], vecs: np.ndarray, passages: Optional[list] = None) -> list[int]:
         """Store unit vectors (int8 with a scale) of passages still live and, when
         ``passages`` are given, still the passages embedded; returns those stored."""
@@ -448,6 +719,7 @@ class Store:
             self._changed()
         return stored
 
+    @_guarded
     def all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(pids, float32 matrix) of every stored vector."""
         pids, rows = [], []
@@ -466,10 +738,12 @@ class Store:
 
     # --- merging ---------------------------------------------------------
 
+    @_guarded
     def segment_sizes(self) -> dict[int, int]:
         with self.env.begin() as txn:
             return {int.from_bytes(k, "big"): len(v) for k, v in txn.cursor(db=self.segments)}
 
+    @_guarded
     def merge(self, segs: list[int]) -> None:
         """Merge segments into one, dropping dead passages from them."""
         if len(segs) < 2 and not self._has_dead():
@@ -558,7 +832,7 @@ def quantize(v: np.ndarray) -> bytes:
 
 def wipe(path: str) -> None:
     """Remove an index environment (only its own files)."""
-    for name in ("data.mdb", "lock.mdb"):
+    for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp"):
         try:
             os.unlink(os.path.join(path, name))
         except FileNotFoundError:

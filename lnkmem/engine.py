@@ -280,6 +280,18 @@ class Memory:
             return None
         return self.progress
 
+    @property
+    def embedding(self) -> Optional[tuple[int, int]]:
+        """(passages with a vector, live passages) while some still wait for one;
+        None when all have one or no model is served."""
+        if self.embedder is None or self.store is None:
+            return None
+        alive, has = self.store.snapshot.alive, self.vindex.has
+        total = int(alive.sum())
+        n = min(len(alive), len(has))
+        done = int((alive[:n] & has[:n]).sum())
+        return (done, total) if done < total else None
+
     # --- meaning -------------------------------------------------------------
 
     def _embed_loop(self) -> None:
@@ -330,17 +342,25 @@ class Memory:
             self._qcache.popitem(last=False)
         return v
 
-    def rank(self, query: str, limit: int, sources=None, under=None) -> tuple[list[tuple[int, float]], str]:
-        """Best (pid, score) pairs and how they were ranked ("words" or "meaning+words")."""
+    def rank(self, query: str, limit: int, sources=None, under=None, after: Optional[float] = None,
+             before: Optional[float] = None) -> tuple[list[tuple[int, float]], str]:
+        """Best (pid, score) pairs and how they were ranked: "meaning+words" only when
+        meaning was used for this query (a query vector, and hits by meaning that
+        pass the query's exclusions, phrases and dates)."""
+        from lnkmem.index import query as qlang
         from lnkmem.index.hybrid import fuse
-        from lnkmem.index.search import bm25
-        meaning = self.embedder is not None and self.vindex.count() > 0
-        words = bm25(self.store, query, limit, sources, under, candidates=max(limit, CANDIDATES) if meaning else limit)
+        from lnkmem.index.search import words as by_words
+        q = qlang.parse(query)
+        meaning = self.embedder is not None and self.vindex.count() > 0 and bool(q.meaning_text.strip())
+        depth = max(limit, CANDIDATES) if meaning else limit
+        words, checks = by_words(self.store, q, limit, sources, under, candidates=depth, after=after, before=before)
         if meaning:
-            q = self.query_vector(query)
-            if q is not None:
-                meaning = self.vindex.search(self.store, q, max(limit, CANDIDATES), sources, under)
-                return fuse(words, meaning)[:limit], "meaning+words"
+            v = self.query_vector(q.meaning_text)
+            if v is not None:
+                near = self.vindex.search(self.store, v, depth * (4 if checks.any else 1), sources, under)
+                near = checks.filter(self.store, near, depth)
+                if near:
+                    return fuse(words, near)[:limit], "meaning+words"
         return words[:limit], "words"
 
     # --- watching ------------------------------------------------------------

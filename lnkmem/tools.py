@@ -59,6 +59,12 @@ def _hit_header(n: int, h: Hit) -> str:
 
 
 def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
+    from lnkmem.index.search import parse_when
+    try:  # before anything else: a bad date changes nothing
+        after = parse_when(args.after, "after") if args.after is not None else None
+        before = parse_when(args.before, "before") if args.before is not None else None
+    except ValueError as e:
+        raise ToolError(str(e)) from None
     _wait_open(memory)
     store = memory.store
     sources = args.sources
@@ -69,16 +75,20 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
     if sources == ["__none__"]:
         pairs, ranked = [], "words"
     else:
-        pairs, ranked = memory.rank(args.query, args.limit, sources, args.under or None)
+        pairs, ranked = memory.rank(args.query, args.limit, sources, args.under or None, after, before)
     passages = store.passages_of(p for p, _ in pairs)
     hits: list[Hit] = []
     for (pid, score), p in zip(pairs, passages):
         if p is None:
             continue
         hits.append(Hit(ref=p.ref, source=p.ref.split("/", 1)[0], lines=(p.first, p.last),
-                        score=round(score, 4), text=p.text, thread=p.thread, role=p.role, at=p.at))
+                        score=round(score, 4), text=p.text, thread=p.thread, role=p.role,
+                        at=p.at if p.thread is not None else None))  # a file's time is for the filters
     progress = memory.indexing
     status = f"; indexing {progress[0]}/{progress[1]}" if progress else ""
+    if ranked == "words" and memory.embedding is not None:
+        done, total = memory.embedding
+        status += f"; {done} of {total} passages have vectors so far"
     intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {args.query!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
     room = memory.cfg.budget
     truncated = False
@@ -97,8 +107,10 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         h.text, was_cut = _snippet(h.text, args.query, give)
         truncated |= was_cut
         parts.append("\n" + head + h.text + "\n")
+    embedding = memory.embedding
     result = SearchResult(hits=hits, ranked=ranked, truncated=truncated,
-                          indexing=Progress(*progress) if progress else None)
+                          indexing=Progress(*progress) if progress else None,
+                          embedding=Progress(*embedding) if embedding else None)
     return "".join(parts), to_builtins(result)
 
 

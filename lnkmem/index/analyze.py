@@ -1,8 +1,16 @@
-"""Words: Unicode case folding, word splitting, English stemming.
+"""Words: Unicode case folding, word splitting, English stemming, identifiers.
 
 The same analysis runs on passages at index time and on queries at search
 time. Stemming is memoised: a corpus has far fewer distinct words than
 words, so each distinct word is stemmed once.
+
+Identifiers (§4.1 rev. 2: ``PIO-1384``, ``v2.3.1``, ``foo_bar``, ``a/b/c.md``,
+``name@example.com``) are words joined by connectors. Each is indexed twice:
+as its parts (the words, as always) and whole (case-folded, not stemmed), so
+that an exact identifier ranks above passages that only share its parts. A
+whole term always holds a connector, so it never collides with a word's term;
+it does not count in a passage's length, so a query of plain words scores
+every passage exactly as it did before identifiers were indexed.
 """
 
 from __future__ import annotations
@@ -20,6 +28,12 @@ _WORD = re.compile(
     r"|[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
 )
 MAX_WORD = 64
+MAX_IDENT = 128
+
+# Runs of letters/digits joined by connectors: an identifier, kept whole too.
+CONNECTORS = "-_./@:+#~"
+_LETTERS = r"[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+_IDENT = re.compile(_LETTERS + r"(?:[-_./@:+#~]+" + _LETTERS + r")+")
 
 # Lucene's English stop set: words too common to tell passages apart.
 STOPWORDS = frozenset(
@@ -52,11 +66,27 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
+def idents(text: str) -> list[str]:
+    """Whole identifiers of ``text``, case-folded (each also has its parts as words)."""
+    return [i for i in _IDENT.findall(text.casefold()) if len(i) <= MAX_IDENT]
+
+
 def term_counts(text: str) -> tuple[dict, int]:
-    """(term -> frequency, length) of a passage: stopped, stemmed terms."""
-    counts = Counter(map(_memo.__getitem__, _WORD.findall(text.casefold())))
+    """(term -> frequency, length) of a passage: stopped, stemmed terms, and
+    whole identifiers (not counted in the length)."""
+    low = text.casefold()
+    counts = Counter(map(_memo.__getitem__, _WORD.findall(low)))
     counts.pop("", None)  # stop words and over-long words
-    return counts, sum(counts.values())
+    length = sum(counts.values())
+    for i in _IDENT.findall(low):
+        if len(i) <= MAX_IDENT:
+            counts[i] += 1
+    return counts, length
+
+
+def term_of(word: str) -> str:
+    """The term of one case-folded word ("" when not indexed: a stop word)."""
+    return _memo[word]
 
 
 def query_terms(text: str) -> list[str]:

@@ -37,7 +37,7 @@ import numpy as np
 
 from lnkmem.errors import DamagedIndex
 
-FORMAT = b"lnkmem-index-2"
+FORMAT = b"lnkmem-index-3"  # 3: whole identifiers as terms, file times on passages
 SOURCES = ("home", "chats", "skills", "notes")
 SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
 

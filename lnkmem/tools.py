@@ -89,7 +89,8 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
     if ranked == "words" and memory.embedding is not None:
         done, total = memory.embedding
         status += f"; {done} of {total} passages have vectors so far"
-    intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {args.query!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
+    shown = args.query if len(args.query) <= 120 else args.query[:120] + "…"  # a pasted page is not echoed whole
+    intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {shown!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
     room = memory.cfg.budget
     truncated = False
     intro, cut_intro = budget.cut(intro, room)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Server
+from tests.helpers import Home, Server
 
 # A small Home whose words overlap in many ways; the pinned rankings below were
 # recorded on the code before the query language existed (commit 576885e):
@@ -71,3 +71,86 @@ def plain_server(home):
 def test_a_query_without_syntax_ranks_exactly_as_before(plain_server):
     got = {q: _ranking(plain_server, q) for q in PINNED}
     assert got == PINNED
+
+
+# --- the query language -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def syntax_server(tmp_path_factory):
+    home = Home(tmp_path_factory.mktemp("syntax"))
+    home.write("tickets/exact.md", "Tracking PIO-1384 for the release; the fix is in review and looks long to land.\n")
+    home.write("tickets/parts.md", "PIO 1384 is unrelated.\n")
+    home.write("tickets/other.md", "Release v2.3.1 ships the parser; mail name@example.com about foo_bar.\n")
+    home.write("docs/a/b/c.md", "Nested page about the release train.\n")
+    home.write("phrases/one.md", "The quick brown fox jumps over the lazy dog.\n")
+    home.write("phrases/two.md", "The brown quick fox, lazy as a dog, jumps.\n")
+    home.write("words/apple.md", "Apples and applesauce recipes.\n")
+    home.write("words/application.md", "An application form for the orchard.\n")
+    home.write("words/both.md", "Orchard notes: pears. Orchard apples too.\n")
+    home.write("words/qtf1.md", "kiwi kiwi kiwi mango\n")
+    home.write("words/qtf2.md", "kiwi mango mango mango\n")
+    s = Server.start(home)
+    s.initialize()
+    s.wait_indexed()
+    yield s
+    s.close()
+
+
+def _refs(server, query, **kw):
+    r = server.search(query, **kw)
+    assert not r.get("isError"), r
+    return [h["ref"] for h in r["structuredContent"]["hits"]]
+
+
+def test_an_exact_identifier_ranks_above_its_parts(syntax_server):
+    for q in ("PIO-1384", "pio-1384"):
+        refs = _refs(syntax_server, q)
+        assert refs[:2] == ["home/tickets/exact.md", "home/tickets/parts.md"], (q, refs)
+    assert _refs(syntax_server, '"PIO-1384"') == ["home/tickets/exact.md"]  # quoted: exactly
+    assert set(_refs(syntax_server, "1384")) >= {"home/tickets/exact.md", "home/tickets/parts.md"}
+    for q, want in (("v2.3.1", "home/tickets/other.md"), ("name@example.com", "home/tickets/other.md"),
+                    ("foo_bar", "home/tickets/other.md"), ("a/b/c.md", "home/docs/a/b/c.md")):
+        assert _refs(syntax_server, q)[0] == want, q
+
+
+def test_a_phrase_shows_only_passages_with_its_words_in_order(syntax_server):
+    assert _refs(syntax_server, '"quick brown fox"') == ["home/phrases/one.md"]
+    assert _refs(syntax_server, '"brown quick"') == ["home/phrases/two.md"]
+    assert _refs(syntax_server, 'fox "lazy dog"') == ["home/phrases/one.md"]
+    assert _refs(syntax_server, '"lazy dog') == ["home/phrases/one.md"]  # unbalanced: to the end
+    assert _refs(syntax_server, '"no such words here"') == []
+
+
+def test_minus_excludes_and_star_is_a_prefix(syntax_server):
+    assert set(_refs(syntax_server, "orchard")) == {"home/words/application.md", "home/words/both.md"}
+    assert _refs(syntax_server, "orchard -apples") == ["home/words/application.md"]
+    assert _refs(syntax_server, 'fox -"lazy dog"') == ["home/phrases/two.md"]
+    assert set(_refs(syntax_server, "appl*")) == {"home/words/apple.md", "home/words/application.md",
+                                                  "home/words/both.md"}
+    assert _refs(syntax_server, "PIO-13*")[0] == "home/tickets/exact.md"
+    assert set(_refs(syntax_server, "appl* -orchard")) == {"home/words/apple.md"}
+
+
+def test_a_repeated_word_weighs_more(syntax_server):
+    assert _refs(syntax_server, "kiwi mango")[0] == "home/words/qtf1.md"  # kiwi is tf 3 there
+    assert _refs(syntax_server, "kiwi mango mango mango")[0] == "home/words/qtf2.md"
+    assert _refs(syntax_server, "kiwi kiwi kiwi mango")[0] == "home/words/qtf1.md"
+
+
+def test_any_query_text_is_answered_quickly(syntax_server):
+    import time
+    for query in ['"', '"""', "-", "*", "- * -- **", '-"', "the of and", "\0", "\0fox\0", "!" * 10_000,
+                  "fox " * 2_500, " ".join(f"w{i}" for i in range(3000)), "-fox " * 2000, "a* " * 3000,
+                  "appl* " * 3000, '"fox ' * 2000, "é" * 10_000, "a-" * 5000, "x" * 10_000, "ab-cd " * 1666]:
+        t = time.monotonic()
+        r = syntax_server.search(query[:10_000])
+        assert not r.get("isError"), (query[:20], r)
+        assert time.monotonic() - t < 2, query[:20]
+
+
+def test_query_length_is_bounded_by_the_schema(syntax_server):
+    r = syntax_server.search("x" * 10_001)
+    assert r.get("isError") and "query" in r["content"][0]["text"]
+    long = "pasted text about the fox " * 380
+    assert len(long) <= 10_000
+    assert "home/phrases/one.md" in _refs(syntax_server, long)

@@ -32,8 +32,9 @@ MAX_IDENT = 128
 
 # Runs of letters/digits joined by connectors: an identifier, kept whole too.
 CONNECTORS = "-_./@:+#~"
-_LETTERS = r"[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
-_IDENT = re.compile(_LETTERS + r"(?:[-_./@:+#~]+" + _LETTERS + r")+")
+_LETTER = r"[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+# linear time: starts only where a run of letters starts, runs taken possessively
+_IDENT = re.compile(r"(?<!" + _LETTER + ")" + _LETTER + r"++(?:[-_./@:+#~]++" + _LETTER + r"++)+")
 
 # Lucene's English stop set: words too common to tell passages apart.
 STOPWORDS = frozenset(

@@ -158,4 +158,6 @@ def phrase_pattern(words: list[str]) -> re.Pattern:
             cjk = _SEP_CJK.match(words[i - 1][-1]) or _SEP_CJK.match(w[0])
             parts.append(r"[\W_]*" if cjk else r"[\W_]+")
         parts.append(re.escape(w))
-    return re.compile(r"(?<![^\W_])" + "".join(parts) + r"(?![^\W_])")
+    head = "" if _SEP_CJK.match(words[0][0]) else r"(?<![^\W_])"
+    tail = "" if _SEP_CJK.match(words[-1][-1]) else r"(?![^\W_])"
+    return re.compile(head + "".join(parts) + tail)

@@ -154,3 +154,49 @@ def test_query_length_is_bounded_by_the_schema(syntax_server):
     long = "pasted text about the fox " * 380
     assert len(long) <= 10_000
     assert "home/phrases/one.md" in _refs(syntax_server, long)
+
+
+# --- tie-safe top-k (issue 11) -------------------------------------------------------
+
+def test_many_tied_passages_answer_right_and_fast(home):
+    """A crafted Home of 60,000 tied passages: the first ones of the file, in order,
+    quickly (the full sort of every tie took seconds at 444,444)."""
+    import time
+    home.write("zq.md", "# zq\nzq\n\n" * 60_000)
+    s = Server.start(home)
+    try:
+        s.initialize()
+        s.wait_indexed(timeout=120)
+        times = []
+        for _ in range(5):
+            t = time.monotonic()
+            hits = s.search("zq", limit=50)["structuredContent"]["hits"]
+            times.append(time.monotonic() - t)
+        # ties by place in the file
+        assert [(h["ref"], h["lines"]) for h in hits] == [("home/zq.md", [3 * i + 1, 3 * i + 2]) for i in range(50)]
+        assert sorted(times)[2] < 0.5, times
+    finally:
+        s.close()
+
+
+def test_top_k_of_two_million_ties_is_one_pass():
+    import time
+
+    import numpy as np
+
+    from lnkmem.index.search import top
+    from lnkmem.index.store import Snapshot
+    n = 2_000_000
+    refs = ["home/b.md", "home/a.md"]
+    refid = (np.arange(n + 1) % 2).astype(np.int32)  # odd pids in home/a.md
+    snap = Snapshot(1, np.ones(n + 1, np.float32), np.ones(n + 1, bool), np.zeros(n + 1, np.uint8),
+                    refid, refs, n, float(n))
+    cand = np.arange(1, n + 1, dtype=np.int64)
+    sc = np.full(n, 2.5, np.float32)
+    sc[-1] = 3.0  # one better passage, last of all
+    t = time.monotonic()
+    got, scores = top(snap, cand, sc, 10)
+    took = time.monotonic() - t
+    assert got.tolist() == [n] + [1 + 2 * i for i in range(9)]  # the best, then home/a.md's first
+    assert scores.tolist() == [3.0] + [2.5] * 9
+    assert took < 2.0, took  # sorting every tie in Python took over 4 s

@@ -200,3 +200,40 @@ def test_top_k_of_two_million_ties_is_one_pass():
     assert got.tolist() == [n] + [1 + 2 * i for i in range(9)]  # the best, then home/a.md's first
     assert scores.tolist() == [3.0] + [2.5] * 9
     assert took < 2.0, took  # sorting every tie in Python took over 4 s
+
+
+# --- honest ranking status ---------------------------------------------------------
+
+@pytest.fixture
+def model(tmp_path):
+    from fakes.harness import FakeServer
+    srv = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "embed.sock", "--dim", "64",
+                           "--model", "fake-mini")
+    yield srv
+    srv.stop()
+
+
+def test_background_trouble_never_turns_meaning_off_for_queries(home, model):
+    """Background embedding fails (its circuit opens): queries still rank by
+    meaning, and the result says how many passages wait for vectors."""
+    from tests.helpers import until
+    home.write("spring.md", "We purchased an automobile last spring; the vehicle runs well.\n")
+    home.write("food.md", "Bread, cheese and olives for the picnic.\n")
+    env = {"LNK_MEMORY_SPEC": '{"model": "fake-mini"}', "LNK_MEMORY_MODEL": model.listen}
+    with Server.start(home, env=env) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert until(lambda: s.search("buying a car")["structuredContent"]["ranked"] == "meaning+words", timeout=10)
+        r = s.search("buying a car")["structuredContent"]
+        assert "embedding" not in r  # every passage has its vector
+        model.fault("503", count=4, path="/v1/embeddings")  # the background pass's tries, then fine
+        for i in range(5):
+            home.write(f"new/n{i}.md", f"Note {i} about a garden hose.\n")
+        import json
+        assert until(lambda: json.loads(model.request("GET", "/_fault")[2])["mode"] == "ok", timeout=20, step=0.1)
+        r = s.search("purchase of a motorcar")["structuredContent"]
+        assert r["ranked"] == "meaning+words", r
+        assert r["embedding"]["done"] < r["embedding"]["total"], r
+        assert r["hits"][0]["ref"] == "home/spring.md"
+        # the pass tries again after its pause, and then the index is whole
+        assert until(lambda: "embedding" not in s.search("garden hose")["structuredContent"], timeout=30, step=0.5)

@@ -237,3 +237,43 @@ def test_background_trouble_never_turns_meaning_off_for_queries(home, model):
         assert r["hits"][0]["ref"] == "home/spring.md"
         # the pass tries again after its pause, and then the index is whole
         assert until(lambda: "embedding" not in s.search("garden hose")["structuredContent"], timeout=30, step=0.5)
+
+
+# --- after / before ------------------------------------------------------------------
+
+def test_after_and_before_filter_by_message_time_and_file_time(home):
+    import os
+    from datetime import datetime, timezone
+    home.chat("t1", [
+        {"role": "user", "text": "the walrus plan for march", "at": "2024-03-01T10:00:00Z"},
+        {"role": "assistant", "text": "walrus budget agreed in june", "at": "2024-06-15T09:30:00+02:00"},
+    ])
+    old = home.write("old.md", "walrus notes from last year\n")
+    new = home.write("new.md", "walrus notes from this spring\n")
+    t_old = datetime(2023, 5, 1, tzinfo=timezone.utc).timestamp()
+    t_new = datetime(2024, 4, 1, 12, tzinfo=timezone.utc).timestamp()
+    os.utime(old, (t_old, t_old))
+    os.utime(new, (t_new, t_new))
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+
+        def found(**kw):
+            r = s.search("walrus", **kw)
+            assert not r.get("isError"), r
+            return sorted((h["ref"], h.get("at")) for h in r["structuredContent"]["hits"])
+
+        assert len(found()) == 4
+        assert found(after="2024-01-01") == [("chats/t1.jsonl", "2024-03-01T10:00:00Z"),
+                                             ("chats/t1.jsonl", "2024-06-15T09:30:00+02:00"),
+                                             ("home/new.md", None)]
+        assert found(before="2024-01-01") == [("home/old.md", None)]
+        assert found(after="2024-03-01", before="2024-04-01T12:00:00Z") == [("chats/t1.jsonl", "2024-03-01T10:00:00Z")]
+        assert found(after="2024-06-15T07:30:00Z") == [("chats/t1.jsonl", "2024-06-15T09:30:00+02:00")]
+        assert found(after="2024-06-15T07:30:01Z") == []
+        assert found(after="2024-04-01T11:00:00-01:00", before="2024-04-01T12:00:01Z") == [("home/new.md", None)]
+        for bad in ("yesterday", "2024-13-01", "2024-02-30", "2024-03-01T25:00:00Z", "", "1709290000"):
+            for name in ("after", "before"):
+                r = s.search("walrus", **{name: bad})
+                assert r.get("isError"), (name, bad, r)
+                assert f"{name}:" in r["content"][0]["text"], r

@@ -29,6 +29,7 @@ from collections import OrderedDict
 log = logging.getLogger("lnkmem")
 
 WATCH_DEBOUNCE_MS = 100
+IGNORE_FILES = (".gitignore", ".lnkmemignore")
 CANDIDATES = 100  # each ranking's depth before fusion
 QUERY_CACHE = 256
 EMBED_BATCH = 256
@@ -73,7 +74,7 @@ def local_layout(cfg: AgentConfig) -> Layout:
     notes = LocalNotes(cfg.notes_path, cfg.state) if cfg.notes_path else None
     places: dict[str, object] = {}
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
-    places["home"] = LocalPlace(cfg.folder, exclude=exclude)
+    places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
     if cfg.agent:
         places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
         places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
@@ -388,7 +389,14 @@ class Memory:
                 rel = os.path.relpath(path, root)
                 if rel == ".":
                     return source
-                if any(p.startswith(".") for p in rel.split(os.sep)):
+                parts = rel.split(os.sep)
+                ignorer = getattr(self.places.get(source), "ignore", None)
+                if ignorer is not None and parts[-1] in IGNORE_FILES:  # its folder's listing changes
+                    folder = "/".join(parts[:-1])
+                    return f"{source}/{folder}" if folder else source
+                if any(p.startswith(".") for p in parts):
+                    return None
+                if ignorer is not None and ignorer.ignored("/".join(parts), os.path.isdir(path)):
                     return None
                 return f"{source}/{rel.replace(os.sep, '/')}"
         return None

@@ -277,3 +277,63 @@ def test_after_and_before_filter_by_message_time_and_file_time(home):
                 r = s.search("walrus", **{name: bad})
                 assert r.get("isError"), (name, bad, r)
                 assert f"{name}:" in r["content"][0]["text"], r
+
+
+# --- ignore files (§3.2 rev. 2) --------------------------------------------------------
+
+IGNORED_HOME = {
+    ".gitignore": "# logs\n*.log\n!keep.log\nbuild/\n/top.md\ndocs/**/tmp.md\n[0-9]*.md\n",
+    "sub/.gitignore": "drafts/\nsecret*\n",
+    "sub/.lnkmemignore": "!secret-ok.md\n",
+}
+SHOWN = ["keep.log", "sub/top.md", "sub/secret-ok.md", "sub/plain.md", "docs/tmp.md.txt", "x1.md",
+         "newly.md", "build.md", "other/build", "lib/node_modules.md"]
+HIDDEN = ["a.log", "sub/b.log", "build/x.md", "sub/build/y.md", "top.md", "docs/a/b/tmp.md", "docs/tmp.md",
+          "1.md", "sub/drafts/d.md", "sub/secret.md", "node_modules/pkg/readme.md", "lib/node_modules/x.md",
+          "__pycache__/c.md", "venv/lib/site.md", "deep/env2/pyvenv.cfg", "deep/env2/bin/activate.md"]
+
+
+def _ignored_home(home):
+    for rel, text in IGNORED_HOME.items():
+        home.write(rel, text)
+    for rel in SHOWN + HIDDEN:
+        home.write(rel, "wombat lives here\n")
+    home.write("venv/pyvenv.cfg", "home = /usr\n")
+
+
+def _wombats(s):
+    return sorted(h["ref"][len("home/"):] for h in s.search("wombat", limit=50)["structuredContent"]["hits"])
+
+
+def test_ignore_files_and_default_skips_are_honoured_by_index_list_and_watch(home):
+    from tests.helpers import until
+    _ignored_home(home)
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert _wombats(s) == sorted(SHOWN)
+        entries = {e["ref"] for e in s.call("list", {"ref": "home"})["structuredContent"]["entries"]}
+        assert {"home/keep.log", "home/sub", "home/lib", "home/x1.md"} <= entries
+        assert not entries & {"home/a.log", "home/node_modules", "home/__pycache__", "home/venv", "home/build",
+                              "home/top.md", "home/1.md"}
+        sub = {e["ref"] for e in s.call("list", {"ref": "home/sub"})["structuredContent"]["entries"]}
+        assert sub == {"home/sub/top.md", "home/sub/secret-ok.md", "home/sub/plain.md"}
+        assert s.call("list", {"ref": "home/node_modules"}).get("isError")
+        # a new rule takes files out at the next pass; removing it brings them back
+        with open(home.folder / ".gitignore", "a") as f:
+            f.write("newly.md\nsub/plain.md\n")
+        want = sorted(set(SHOWN) - {"newly.md", "sub/plain.md"})
+        assert until(lambda: _wombats(s) == want, timeout=5), _wombats(s)
+        (home.folder / "sub" / ".lnkmemignore").write_text("")
+        assert until(lambda: "sub/secret.md" not in _wombats(s), timeout=1)  # .gitignore still says secret*
+        (home.folder / "sub" / ".gitignore").write_text("")
+        assert until(lambda: "sub/secret.md" in _wombats(s) and "sub/drafts/d.md" in _wombats(s), timeout=5)
+        # a file written in an ignored folder is never indexed
+        home.write("node_modules/pkg/late.md", "wombat late\n")
+        home.write("shown-late.md", "wombat late\n")
+        assert until(lambda: "shown-late.md" in _wombats(s), timeout=5)
+        assert "node_modules/pkg/late.md" not in _wombats(s)
+    with Server.start(home) as s:  # a restart agrees
+        s.initialize()
+        s.wait_indexed()
+        assert "newly.md" not in _wombats(s) and "sub/secret.md" in _wombats(s)

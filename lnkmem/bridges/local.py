@@ -7,6 +7,7 @@ import stat as st
 from typing import Iterable, Optional
 
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
+from lnkmem.ignore import Ignorer
 
 
 def version_of(s: os.stat_result) -> str:
@@ -17,11 +18,13 @@ class LocalPlace:
     """Files below ``root``; hidden names skipped; ``exclude`` folders skipped;
     a link followed only when its target stays inside ``root``."""
 
-    def __init__(self, root: str, exclude: Iterable[str] = ()):
+    def __init__(self, root: str, exclude: Iterable[str] = (), ignore: bool = False):
         self.root = os.path.abspath(root)
         self.real = os.path.realpath(self.root)
         self.exclude = {os.path.realpath(e) for e in exclude}
         self.skipped = 0
+        # ignore files (§3.2 rev. 2; Home only): honoured by list, listdir, stat
+        self.ignore = Ignorer(self.root) if ignore else None
 
     def _inside(self, real: str) -> bool:
         if real in self.exclude or any(real.startswith(e + os.sep) for e in self.exclude):
@@ -51,10 +54,13 @@ class LocalPlace:
         if os.path.isfile(start):
             e = self.stat(rel0)
             return [e] if e else []
-        self._walk(start, rel0, out, seen)
+        stack = self.ignore.stack_to(rel0) if self.ignore else None
+        if self.ignore and stack is None:
+            return out
+        self._walk(start, rel0, out, seen, stack)
         return out
 
-    def _walk(self, folder: str, rel: str, out: list[Entry], seen: set) -> None:
+    def _walk(self, folder: str, rel: str, out: list[Entry], seen: set, stack=None) -> None:
         try:
             s = os.stat(folder)
             if (s.st_dev, s.st_ino) in seen:
@@ -79,10 +85,13 @@ class LocalPlace:
                         if d.path in self.exclude:
                             continue
                         s = d.stat(follow_symlinks=False)
+                    if self.ignore and self.ignore.skip(stack, path, st.S_ISDIR(s.st_mode), d.path):
+                        continue
                     if st.S_ISDIR(s.st_mode):
                         if os.path.realpath(d.path) in self.exclude:
                             continue
-                        self._walk(d.path, path, out, seen)
+                        self._walk(d.path, path, out, seen,
+                                   stack + self.ignore.level(path, d.path) if self.ignore else None)
                     elif st.S_ISREG(s.st_mode):
                         if s.st_size > MAX_FILE:
                             self.skipped += 1
@@ -98,6 +107,8 @@ class LocalPlace:
         except (OSError, Forbidden):
             return None
         if not st.S_ISREG(s.st_mode):
+            return None
+        if self.ignore and self.ignore.ignored(check_relpath(path), False):
             return None
         return Entry(check_relpath(path), s.st_size, version_of(s))
 
@@ -124,6 +135,9 @@ class LocalPlace:
         """(name, 'file'|'folder', size) directly under ``path`` (for `list`)."""
         full = self.resolve(path)
         out = []
+        stack = self.ignore.stack_to(check_relpath(path)) if self.ignore else None
+        if self.ignore and stack is None:
+            raise NotFound(f"ignored: {path}")
         try:
             it = os.scandir(full)
         except NotADirectoryError:
@@ -141,6 +155,10 @@ class LocalPlace:
                     s = os.stat(d.path)
                 except OSError:
                     continue
+                if self.ignore:
+                    rel = f"{check_relpath(path)}/{d.name}".lstrip("/")
+                    if self.ignore.skip(stack, rel, st.S_ISDIR(s.st_mode), d.path):
+                        continue
                 if st.S_ISDIR(s.st_mode):
                     out.append((d.name, "folder", 0))
                 elif st.S_ISREG(s.st_mode):

@@ -337,3 +337,33 @@ def test_ignore_files_and_default_skips_are_honoured_by_index_list_and_watch(hom
         s.initialize()
         s.wait_indexed()
         assert "newly.md" not in _wombats(s) and "sub/secret.md" in _wombats(s)
+
+
+def test_query_parser_and_ranker_take_any_text(tmp_path):
+    """Fuzzed query text (quotes, dashes, stars, identifiers, NUL, surrogates' neighbours)
+    against a real index: always an answer, never an exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index import indexer
+    from lnkmem.index.search import words
+    from lnkmem.index.store import Store
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "a.md").write_text("PIO-1384 the quick brown fox; v2.3.1 foo_bar a/b/c.md x@y.z\n")
+    (tmp_path / "h" / "b.md").write_text("東京 naïve café -minus star* \"quoted\"\n")
+    store = Store.open(str(tmp_path / "idx"))
+    places = {"home": LocalPlace(str(tmp_path / "h"))}
+    indexer.build(store, places, indexer.plan(store, places), str(tmp_path))
+    alphabet = st.sampled_from(list('"-*_./@:+#~ \t\0aPIO1384東京é') + ["fox", "quick", "PIO-1384", "v2.3"])
+    texts = st.lists(alphabet, max_size=60).map("".join) | st.text(max_size=80)
+
+    @settings(max_examples=120, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(texts, st.one_of(st.none(), st.just(0.0)))
+    def check(q, after):
+        pairs, _ = words(store, q, 10, after=after)
+        assert all(isinstance(p, int) and s == s for p, s in pairs)
+
+    check()
+    store.close()

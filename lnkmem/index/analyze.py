@@ -67,9 +67,36 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
-def idents(text: str) -> list[str]:
-    """Whole identifiers of ``text``, case-folded (each also has its parts as words)."""
-    return [i for i in _IDENT.findall(text.casefold()) if len(i) <= MAX_IDENT]
+_MAJOR = re.compile(r"[./:@]+")
+MAX_PIECES = 8
+
+
+def _subs(ident: str) -> list[str]:
+    """The identifiers inside one, cut at ``. / : @``: its prefixes and suffixes
+    that still hold a connector (``daily_search.experiment_nations`` holds
+    ``experiment_nations``; ``docs/api/plan-b.md`` holds ``plan-b.md``, ``api/plan-b.md``
+    and ``docs/api``), so a query for the inner one finds it whole."""
+    cuts = [m.span() for m in _MAJOR.finditer(ident)]
+    if not cuts or len(cuts) >= MAX_PIECES:
+        return []
+    out = []
+    for a, b in cuts:
+        for piece in (ident[:a], ident[b:]):
+            if piece and any(c in CONNECTORS for c in piece):
+                out.append(piece)
+    return out
+
+
+def idents(text: str, inner: bool = False) -> list[str]:
+    """Whole identifiers of ``text``, case-folded (each also has its parts as
+    words); with ``inner``, the identifiers inside each too (indexing)."""
+    out = []
+    for i in _IDENT.findall(text.casefold()):
+        if len(i) <= MAX_IDENT:
+            out.append(i)
+            if inner:
+                out.extend(_subs(i))
+    return out
 
 
 def term_counts(text: str) -> tuple[dict, int]:
@@ -82,6 +109,9 @@ def term_counts(text: str) -> tuple[dict, int]:
     for i in _IDENT.findall(low):
         if len(i) <= MAX_IDENT:
             counts[i] += 1
+            if _MAJOR.search(i):
+                for sub in _subs(i):
+                    counts[sub] += 1
     return counts, length
 
 

@@ -116,7 +116,7 @@ def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
     path whole (``docs/plan.md``, an identifier: no length)."""
     path = ref.split("/", 1)[-1]
     name_terms, name_len = analyze.term_counts(path.replace("/", " "))
-    for i in analyze.idents(path):
+    for i in analyze.idents(path, inner=True):
         name_terms[i] = name_terms.get(i, 0) + 1
     out = []
     for p in passages:

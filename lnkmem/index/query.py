@@ -39,10 +39,10 @@ _SEP_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf
 @dataclass
 class Query:
     weights: dict[str, float] = field(default_factory=dict)  # ranked term -> weight (qtf)
-    phrases: list[list[str]] = field(default_factory=list)  # required: words in order
-    phrase_terms: list[list[str]] = field(default_factory=list)  # each phrase's indexed terms
+    phrases: list[str] = field(default_factory=list)  # required: these words in this order
+    phrase_terms: list[list[str]] = field(default_factory=list)  # each phrase's word terms (all required)
     excluded: set[str] = field(default_factory=set)  # no passage holding one of these terms
-    excluded_phrases: list[list[str]] = field(default_factory=list)
+    excluded_phrases: list[str] = field(default_factory=list)
     prefixes: list[str] = field(default_factory=list)  # ranked, expanded from the dictionary
     meaning_text: str = ""  # what the query means, operators and exclusions left out (for embedding)
 
@@ -102,7 +102,7 @@ def parse(text: str) -> Query:
                 continue
             if neg:
                 if len(q.excluded_phrases) < MAX_PHRASES:
-                    q.excluded_phrases.append(words)
+                    q.excluded_phrases.append(phrase)
                 continue
             if len(words) == 1 and not analyze.idents(phrase):  # one quoted word: that word
                 rank(phrase)
@@ -110,8 +110,10 @@ def parse(text: str) -> Query:
             if len(q.phrases) >= MAX_PHRASES:
                 rank(phrase)
                 continue
-            q.phrases.append(words)
-            q.phrase_terms.append([t for t, _ in _terms_of(phrase) if t in budget.seen or budget.take(t)])
+            q.phrases.append(phrase)
+            # candidates hold every word of it (a whole identifier of the phrase may sit
+            # inside a longer one, "x.kill_attention": the text check decides)
+            q.phrase_terms.append([t for t in map(analyze.term_of, words) if t and budget.take(t)])
             rank(phrase)
             continue
         if chunk.startswith("-") and len(chunk) > 1 and _WORDY.search(chunk):
@@ -149,15 +151,40 @@ def parse(text: str) -> Query:
     return q
 
 
-def phrase_pattern(words: list[str]) -> re.Pattern:
-    """The words in this order, case-folded, separated by anything but letters
-    and digits (nothing between ideographs, which are written without spaces)."""
+_RUN = re.compile(r"[^\W_]+")
+
+
+def phrase_pattern(phrase: str) -> re.Pattern:
+    """The phrase's words in this order, case-folded. Words joined by connectors
+    in the phrase (``PIO-1384``) must be joined so in the text; words apart may
+    be separated by anything but letters and digits (nothing between ideographs,
+    which are written without spaces)."""
+    low = phrase.casefold()
+    runs = []  # (start, end) of each letter run, ideographs one by one
+    for m in _RUN.finditer(low):
+        a = m.start()
+        for j in range(m.start(), m.end()):
+            if _SEP_CJK.match(low[j]):
+                if j > a:
+                    runs.append((a, j))
+                runs.append((j, j + 1))
+                a = j + 1
+        if a < m.end():
+            runs.append((a, m.end()))
     parts = []
-    for i, w in enumerate(words):
-        if i:
-            cjk = _SEP_CJK.match(words[i - 1][-1]) or _SEP_CJK.match(w[0])
-            parts.append(r"[\W_]*" if cjk else r"[\W_]+")
-        parts.append(re.escape(w))
-    head = "" if _SEP_CJK.match(words[0][0]) else r"(?<![^\W_])"
-    tail = "" if _SEP_CJK.match(words[-1][-1]) else r"(?![^\W_])"
+    for k, (a, b) in enumerate(runs):
+        if k:
+            pa, pb = runs[k - 1]
+            between = low[pb:a]
+            if between and all(c in analyze.CONNECTORS for c in between):
+                parts.append(re.escape(between))
+            elif _SEP_CJK.match(low[pb - 1]) or _SEP_CJK.match(low[a]):
+                parts.append(r"[\W_]*")
+            else:
+                parts.append(r"[\W_]+")
+        parts.append(re.escape(low[a:b]))
+    if not runs:
+        return re.compile(r"(?!)")
+    head = "" if _SEP_CJK.match(low[runs[0][0]]) else r"(?<![^\W_])"
+    tail = "" if _SEP_CJK.match(low[runs[-1][1] - 1]) else r"(?![^\W_])"
     return re.compile(head + "".join(parts) + tail)

@@ -86,9 +86,9 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
                         at=p.at if p.thread is not None else None))  # a file's time is for the filters
     progress = memory.indexing
     status = f"; indexing {progress[0]}/{progress[1]}" if progress else ""
-    if ranked == "words" and memory.embedding is not None:
-        done, total = memory.embedding
-        status += f"; {done} of {total} passages have vectors so far"
+    embedding = memory.embedding
+    if embedding is not None:  # a half-embedded index says so (§4.1 rev. 2)
+        status += f"; {embedding[0]}/{embedding[1]} passages embedded so far"
     shown = args.query if len(args.query) <= 120 else args.query[:120] + "…"  # a pasted page is not echoed whole
     intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {shown!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
     room = memory.cfg.budget
@@ -108,7 +108,6 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         h.text, was_cut = _snippet(h.text, args.query, give)
         truncated |= was_cut
         parts.append("\n" + head + h.text + "\n")
-    embedding = memory.embedding
     result = SearchResult(hits=hits, ranked=ranked, truncated=truncated,
                           indexing=Progress(*progress) if progress else None,
                           embedding=Progress(*embedding) if embedding else None)

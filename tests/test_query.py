@@ -231,8 +231,10 @@ def test_background_trouble_never_turns_meaning_off_for_queries(home, model):
             home.write(f"new/n{i}.md", f"Note {i} about a garden hose.\n")
         import json
         assert until(lambda: json.loads(model.request("GET", "/_fault")[2])["mode"] == "ok", timeout=20, step=0.1)
-        r = s.search("purchase of a motorcar")["structuredContent"]
+        full = s.search("purchase of a motorcar")
+        r = full["structuredContent"]
         assert r["ranked"] == "meaning+words", r
+        assert f"{r['embedding']['done']}/{r['embedding']['total']} passages embedded" in full["content"][0]["text"]
         assert r["embedding"]["done"] < r["embedding"]["total"], r
         assert r["hits"][0]["ref"] == "home/spring.md"
         # the pass tries again after its pause, and then the index is whole

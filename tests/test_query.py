@@ -128,6 +128,8 @@ def test_minus_excludes_and_star_is_a_prefix(syntax_server):
     assert set(_refs(syntax_server, "appl*")) == {"home/words/apple.md", "home/words/application.md",
                                                   "home/words/both.md"}
     assert _refs(syntax_server, "PIO-13*")[0] == "home/tickets/exact.md"
+    assert _refs(syntax_server, "PIO-*") == ["home/tickets/exact.md"]  # whole identifiers starting so
+    assert _refs(syntax_server, "v2.*") == ["home/tickets/other.md"]
     assert set(_refs(syntax_server, "appl* -orchard")) == {"home/words/apple.md"}
 
 

@@ -33,6 +33,7 @@ WHOLE_WEIGHT = 0.5  # a whole identifier's weight beside its parts' (tuned on Sc
 # a phrase (its closing quote optional) or a run of anything else but spaces
 _TOKEN = re.compile(r'(-?)"([^"]*)"?|(\S+)')
 _WORDY = re.compile(r"[^\W_]")
+_PREFIX = re.compile(r"[^\W_](?:[^\W_]|[-_./@:+#~])*\Z")
 _SEP_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
 
@@ -130,18 +131,19 @@ def parse(text: str) -> Query:
         if chunk.endswith("*") and _WORDY.search(chunk):
             body = chunk.rstrip("*")
             low = body.casefold()
-            whole = analyze.idents(body)
-            if whole and low.endswith(whole[-1]):
-                head, stem = body[: len(body) - len(whole[-1])], whole[-1]
+            # the prefix: the last run of letters and connectors (``appl``, ``pio-13``,
+            # ``pio-``, ``v2.``); a connector in it makes it a prefix of whole identifiers
+            m = _PREFIX.search(low)
+            if m is None or len(low) != len(body):
+                rank(body)
+                continue
+            stem = m.group()
+            if any(c in analyze.CONNECTORS for c in stem):
+                stem = stem if len(stem) <= analyze.MAX_IDENT else ""
             else:
-                words = analyze.words(body)
-                last = words[-1] if words else ""
-                if not last or not low.endswith(last):
-                    rank(body)
-                    continue
-                head, stem = body[: len(body) - len(last)], last
-            rank(head)
-            if budget.take("*" + stem) and len(q.prefixes) < MAX_PHRASES:
+                stem = stem if len(stem) <= analyze.MAX_WORD else ""
+            rank(body[: m.start()])
+            if stem and budget.take("*" + stem) and len(q.prefixes) < MAX_PHRASES:
                 q.prefixes.append(stem)
             continue
         rank(chunk)

@@ -371,3 +371,10 @@ def test_query_parser_and_ranker_take_any_text(tmp_path):
 
     check()
     store.close()
+
+
+def test_only_the_first_256_distinct_terms_are_used(syntax_server):
+    junk = " ".join(f"zz{i}" for i in range(300))
+    assert _refs(syntax_server, "fox " + junk) != []
+    assert _refs(syntax_server, junk + " fox") == []
+    assert _refs(syntax_server, " ".join(f"zz{i % 200}" for i in range(1000)) + " fox") != []  # repeats are free

@@ -228,7 +228,7 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
             if not terms:
                 continue
             has = None
-            for term in dict.fromkeys(terms):
+            for term in list(dict.fromkeys(terms))[:8]:  # enough to narrow; the text check decides
                 m = np.zeros(cap, bool)
                 m[postings(txn, segs, term)[0]] = True
                 has = m if has is None else has & m

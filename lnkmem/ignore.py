@@ -207,27 +207,33 @@ class Ignorer:
             return True
         return decide(stack, rel, is_dir)
 
-    def stack_to(self, rel_dir: str) -> Optional[list[Level]]:
+    def stack_to(self, rel_dir: str, memo: Optional[dict] = None) -> Optional[list[Level]]:
         """The levels in force inside ``rel_dir`` (a folder below the root, "" for
-        it), or None when the folder or one above it is ignored."""
+        it), or None when the folder or one above it is ignored. ``memo`` keeps
+        folders already looked at (several paths checked at once)."""
+        if memo is not None and rel_dir in memo:
+            return memo[rel_dir]
         parts = [p for p in rel_dir.split("/") if p]
-        stack = self.level("", self.root)
-        for i in range(len(parts)):
-            rel = "/".join(parts[: i + 1])
-            full = os.path.join(self.root, *parts[: i + 1])
-            if self.skip(stack, rel, True, full):
-                return None
-            stack = stack + self.level(rel, full)
+        if parts:
+            parent = "/".join(parts[:-1])
+            stack = self.stack_to(parent, memo)
+            full = os.path.join(self.root, *parts)
+            if stack is not None:
+                stack = None if self.skip(stack, rel_dir, True, full) else stack + self.level(rel_dir, full)
+        else:
+            stack = self.level("", self.root)
+        if memo is not None:
+            memo[rel_dir] = stack
         return stack
 
-    def ignored(self, rel: str, is_dir: bool) -> bool:
+    def ignored(self, rel: str, is_dir: bool, memo: Optional[dict] = None) -> bool:
         """Whether ``rel`` (relative to the root) is ignored, by a rule or by lying
         in an ignored folder."""
         rel = rel.strip("/")
         if not rel:
             return False
         parent, _, _ = rel.rpartition("/")
-        stack = self.stack_to(parent)
+        stack = self.stack_to(parent, memo)
         if stack is None:
             return True
         return self.skip(stack, rel, is_dir, os.path.join(self.root, *rel.split("/")))

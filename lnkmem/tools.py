@@ -78,9 +78,13 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         pairs, ranked = memory.rank(args.query, args.limit, sources, args.under or None, after, before)
     passages = store.passages_of(p for p, _ in pairs)
     hits: list[Hit] = []
+    ignorer = getattr(memory.places.get("home"), "ignore", None)
+    memo: dict = {}
     for (pid, score), p in zip(pairs, passages):
         if p is None:
             continue
+        if ignorer is not None and p.ref.startswith("home/") and ignorer.ignored(p.ref[5:], False, memo):
+            continue  # ignored since it was indexed: out of the index at the next pass, never shown
         hits.append(Hit(ref=p.ref, source=p.ref.split("/", 1)[0], lines=(p.first, p.last),
                         score=round(score, 4), text=p.text, thread=p.thread, role=p.role,
                         at=p.at if p.thread is not None else None))  # a file's time is for the filters

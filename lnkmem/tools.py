@@ -86,8 +86,7 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         if ignorer is not None and p.ref.startswith("home/") and ignorer.ignored(p.ref[5:], False, memo):
             continue  # ignored since it was indexed: out of the index at the next pass, never shown
         hits.append(Hit(ref=p.ref, source=p.ref.split("/", 1)[0], lines=(p.first, p.last),
-                        score=round(score, 4), text=p.text, thread=p.thread, role=p.role,
-                        at=p.at if p.thread is not None else None))  # a file's time is for the filters
+                        score=round(score, 4), text=p.text, thread=p.thread, role=p.role, at=p.at))
     progress = memory.indexing
     status = f"; indexing {progress[0]}/{progress[1]}" if progress else ""
     embedding = memory.embedding

@@ -163,12 +163,7 @@ def index_file(source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFil
     if kind == "binary":
         passages = []
     version = version if version else entry.version
-    when = file_time(place, entry, version)
-    if when:  # a conversation's passages have their messages' times
-        for p in passages:
-            if p.thread is None:
-                p.at = when
-    return NewFile(ref, version, len(data), kind, passages, _counts(ref, passages))
+    return NewFile(ref, version, len(data), kind, passages, _counts(ref, passages), file_time(place, entry, version))
 
 
 ProgressFn = Callable[[int, int], None]

@@ -51,12 +51,11 @@ def parse_when(value: str, name: str) -> float:
                          f"(2024-03-01T09:30:00Z)") from None
 
 
-def time_of(p: Passage) -> Optional[float]:
-    """A passage's time: its message's for a conversation, its file's otherwise."""
-    if not p.at:
+def _seconds(when: Optional[str]) -> Optional[float]:
+    if not when:
         return None
     try:
-        return parse_when(p.at, "at")
+        return parse_when(when, "at")
     except ValueError:
         return None
 
@@ -149,9 +148,17 @@ class Checks:
                 ok &= got == want
         return ok
 
-    def text_ok(self, p: Passage) -> bool:
+    def time_of(self, store: Store, p: Passage, files: dict) -> Optional[float]:
+        """A passage's time: its message's in a conversation, else its file's
+        modification time (from the file table, once per file)."""
+        if p.thread is not None:
+            return _seconds(p.at)
+        if p.ref not in files:
+            files[p.ref] = _seconds(store.file_mtime(p.ref))
+        return files[p.ref]
+
+    def text_ok(self, p: Passage, t: Optional[float] = None) -> bool:
         if self.after is not None or self.before is not None:
-            t = time_of(p)
             if t is None or (self.after is not None and t < self.after) or \
                     (self.before is not None and t >= self.before):
                 return False
@@ -172,10 +179,12 @@ class Checks:
         if not self.on_text:
             return pairs[:want]
         out: Pairs = []
+        dated = self.after is not None or self.before is not None
+        files: dict = {}
         for i in range(0, min(len(pairs), CHECK_CAP), 256):
             chunk = pairs[i:min(i + 256, CHECK_CAP)]
             for pair, p in zip(chunk, store.passages_of(pid for pid, _ in chunk)):
-                if p is not None and self.text_ok(p):
+                if p is not None and self.text_ok(p, self.time_of(store, p, files) if dated else None):
                     out.append(pair)
                     if len(out) >= want:
                         return out

@@ -37,7 +37,7 @@ import numpy as np
 
 from lnkmem.errors import DamagedIndex
 
-FORMAT = b"lnkmem-index-3"  # 3: whole identifiers as terms, file times on passages
+FORMAT = b"lnkmem-index-3"  # 3: whole identifiers as terms, files' modification times
 SOURCES = ("home", "chats", "skills", "notes")
 SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
 
@@ -47,6 +47,7 @@ class FileRec(msgspec.Struct, array_like=True):
     size: int
     pids: list[int]
     kind: str = "text"  # "text" | "name" (indexed by name only)
+    mtime: Optional[str] = None  # modification time (RFC 3339), for the after/before filters
 
 
 class Passage(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -116,6 +117,7 @@ class NewFile:
     kind: str
     passages: list[Passage]
     counts: list[tuple[dict, int]]  # (term -> tf, length) per passage
+    mtime: Optional[str] = None
 
 
 @dataclass
@@ -266,6 +268,12 @@ class Store:
                     out[k.decode()] = (rec.version, rec.size)
         return out
 
+    def file_mtime(self, ref: str) -> Optional[str]:
+        """A file's modification time as indexed (None when unknown)."""
+        with self.env.begin() as txn:
+            v = txn.get(ref.encode(), db=self.files)
+        return _dec_file.decode(v).mtime if v is not None else None
+
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
         with self.env.begin() as txn:
             out = []
@@ -364,7 +372,7 @@ class Store:
                     p_terms.extend(counts.keys())
                     p_tfs.extend(counts.values())
                     p_pids.extend([pid] * len(counts))
-                txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind)), db=self.files)
+                txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
             # ids only grow: appending packs the pages full
             txn.cursor(db=self.passages).putmulti(new_passages, append=True)
             if seg_pids:

@@ -378,3 +378,29 @@ def test_only_the_first_256_distinct_terms_are_used(syntax_server):
     assert _refs(syntax_server, "fox " + junk) != []
     assert _refs(syntax_server, junk + " fox") == []
     assert _refs(syntax_server, " ".join(f"zz{i % 200}" for i in range(1000)) + " fox") != []  # repeats are free
+
+
+def test_dates_in_a_bound_session_are_the_files_bridges(tmp_path):
+    """Through the files bridge a file's time is the bridge's `modified`."""
+    import os
+    from datetime import datetime, timezone
+
+    from tests.bridges import Bridges
+    from tests.helpers import Many, until
+    b = Bridges(tmp_path / "link")
+    try:
+        for rel, year in (("docs/old.md", 2023), ("docs/new.md", 2025)):
+            p = b.write_home(rel, f"narwhal sighting of {year}\n")
+            t = datetime(year, 6, 1, tzinfo=timezone.utc).timestamp()
+            os.utime(p, (t, t))
+        with Many(tmp_path / "m" / "mem.sock", {}, b.flags() + ["--cache", str(tmp_path / "cache")],
+                  env={"LNKMEM_WRITEBACK_S": "0.3"}) as m, m.connect() as c:
+            assert c.first(b.bound()) == {"ok": True}
+
+            def refs(**kw):
+                return sorted(h["ref"] for h in c.search("narwhal", **kw)["structuredContent"]["hits"])
+            assert until(lambda: refs() == ["home/docs/new.md", "home/docs/old.md"], timeout=20)
+            assert refs(after="2024-01-01") == ["home/docs/new.md"]
+            assert refs(before="2024-01-01T00:00:00+00:00") == ["home/docs/old.md"]
+    finally:
+        b.stop()

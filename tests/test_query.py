@@ -119,6 +119,8 @@ def test_a_phrase_shows_only_passages_with_its_words_in_order(syntax_server):
     assert _refs(syntax_server, 'fox "lazy dog"') == ["home/phrases/one.md"]
     assert _refs(syntax_server, '"lazy dog') == ["home/phrases/one.md"]  # unbalanced: to the end
     assert _refs(syntax_server, '"no such words here"') == []
+    assert _refs(syntax_server, '"over the"') == ["home/phrases/one.md"]  # stop words only: the newest passages
+    assert _refs(syntax_server, '"as a"') == ["home/phrases/two.md"]
 
 
 def test_minus_excludes_and_star_is_a_prefix(syntax_server):

@@ -191,6 +191,14 @@ class Checks:
         return out
 
 
+def _newest(store: Store, snap: Snapshot, checks: Checks, want: int, sources, under) -> Pairs:
+    """Passages holding the query's phrases among the newest CHECK_CAP (none of
+    their words is indexed, so nothing scores them: 0 for all)."""
+    cand = snap.keep(np.flatnonzero(snap.alive)[::-1], sources, under)
+    cand = cand[checks.mask_ok(cand)][:CHECK_CAP]
+    return checks.filter(store, [(int(p), 0.0) for p in cand], want)
+
+
 def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Optional[Sequence[str]] = None,
           under: Optional[str] = None, k1: float = K1, b: float = B, candidates: Optional[int] = None,
           after: Optional[float] = None, before: Optional[float] = None) -> tuple[Pairs, Checks]:
@@ -255,6 +263,8 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
             scores[pids] += idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
             touched.append(pids)
     if not touched:
+        if q.phrases and not any(q.phrase_terms):  # phrases of stop words only ("to be or not to be"):
+            return _newest(store, snap, checks, want, sources, under), checks  # no postings to go by
         return [], checks
     if len(touched) > 1:  # the union of the terms' passages, in pid order
         seen = np.zeros(cap, bool)

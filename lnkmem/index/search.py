@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from datetime import date, datetime, timezone
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 

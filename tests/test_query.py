@@ -406,3 +406,30 @@ def test_dates_in_a_bound_session_are_the_files_bridges(tmp_path):
             assert refs(before="2024-01-01T00:00:00+00:00") == ["home/docs/old.md"]
     finally:
         b.stop()
+
+
+def test_a_date_filter_judges_every_file_not_only_the_best(tmp_path):
+    """A recent file ranked below thousands of older ones is still found by `after`."""
+    import os
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index import indexer
+    from lnkmem.index.search import CHECK_CAP, parse_when, words
+    from lnkmem.index.store import Store
+    home = tmp_path / "h"
+    home.mkdir()
+    old = parse_when("2020-01-01", "t")
+    for i in range(CHECK_CAP + 100):
+        p = home / f"f{i}.md"
+        p.write_text("walrus walrus\n")
+        os.utime(p, (old, old))
+    target = home / "zz-new.md"
+    target.write_text("walrus " + " ".join(f"filler{i}" for i in range(60)) + "\n")
+    store = Store.open(str(tmp_path / "idx"))
+    places = {"home": LocalPlace(str(home))}
+    indexer.build(store, places, indexer.plan(store, places), str(tmp_path))
+    pairs, _ = words(store, "walrus", 10, after=parse_when("2024-01-01", "after"))
+    assert [p.ref for p in store.passages_of(pid for pid, _ in pairs)] == ["home/zz-new.md"]
+    pairs, _ = words(store, "walrus", 10, before=parse_when("2024-01-01", "before"))
+    assert len(pairs) == 10 and "home/zz-new.md" not in [p.ref for p in store.passages_of(x for x, _ in pairs)]
+    store.close()

@@ -6,7 +6,9 @@ terms are scored (vectorised over their postings); the best are chosen in
 numpy (the last place's score, then a partition of the ties at it by (ref,
 place in the file)), never by sorting every candidate in Python, so a Home of
 444,444 tied passages costs a few vectorised passes over them; phrases, excluded phrases and dates are
-checked on at most :data:`CHECK_CAP` passages' text, best first.
+checked on at most :data:`CHECK_CAP` passages' text, best first (dates
+are first judged on every candidate by its file's time, one file-table read
+per file).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from lnkmem.index import query as qlang
-from lnkmem.index.store import Passage, Snapshot, Store
+from lnkmem.index.store import SOURCE_CODE, Passage, Snapshot, Store
+
+_CHATS = SOURCE_CODE["chats"]
 
 K1 = 1.2  # tuned on BEIR SciFact train (docs/BENCHMARKS.md)
 B = 0.75
@@ -61,6 +65,8 @@ def _seconds(when: Optional[str]) -> Optional[float]:
 
 
 # --- ties ---------------------------------------------------------------------------
+
+_ref_times: dict = {}  # file times by refid, for the last snapshot
 
 _rank_cache: dict = {}
 
@@ -148,6 +154,38 @@ class Checks:
                 ok &= got == want
         return ok
 
+    @property
+    def dated(self) -> bool:
+        return self.after is not None or self.before is not None
+
+    def by_file_time(self, store: Store, snap: Snapshot, cand: np.ndarray) -> np.ndarray:
+        """Those of ``cand`` whose file's time can pass, judged for all of them at
+        once (one file-table read per file, kept for the snapshot): a file's passage
+        by that time; a conversation's is kept unless its file was last changed
+        before ``after`` (no message of it can be later); the rest is left to the
+        text check."""
+        rids = snap.refid[cand]
+        uniq, inv = np.unique(rids, return_inverse=True)
+        cache = _ref_times.get("v")
+        if cache is None or cache[0] is not snap:
+            cache = (snap, {})
+            _ref_times["v"] = cache
+        known = cache[1]
+        times = np.empty(len(uniq), np.float64)
+        for i, r in enumerate(uniq.tolist()):
+            if r not in known:
+                known[r] = _seconds(store.file_mtime(snap.refs[r])) if r >= 0 else None
+            v = known[r]
+            times[i] = np.nan if v is None else v
+        t = times[inv]
+        chat = snap.src[cand] == _CHATS
+        ok = np.ones(len(cand), bool)
+        if self.after is not None:
+            ok &= np.where(chat, ~(t < self.after), t >= self.after)  # nan: unknown, kept for a chat
+        if self.before is not None:
+            ok &= chat | (t < self.before)
+        return cand[ok]
+
     def time_of(self, store: Store, p: Passage, files: dict) -> Optional[float]:
         """A passage's time: its message's in a conversation, else its file's
         modification time (from the file table, once per file)."""
@@ -195,7 +233,10 @@ def _newest(store: Store, snap: Snapshot, checks: Checks, want: int, sources, un
     """Passages holding the query's phrases among the newest CHECK_CAP (none of
     their words is indexed, so nothing scores them: 0 for all)."""
     cand = snap.keep(np.flatnonzero(snap.alive)[::-1], sources, under)
-    cand = cand[checks.mask_ok(cand)][:CHECK_CAP]
+    cand = cand[checks.mask_ok(cand)]
+    if checks.dated and len(cand):
+        cand = checks.by_file_time(store, snap, cand)
+    cand = cand[:CHECK_CAP]
     return checks.filter(store, [(int(p), 0.0) for p in cand], want)
 
 
@@ -276,6 +317,8 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
     cand = snap.keep(cand, sources, under)
     if checks.banned is not None or checks.required is not None:
         cand = cand[checks.mask_ok(cand)]
+    if checks.dated and len(cand):  # every candidate, not only the best CHECK_CAP
+        cand = checks.by_file_time(store, snap, cand)
     if not len(cand):
         return [], checks
     sc = scores[cand]

@@ -354,7 +354,7 @@ class Bindings:
             # Home's memory/notes.md is the notes' place when no storage memory place is named
             places["home"] = FilesPlace(files, exclude=("memory/lnkmem",) + (() if has_memory_place else ("memory/notes.md",)))
         elif cfg.folder:
-            places["home"] = LocalPlace(cfg.folder, exclude=[cfg.state] + ([cfg.agent] if cfg.agent else []))
+            places["home"] = LocalPlace(cfg.folder, exclude=[cfg.state] + ([cfg.agent] if cfg.agent else []), ignore=True)
         if storage is not None and "conversations" in b.storage.places:
             places["chats"] = Collection(storage, "conversations")
         elif cfg.agent:

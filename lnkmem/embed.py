@@ -3,9 +3,10 @@
 OpenAI-style ``POST <base>/v1/embeddings``; ``<base>`` is ``http://host:port``
 or ``unix:/abs/path.sock``. Batches of at most 64 inputs; retries with
 exponential backoff and jitter on 429, 5xx and connection errors (tenacity);
-and a circuit: after a failure the endpoint is left alone for a while (which
+and circuits: after a failure the endpoint is left alone for a while (which
 doubles while it keeps failing), so that a dead model never slows searches,
-which then rank by words. A header hook lets bound sessions prove themselves
+which then rank by words. Background embedding and query embeddings each have
+their own circuit, and a query its own short timeout (§4.1 rev. 2). A header hook lets bound sessions prove themselves
 (``Authorization: Link-Binding``).
 """
 
@@ -25,6 +26,7 @@ log = logging.getLogger("lnkmem")
 
 MAX_BATCH = 64
 MAX_RESPONSE = 64 * 1024 * 1024
+QUERY_TIMEOUT = 2.0  # a query's embedding, on the request path: one short try
 
 
 class EmbeddingUnavailable(Exception):
@@ -91,13 +93,18 @@ class Embedder:
     """Embeds texts with one model at one endpoint; thread-safe."""
 
     def __init__(self, base: str, model: str, headers: Callable[[], dict] = dict,
-                 timeout: float = 30.0, attempts: int = 4, circuit: Optional[Circuit] = None):
+                 timeout: float = 30.0, attempts: int = 4, circuit: Optional[Circuit] = None,
+                 query_timeout: float = QUERY_TIMEOUT, query_circuit: Optional[Circuit] = None):
         self.base = base
         self.model = model
         self.headers = headers
         self.timeout = timeout
         self.attempts = attempts
+        # two circuits (§4.1 rev. 2): a slow or failing background pass must never
+        # turn meaning off for queries, and a query's failure never pauses the pass
         self.circuit = circuit or Circuit()
+        self.query_timeout = query_timeout
+        self.query_circuit = query_circuit or Circuit(cooldown=1.0, max_cooldown=30.0)
         self.client, self.url = _client_for(base, timeout)
         self.url += "/v1/embeddings"
         self.dim: Optional[int] = None
@@ -143,8 +150,9 @@ class Embedder:
 
     def embed(self, texts: list[str], patient: bool = True) -> np.ndarray:
         """Unit vectors for ``texts`` (rows in order). ``patient=False`` is for a
-        query on the request path: one short try, no waiting."""
-        if not self.circuit.allow():
+        query on the request path: one short try, no waiting, its own circuit."""
+        circuit = self.circuit if patient else self.query_circuit
+        if not circuit.allow():
             raise EmbeddingUnavailable("the model is failing; trying again later")
         chunks = []
         try:
@@ -159,11 +167,11 @@ class Embedder:
                     )
                     chunks.append(retry(self._post, batch, self.timeout))
                 else:
-                    chunks.append(self._post(batch, min(self.timeout, 2.0)))
+                    chunks.append(self._post(batch, min(self.timeout, self.query_timeout)))
         except (_Retryable, EmbeddingUnavailable) as e:
-            self.circuit.failure()
+            circuit.failure()
             raise EmbeddingUnavailable(str(e)) from None
-        self.circuit.success()
+        circuit.success()
         vecs = np.concatenate(chunks) if chunks else np.zeros((0, self.dim or 0), np.float32)
         if self.dim is None and len(vecs):
             self.dim = vecs.shape[1]

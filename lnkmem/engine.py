@@ -30,6 +30,7 @@ from collections import OrderedDict
 log = logging.getLogger("lnkmem")
 
 WATCH_DEBOUNCE_MS = 100
+IGNORE_FILES = (".gitignore", ".lnkmemignore")
 CANDIDATES = 100  # each ranking's depth before fusion
 QUERY_CACHE = 256
 EMBED_BATCH = 256
@@ -78,7 +79,7 @@ def local_layout(cfg: AgentConfig) -> Layout:
     notes = LocalNotes(cfg.notes_path, cfg.state) if cfg.notes_path else None
     places: dict[str, object] = {}
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
-    places["home"] = LocalPlace(cfg.folder, exclude=exclude)
+    places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
     if cfg.agent:
         places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
         places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
@@ -443,6 +444,18 @@ class Memory:
             return None
         return self.progress
 
+    @property
+    def embedding(self) -> Optional[tuple[int, int]]:
+        """(passages with a vector, live passages) while some still wait for one;
+        None when all have one or no model is served."""
+        if self.embedder is None or self.store is None:
+            return None
+        alive, has = self.store.snapshot.alive, self.vindex.has
+        total = int(alive.sum())
+        n = min(len(alive), len(has))
+        done = int((alive[:n] & has[:n]).sum())
+        return (done, total) if done < total else None
+
     # --- meaning -------------------------------------------------------------
 
     def _embed_loop(self) -> None:
@@ -493,23 +506,31 @@ class Memory:
             self._qcache.popitem(last=False)
         return v
 
-    def rank(self, query: str, limit: int, sources=None, under=None) -> tuple[list[tuple[int, float]], str]:
-        """Best (pid, score) pairs and how they were ranked ("words" or "meaning+words")."""
+    def rank(self, query: str, limit: int, sources=None, under=None, after: Optional[float] = None,
+             before: Optional[float] = None) -> tuple[list[tuple[int, float]], str]:
+        """Best (pid, score) pairs and how they were ranked: "meaning+words" only when
+        meaning was used for this query (a query vector, and hits by meaning that
+        pass the query's exclusions, phrases and dates)."""
+        from lnkmem.index import query as qlang
         from lnkmem.index.hybrid import fuse
-        from lnkmem.index.search import bm25
-        self.check_copy()
+        from lnkmem.index.search import words as by_words
         from lnkmem.index.store import DAMAGE_ERRORS
-        meaning = self.embedder is not None and self.vindex.count() > 0
+        self.check_copy()
+        q = qlang.parse(query)
+        meaning = self.embedder is not None and self.vindex.count() > 0 and bool(q.meaning_text.strip())
+        depth = max(limit, CANDIDATES) if meaning else limit
         store = self.store
         try:
-            words = bm25(store, query, limit, sources, under, candidates=max(limit, CANDIDATES) if meaning else limit)
+            words, checks = by_words(store, q, limit, sources, under, candidates=depth, after=after, before=before)
         except DAMAGE_ERRORS as e:  # a page found damaged under the search: this call fails, the index is rebuilt
             raise store.damage(e) from None
         if meaning:
-            q = self.query_vector(query)
-            if q is not None:
-                meaning = self.vindex.search(self.store, q, max(limit, CANDIDATES), sources, under)
-                return fuse(words, meaning)[:limit], "meaning+words"
+            v = self.query_vector(q.meaning_text)
+            if v is not None:
+                near = self.vindex.search(self.store, v, depth * (4 if checks.any else 1), sources, under)
+                near = checks.filter(self.store, near, depth)
+                if near:
+                    return fuse(words, near)[:limit], "meaning+words"
         return words[:limit], "words"
 
     # --- watching ------------------------------------------------------------
@@ -541,7 +562,14 @@ class Memory:
                 rel = os.path.relpath(path, root)
                 if rel == ".":
                     return source
-                if any(p.startswith(".") for p in rel.split(os.sep)):
+                parts = rel.split(os.sep)
+                ignorer = getattr(self.places.get(source), "ignore", None)
+                if ignorer is not None and parts[-1] in IGNORE_FILES:  # its folder's listing changes
+                    folder = "/".join(parts[:-1])
+                    return f"{source}/{folder}" if folder else source
+                if any(p.startswith(".") for p in parts):
+                    return None
+                if ignorer is not None and ignorer.ignored("/".join(parts), os.path.isdir(path)):
                     return None
                 return f"{source}/{rel.replace(os.sep, '/')}"
         return None

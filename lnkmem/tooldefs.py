@@ -25,13 +25,22 @@ TOOLS: dict[str, dict] = {
         "inputSchema": {
             "type": "object",
             "properties": {
-                "query": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What to look for."},
+                "query": {"type": "string", "minLength": 1, "maxLength": 10000,
+                          "description": 'What to look for: words (ranked, none required), identifiers such as '
+                                         'PIO-1384 or a/b/c.md (exact ones rank first), "an exact phrase", '
+                                         '-word (exclude), word* (prefix).'},
                 "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10,
                           "description": "The most hits to return."},
                 "sources": {"type": "array", "items": {"enum": list(SOURCES)}, "uniqueItems": True,
                             "description": "Only these sources (default: all)."},
                 "under": {"type": "string", "maxLength": 4096,
                           "description": "Only refs starting with this prefix, e.g. home/projects/."},
+                "after": {"type": "string", "minLength": 1, "maxLength": 64,
+                          "description": "Only hits from this time on: an RFC 3339 date (2024-03-01) or "
+                                         "date-time (2024-03-01T09:30:00Z); a conversation's by its message's "
+                                         "time, a file's by its modification time."},
+                "before": {"type": "string", "minLength": 1, "maxLength": 64,
+                           "description": "Only hits from before this time (a date or date-time, as for after)."},
             },
             "required": ["query"],
             "additionalProperties": False,
@@ -53,6 +62,8 @@ TOOLS: dict[str, dict] = {
                 "truncated": {"type": "boolean"},
                 "indexing": {"type": "object", "properties": {"done": {"type": "integer"}, "total": {"type": "integer"}},
                              "required": ["done", "total"]},
+                "embedding": {"type": "object", "properties": {"done": {"type": "integer"}, "total": {"type": "integer"}},
+                              "required": ["done", "total"]},
             },
             "required": ["hits", "ranked", "truncated"],
         },

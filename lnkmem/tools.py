@@ -59,6 +59,12 @@ def _hit_header(n: int, h: Hit) -> str:
 
 
 def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
+    from lnkmem.index.search import parse_when
+    try:  # before anything else: a bad date changes nothing
+        after = parse_when(args.after, "after") if args.after is not None else None
+        before = parse_when(args.before, "before") if args.before is not None else None
+    except ValueError as e:
+        raise ToolError(str(e)) from None
     _wait_open(memory)
     store = memory.store
     sources = args.sources
@@ -69,17 +75,25 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
     if sources == ["__none__"]:
         pairs, ranked = [], "words"
     else:
-        pairs, ranked = memory.rank(args.query, args.limit, sources, args.under or None)
+        pairs, ranked = memory.rank(args.query, args.limit, sources, args.under or None, after, before)
     passages = store.passages_of(p for p, _ in pairs)
     hits: list[Hit] = []
+    ignorer = getattr(memory.places.get("home"), "ignore", None)
+    memo: dict = {}
     for (pid, score), p in zip(pairs, passages):
         if p is None:
             continue
+        if ignorer is not None and p.ref.startswith("home/") and ignorer.ignored(p.ref[5:], False, memo):
+            continue  # ignored since it was indexed: out of the index at the next pass, never shown
         hits.append(Hit(ref=p.ref, source=p.ref.split("/", 1)[0], lines=(p.first, p.last),
                         score=round(score, 4), text=p.text, thread=p.thread, role=p.role, at=p.at))
     progress = memory.indexing
     status = f"; indexing {progress[0]}/{progress[1]}" if progress else ""
-    intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {args.query!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
+    embedding = memory.embedding
+    if embedding is not None:  # a half-embedded index says so (§4.1 rev. 2)
+        status += f"; {embedding[0]}/{embedding[1]} passages embedded so far"
+    shown = args.query if len(args.query) <= 120 else args.query[:120] + "…"  # a pasted page is not echoed whole
+    intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {shown!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
     room = memory.cfg.budget
     truncated = False
     intro, cut_intro = budget.cut(intro, room)
@@ -98,7 +112,8 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         truncated |= was_cut
         parts.append("\n" + head + h.text + "\n")
     result = SearchResult(hits=hits, ranked=ranked, truncated=truncated,
-                          indexing=Progress(*progress) if progress else None)
+                          indexing=Progress(*progress) if progress else None,
+                          embedding=Progress(*embedding) if embedding else None)
     return "".join(parts), to_builtins(result)
 
 

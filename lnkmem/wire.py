@@ -121,10 +121,12 @@ class Refusal(Struct):
 # --- §4 tool inputs --------------------------------------------------------
 
 class SearchArgs(_Strict):
-    query: Annotated[str, Meta(min_length=1, max_length=1000)]
+    query: Annotated[str, Meta(min_length=1, max_length=10_000)]
     limit: Annotated[int, Meta(ge=1, le=50)] = 10
     sources: Optional[list[Source]] = None
     under: Optional[Annotated[str, Meta(max_length=4096)]] = None
+    after: Optional[Annotated[str, Meta(min_length=1, max_length=64)]] = None
+    before: Optional[Annotated[str, Meta(min_length=1, max_length=64)]] = None
 
 
 class ReadArgs(_Strict):
@@ -164,6 +166,7 @@ class SearchResult(Struct, omit_defaults=True):
     ranked: Literal["words", "meaning+words"]
     truncated: bool
     indexing: Optional[Progress] = None
+    embedding: Optional[Progress] = None  # only while passages wait for vectors
 
 
 class ReadResult(Struct):

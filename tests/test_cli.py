@@ -38,7 +38,7 @@ def test_command_with_model_and_without_notes(home, tmp_path):
     (["serve", "{folder}", "/tmp/s"], {"LNK_MEMORY_SPEC": '{"notes": "lots"}'}, "notes"),
     (["serve", "{folder}", "/tmp/s"], {"LNK_MEMORY_NOTES": "relative/notes.md"}, "LNK_MEMORY_NOTES"),
     (["index", "/no/such"], {}, "required"),
-    (["search", "{folder}", "/tmp/s", "x" * 1001], {}, "query"),
+    (["search", "{folder}", "/tmp/s", "x" * 10_001], {}, "query"),  # rev. 2: up to 10,000
     (["frobnicate"], {}, "invalid choice"),
 ])
 def test_refusals_are_one_line_and_exit_2(home, args, env, words):

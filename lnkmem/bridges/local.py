@@ -21,6 +21,7 @@ import stat as st
 from typing import Iterable, Optional
 
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
+from lnkmem.ignore import Ignorer
 
 O_PATH = getattr(os, "O_PATH", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -100,11 +101,13 @@ class LocalPlace:
     """Files below ``root``; hidden names skipped; ``exclude`` folders skipped;
     a link followed only when its target stays inside ``root``."""
 
-    def __init__(self, root: str, exclude: Iterable[str] = ()):
+    def __init__(self, root: str, exclude: Iterable[str] = (), ignore: bool = False):
         self.root = os.path.abspath(root)
         self.real = os.path.realpath(self.root)
         self.exclude = {os.path.realpath(e) for e in exclude}
         self.skipped = 0
+        # ignore files (§3.2 rev. 2; Home only): honoured by list, listdir, stat
+        self.ignore = Ignorer(self.root) if ignore else None
 
     def _inside(self, real: str) -> bool:
         if real in self.exclude or any(real.startswith(e + os.sep) for e in self.exclude):
@@ -187,8 +190,11 @@ class LocalPlace:
         if st.S_ISREG(s.st_mode):
             e = self.stat(rel0)
             return [e] if e else []
+        stack = self.ignore.stack_to(rel0) if self.ignore else None
+        if self.ignore and stack is None:
+            return out
         seen: set[tuple[int, int]] = set()
-        self._walk(rel0, out, seen)
+        self._walk(rel0, out, seen, stack)
         return out
 
     def _entries(self, fd: int, rel: str) -> list[tuple[str, Optional[os.stat_result]]]:
@@ -213,7 +219,7 @@ class LocalPlace:
                     self.skipped += 1
         return out
 
-    def _walk(self, rel: str, out: list[Entry], seen: set) -> None:
+    def _walk(self, rel: str, out: list[Entry], seen: set, stack=None) -> None:
         try:
             fd = self._open(rel, DIR_FLAGS)
         except (NotFound, Forbidden):
@@ -235,8 +241,11 @@ class LocalPlace:
             try:
                 if s is None:
                     s = self._fstat(path)  # a link: followed only inside the root
+                full = os.path.join(self.real, path)
+                if self.ignore and self.ignore.skip(stack, path, st.S_ISDIR(s.st_mode), full):
+                    continue
                 if st.S_ISDIR(s.st_mode):
-                    self._walk(path, out, seen)
+                    self._walk(path, out, seen, stack + self.ignore.level(path, full) if self.ignore else None)
                 elif st.S_ISREG(s.st_mode):
                     if s.st_size > MAX_FILE:
                         self.skipped += 1
@@ -254,6 +263,8 @@ class LocalPlace:
         except (OSError, Forbidden, NotFound):
             return None
         if not st.S_ISREG(s.st_mode):
+            return None
+        if self.ignore and self.ignore.ignored(rel, False):
             return None
         return Entry(rel, s.st_size, version_of(s))
 
@@ -323,6 +334,9 @@ class LocalPlace:
     def listdir(self, path: str) -> list[tuple[str, str, int]]:
         """(name, 'file'|'folder', size) directly under ``path`` (for `list`)."""
         rel = self._rel(path)
+        stack = self.ignore.stack_to(rel) if self.ignore else None
+        if self.ignore and stack is None:
+            raise NotFound(f"ignored: {path}")
         try:
             fd = self._open(rel, DIR_FLAGS)
         except NotFound:
@@ -342,6 +356,10 @@ class LocalPlace:
                     s = self._fstat(f"{rel}/{name}" if rel else name)
             except (OSError, NotFound, Forbidden):
                 continue
+            if self.ignore:
+                child = f"{rel}/{name}" if rel else name
+                if self.ignore.skip(stack, child, st.S_ISDIR(s.st_mode), os.path.join(self.real, child)):
+                    continue
             if st.S_ISDIR(s.st_mode):
                 out.append((name, "folder", 0))
             elif st.S_ISREG(s.st_mode):

@@ -17,6 +17,7 @@ class Entry(NamedTuple):
     path: str  # relative, '/'-separated
     size: int
     version: str
+    modified: Optional[str] = None  # RFC 3339, when the place lists it (the files bridge)
 
 
 class NotFound(Exception):

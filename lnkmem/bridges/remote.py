@@ -180,7 +180,7 @@ class FilesPlace(_BridgePlace):
                 continue
             if full and prefix and not (e.path == full or e.path.startswith(full + "/")):
                 continue
-            out.append(Entry(rel, e.size, e.version))
+            out.append(Entry(rel, e.size, e.version, e.modified))
         return out
 
     def read(self, path: str) -> tuple[bytes, str]:

@@ -1,8 +1,16 @@
-"""Words: Unicode case folding, word splitting, English stemming.
+"""Words: Unicode case folding, word splitting, English stemming, identifiers.
 
 The same analysis runs on passages at index time and on queries at search
 time. Stemming is memoised: a corpus has far fewer distinct words than
 words, so each distinct word is stemmed once.
+
+Identifiers (§4.1 rev. 2: ``PIO-1384``, ``v2.3.1``, ``foo_bar``, ``a/b/c.md``,
+``name@example.com``) are words joined by connectors. Each is indexed twice:
+as its parts (the words, as always) and whole (case-folded, not stemmed), so
+that an exact identifier ranks above passages that only share its parts. A
+whole term always holds a connector, so it never collides with a word's term;
+it does not count in a passage's length, so a query of plain words scores
+every passage exactly as it did before identifiers were indexed.
 """
 
 from __future__ import annotations
@@ -20,6 +28,13 @@ _WORD = re.compile(
     r"|[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
 )
 MAX_WORD = 64
+MAX_IDENT = 128
+
+# Runs of letters/digits joined by connectors: an identifier, kept whole too.
+CONNECTORS = "-_./@:+#~"
+_LETTER = r"[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+# linear time: starts only where a run of letters starts, runs taken possessively
+_IDENT = re.compile(r"(?<!" + _LETTER + ")" + _LETTER + r"++(?:[-_./@:+#~]++" + _LETTER + r"++)+")
 
 # Lucene's English stop set: words too common to tell passages apart.
 STOPWORDS = frozenset(
@@ -52,11 +67,57 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
+_MAJOR = re.compile(r"[./:@]+")
+MAX_PIECES = 8
+
+
+def _subs(ident: str) -> list[str]:
+    """The identifiers inside one, cut at ``. / : @``: its prefixes and suffixes
+    that still hold a connector (``daily_search.experiment_nations`` holds
+    ``experiment_nations``; ``docs/api/plan-b.md`` holds ``plan-b.md``, ``api/plan-b.md``
+    and ``docs/api``), so a query for the inner one finds it whole."""
+    cuts = [m.span() for m in _MAJOR.finditer(ident)]
+    if not cuts or len(cuts) >= MAX_PIECES:
+        return []
+    out = []
+    for a, b in cuts:
+        for piece in (ident[:a], ident[b:]):
+            if piece and any(c in CONNECTORS for c in piece):
+                out.append(piece)
+    return out
+
+
+def idents(text: str, inner: bool = False) -> list[str]:
+    """Whole identifiers of ``text``, case-folded (each also has its parts as
+    words); with ``inner``, the identifiers inside each too (indexing)."""
+    out = []
+    for i in _IDENT.findall(text.casefold()):
+        if len(i) <= MAX_IDENT:
+            out.append(i)
+            if inner:
+                out.extend(_subs(i))
+    return out
+
+
 def term_counts(text: str) -> tuple[dict, int]:
-    """(term -> frequency, length) of a passage: stopped, stemmed terms."""
-    counts = Counter(map(_memo.__getitem__, _WORD.findall(text.casefold())))
+    """(term -> frequency, length) of a passage: stopped, stemmed terms, and
+    whole identifiers (not counted in the length)."""
+    low = text.casefold()
+    counts = Counter(map(_memo.__getitem__, _WORD.findall(low)))
     counts.pop("", None)  # stop words and over-long words
-    return counts, sum(counts.values())
+    length = sum(counts.values())
+    for i in _IDENT.findall(low):
+        if len(i) <= MAX_IDENT:
+            counts[i] += 1
+            if _MAJOR.search(i):
+                for sub in _subs(i):
+                    counts[sub] += 1
+    return counts, length
+
+
+def term_of(word: str) -> str:
+    """The term of one case-folded word ("" when not indexed: a stop word)."""
+    return _memo[word]
 
 
 def query_terms(text: str) -> list[str]:

@@ -474,7 +474,7 @@ def _load_txn(store: Store, v: Verified, version: str) -> dict:
         for ref, rec in table.files:
             if order is not None:
                 r = _dec_file.decode(rec)
-                rec = _enc.encode(FileRec(r.version, r.size, [remap1(p) for p in r.pids], r.kind))
+                rec = _enc.encode(FileRec(r.version, r.size, [remap1(p) for p in r.pids], r.kind, r.mtime))
             txn.put(ref.encode(), rec, db=store.files)
         dead = set(remap(_u4(table.dead, "", ">u4").astype("<u4")).tolist())
         for p in sorted(dead):

@@ -9,7 +9,9 @@ process killed half-way keeps every batch committed before it.
 from __future__ import annotations
 
 import os
+import re
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
@@ -126,8 +128,12 @@ def passages_of(source: str, path: str, data: bytes, tmpdir: str, local_path: Op
 
 
 def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
-    """Terms of each passage; its file's name words count once in each."""
-    name_terms, name_len = analyze.term_counts(ref.split("/", 1)[-1].replace("/", " "))
+    """Terms of each passage; its file's name words count once in each, and its
+    path whole (``docs/plan.md``, an identifier: no length)."""
+    path = ref.split("/", 1)[-1]
+    name_terms, name_len = analyze.term_counts(path.replace("/", " "))
+    for i in analyze.idents(path, inner=True):
+        name_terms[i] = name_terms.get(i, 0) + 1
     out = []
     for p in passages:
         counts, length = analyze.term_counts(p.text)
@@ -135,6 +141,27 @@ def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
             counts[t] = counts.get(t, 0) + n
         out.append((counts, length + name_len))
     return out
+
+
+_LOCAL_VERSION = re.compile(r"^([0-9a-f]+)-[0-9a-f]+-[0-9a-f]+$")
+
+
+def file_time(place, entry: Entry, version: str) -> Optional[str]:
+    """The file's modification time (RFC 3339, UTC) for the date filters: the
+    bridge's when it lists one, else a local file's (its version starts with
+    its mtime in ns)."""
+    modified = getattr(entry, "modified", None)
+    if modified:
+        return modified
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.notes import LocalNotes
+    if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
+        m = _LOCAL_VERSION.match(version or "")
+        if m:
+            ns = int(m.group(1), 16)
+            t = datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc)
+            return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns % 1_000_000_000 // 1000:06d}Z"
+    return None
 
 
 def index_file(source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFile]:
@@ -151,7 +178,8 @@ def index_file(source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFil
     passages, kind = passages_of(source, entry.path, data, tmpdir, local)
     if kind == "binary":
         passages = []
-    return NewFile(ref, version if version else entry.version, len(data), kind, passages, _counts(ref, passages))
+    version = version if version else entry.version
+    return NewFile(ref, version, len(data), kind, passages, _counts(ref, passages), file_time(place, entry, version))
 
 
 ProgressFn = Callable[[int, int], None]

@@ -41,7 +41,7 @@ import numpy as np
 
 from lnkmem.errors import DamagedIndex, ToolError
 
-FORMAT = b"lnkmem-index-2"
+FORMAT = b"lnkmem-index-3"  # 3: whole identifiers as terms, files' modification times
 SOURCES = ("home", "chats", "skills", "notes")
 SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
 
@@ -51,6 +51,7 @@ class FileRec(msgspec.Struct, array_like=True):
     size: int
     pids: list[int]
     kind: str = "text"  # "text" | "name" (by name only: no converter) | "name-failed" (the converter failed)
+    mtime: Optional[str] = None  # modification time (RFC 3339), for the after/before filters
 
 
 class Passage(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -260,6 +261,7 @@ class NewFile:
     kind: str
     passages: list[Passage]
     counts: list[tuple[dict, int]]  # (term -> tf, length) per passage
+    mtime: Optional[str] = None
 
 
 @dataclass
@@ -494,6 +496,13 @@ class Store:
         return out
 
     @_guarded
+    def file_mtime(self, ref: str) -> Optional[str]:
+        """A file's modification time as indexed (None when unknown)."""
+        with self.env.begin() as txn:
+            v = txn.get(ref.encode(), db=self.files)
+        return _dec_file.decode(v).mtime if v is not None else None
+
+    @_guarded
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
         with self.env.begin() as txn:
             out = []
@@ -630,7 +639,7 @@ class Store:
                     p_terms.extend(counts.keys())
                     p_tfs.extend(counts.values())
                     p_pids.extend([pid] * len(counts))
-                txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind)), db=self.files)
+                txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
             # new ids only: appending packs the pages full; reused ones go in their place
             last = txn.cursor(db=self.passages)
             fresh = not new_passages or not last.last() or last.key() < new_passages[0][0]

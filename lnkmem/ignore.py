@@ -1,0 +1,239 @@
+"""Ignore files in Home (§3.2 rev. 2): ``.gitignore`` and ``.lnkmemignore``.
+
+Both use git's syntax (gitignore(5)): ``#`` comments, ``!`` negation (the
+last matching rule wins; a file below an ignored folder stays ignored), a
+trailing ``/`` for folders only, a ``/`` at the start or in the middle
+anchors the pattern to the ignore file's folder (otherwise it matches a name
+at any depth), ``*``, ``?``, ``[a-z]``/``[!a-z]`` classes, and ``**`` (``**/x``,
+``x/**``, ``a/**/b``). Rules of a deeper folder override shallower ones; in
+one folder ``.lnkmemignore`` overrides ``.gitignore``.
+
+Skipped by default, as though a root ``.gitignore`` began with them (so a
+``!node_modules/`` can take one back): ``node_modules/``, ``__pycache__/``,
+``.git/``; and any virtual environment (a folder holding ``pyvenv.cfg``).
+
+Written here rather than taken from ``pathspec``: git's rules fit in a page,
+and a folder-by-folder matcher is what a pruning walk needs anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import NamedTuple, Optional
+
+NAMES = (".gitignore", ".lnkmemignore")
+DEFAULTS = ("node_modules/", "__pycache__/", ".git/")
+MAX_BYTES = 256 * 1024  # of one ignore file; rules past it are not read
+MAX_RULES = 2000
+
+
+class Rule(NamedTuple):
+    regex: re.Pattern
+    negate: bool
+    dir_only: bool
+
+
+class Level(NamedTuple):
+    base: str  # the folder the rules are relative to ("" for the root)
+    rules: tuple[Rule, ...]
+
+
+def _class(pat: str, i: int) -> tuple[Optional[str], int]:
+    """A ``[...]`` class at ``pat[i]``: (regex, index after), or (None, i) if unclosed."""
+    j = i + 1
+    out = "["
+    if j < len(pat) and pat[j] in "!^":
+        out += "^"
+        j += 1
+    if j < len(pat) and pat[j] == "]":
+        out += r"\]"
+        j += 1
+    while j < len(pat) and pat[j] != "]":
+        c = pat[j]
+        if c == "\\" and j + 1 < len(pat):
+            out += re.escape(pat[j + 1])
+            j += 2
+            continue
+        out += c if c == "-" else re.escape(c)
+        j += 1
+    if j >= len(pat):
+        return None, i
+    return out + "]", j + 1
+
+
+def translate(pattern: str) -> Optional[Rule]:
+    """One line of an ignore file as a rule, or None (blank, comment, unusable)."""
+    line = pattern.rstrip("\n").rstrip("\r")
+    # trailing spaces go unless escaped
+    while line.endswith(" ") and not line.endswith("\\ "):
+        line = line[:-1]
+    if not line or line.startswith("#"):
+        return None
+    negate = line.startswith("!")
+    if negate:
+        line = line[1:]
+    elif line.startswith("\\!") or line.startswith("\\#"):
+        line = line[1:]
+    dir_only = line.endswith("/") and not line.endswith("\\/")
+    line = line.rstrip("/")
+    if not line:
+        return None
+    anchored = "/" in line
+    line = line.lstrip("/")
+    out = [] if anchored else ["(?:.*/)?"]
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c == "*":
+            if line.startswith("**", i) and (i == 0 or line[i - 1] == "/") and (i + 2 == n or line[i + 2] == "/"):
+                if i + 2 == n:  # "x/**": everything inside
+                    out.append(".*")
+                    i += 2
+                else:  # "**/": zero or more folders
+                    out.append("(?:.*/)?")
+                    i += 3
+                continue
+            while i < n and line[i] == "*":
+                i += 1
+            out.append("[^/]*")
+            continue
+        if c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            cls, j = _class(line, i)
+            if cls is not None:
+                out.append(cls)
+                i = j
+                continue
+            out.append(r"\[")
+        elif c == "\\" and i + 1 < n:
+            out.append(re.escape(line[i + 1]))
+            i += 2
+            continue
+        else:
+            out.append(re.escape(c))
+        i += 1
+    try:
+        return Rule(re.compile("".join(out) + r"\Z", re.S), negate, dir_only)
+    except re.error:
+        return None
+
+
+def parse(text: str) -> tuple[Rule, ...]:
+    rules = []
+    for line in text.splitlines():
+        r = translate(line)
+        if r is not None:
+            rules.append(r)
+            if len(rules) >= MAX_RULES:
+                break
+    return tuple(rules)
+
+
+_DEFAULT = Level("", parse("\n".join(DEFAULTS)))
+
+
+def decide(stack: list[Level], rel: str, is_dir: bool) -> bool:
+    """Whether ``rel`` (relative to the root; its folder's levels in ``stack``) is
+    ignored by the rules themselves; the last matching rule wins."""
+    ignored = False
+    for base, rules in stack:
+        if base:
+            if not rel.startswith(base + "/"):
+                continue
+            sub = rel[len(base) + 1:]
+        else:
+            sub = rel
+        for r in rules:
+            if r.dir_only and not is_dir:
+                continue
+            if r.regex.match(sub):
+                ignored = not r.negate
+    return ignored
+
+
+class Ignorer:
+    """The ignore rules of one folder tree, read folder by folder and kept while
+    the files are unchanged."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self._cache: dict[str, tuple[tuple, tuple[Rule, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def _rules(self, path: str) -> tuple[Rule, ...]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            with self._lock:
+                self._cache.pop(path, None)
+            return ()
+        try:
+            s = os.fstat(fd)
+            key = (s.st_mtime_ns, s.st_size, s.st_ino)
+            with self._lock:
+                got = self._cache.get(path)
+            if got is not None and got[0] == key:
+                return got[1]
+            import stat as st
+            if not st.S_ISREG(s.st_mode):
+                return ()
+            data = os.read(fd, MAX_BYTES)
+        except OSError:
+            return ()
+        finally:
+            os.close(fd)
+        rules = parse(data.decode("utf-8", "replace"))
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[path] = (key, rules)
+        return rules
+
+    def level(self, rel_dir: str, full_dir: str) -> list[Level]:
+        """The levels a folder adds: the defaults at the root, then its ignore files."""
+        out = [_DEFAULT] if not rel_dir else []
+        for name in NAMES:
+            rules = self._rules(os.path.join(full_dir, name))
+            if rules:
+                out.append(Level(rel_dir, rules))
+        return out
+
+    def skip(self, stack: list[Level], rel: str, is_dir: bool, full: str) -> bool:
+        """Whether the walk skips ``rel`` (its parent folder's levels in ``stack``)."""
+        if is_dir and os.path.isfile(os.path.join(full, "pyvenv.cfg")):
+            return True
+        return decide(stack, rel, is_dir)
+
+    def stack_to(self, rel_dir: str, memo: Optional[dict] = None) -> Optional[list[Level]]:
+        """The levels in force inside ``rel_dir`` (a folder below the root, "" for
+        it), or None when the folder or one above it is ignored. ``memo`` keeps
+        folders already looked at (several paths checked at once)."""
+        if memo is not None and rel_dir in memo:
+            return memo[rel_dir]
+        parts = [p for p in rel_dir.split("/") if p]
+        if parts:
+            parent = "/".join(parts[:-1])
+            stack = self.stack_to(parent, memo)
+            full = os.path.join(self.root, *parts)
+            if stack is not None:
+                stack = None if self.skip(stack, rel_dir, True, full) else stack + self.level(rel_dir, full)
+        else:
+            stack = self.level("", self.root)
+        if memo is not None:
+            memo[rel_dir] = stack
+        return stack
+
+    def ignored(self, rel: str, is_dir: bool, memo: Optional[dict] = None) -> bool:
+        """Whether ``rel`` (relative to the root) is ignored, by a rule or by lying
+        in an ignored folder."""
+        rel = rel.strip("/")
+        if not rel:
+            return False
+        parent, _, _ = rel.rpartition("/")
+        stack = self.stack_to(parent, memo)
+        if stack is None:
+            return True
+        return self.skip(stack, rel, is_dir, os.path.join(self.root, *rel.split("/")))

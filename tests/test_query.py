@@ -1,0 +1,435 @@
+"""The query language (§4.1 rev. 2), the date filters, ignore files (§3.2),
+honest ranking status and tie-safe top-k, through the real `lnk-lnkmem serve`."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import Home, Server
+
+# A small Home whose words overlap in many ways; the pinned rankings below were
+# recorded on the code before the query language existed (commit 576885e):
+# a query with no syntax must keep ranking exactly so.
+PLAIN_CORPUS = {
+    "notes/garden.md": "# Garden\nTomatoes need sun and water. The garden plan for spring: tomatoes, beans, basil.\n",
+    "notes/kitchen.md": "# Kitchen\nBasil pesto with garden tomatoes. Water the basil daily in summer.\n",
+    "projects/launch.md": "# Launch plan\nThe launch plan has three phases. Phase one: tests. Phase two: docs.\n",
+    "projects/budget.md": "# Budget\nThe budget for the launch covers servers, docs and travel to the garden show.\n",
+    "journal/2024-03-01.md": "Planted beans today. The spring sun was warm; watering plan changed.\n",
+    "journal/2024-03-02.md": "Read about servers and water cooling. Pesto for dinner, basil from the garden.\n",
+    "archive/old.md": "Old notes on travel, phases of the moon and planting by the moon's phases.\n",
+}
+
+PINNED = {
+    'garden tomatoes': [
+        ('home/notes/garden.md', 2.4833),
+        ('home/notes/kitchen.md', 1.825),
+        ('home/projects/budget.md', 0.604),
+        ('home/journal/2024-03-02.md', 0.5516),
+    ],
+    'launch plan': [
+        ('home/projects/launch.md', 2.8425),
+        ('home/projects/budget.md', 1.221),
+        ('home/journal/2024-03-01.md', 0.8161),
+        ('home/notes/garden.md', 0.8161),
+    ],
+    'basil water': [
+        ('home/notes/kitchen.md', 1.7789),
+        ('home/notes/garden.md', 1.3842),
+        ('home/journal/2024-03-02.md', 1.3442),
+        ('home/journal/2024-03-01.md', 0.568),
+    ],
+    'servers docs travel': [
+        ('home/projects/budget.md', 3.663),
+        ('home/archive/old.md', 1.221),
+        ('home/journal/2024-03-02.md', 1.1151),
+        ('home/projects/launch.md', 1.0838),
+    ],
+    'phases moon': [
+        ('home/archive/old.md', 4.0324),
+        ('home/projects/launch.md', 1.7603),
+    ],
+}
+
+
+def _ranking(server, query):
+    hits = server.search(query, limit=10)["structuredContent"]["hits"]
+    return [(h["ref"], h["score"]) for h in hits]
+
+
+@pytest.fixture
+def plain_server(home):
+    for rel, text in PLAIN_CORPUS.items():
+        home.write(rel, text)
+    s = Server.start(home)
+    s.initialize()
+    s.wait_indexed()
+    yield s
+    s.close()
+
+
+def test_a_query_without_syntax_ranks_exactly_as_before(plain_server):
+    got = {q: _ranking(plain_server, q) for q in PINNED}
+    assert got == PINNED
+
+
+# --- the query language -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def syntax_server(tmp_path_factory):
+    home = Home(tmp_path_factory.mktemp("syntax"))
+    home.write("tickets/exact.md", "Tracking PIO-1384 for the release; the fix is in review and looks long to land.\n")
+    home.write("tickets/parts.md", "PIO 1384 is unrelated.\n")
+    home.write("tickets/other.md", "Release v2.3.1 ships the parser; mail name@example.com about foo_bar.\n")
+    home.write("docs/a/b/c.md", "Nested page about the release train.\n")
+    home.write("phrases/one.md", "The quick brown fox jumps over the lazy dog.\n")
+    home.write("phrases/two.md", "The brown quick fox, lazy as a dog, jumps.\n")
+    home.write("words/apple.md", "Apples and applesauce recipes.\n")
+    home.write("words/application.md", "An application form for the orchard.\n")
+    home.write("words/both.md", "Orchard notes: pears. Orchard apples too.\n")
+    home.write("words/qtf1.md", "kiwi kiwi kiwi mango\n")
+    home.write("words/qtf2.md", "kiwi mango mango mango\n")
+    s = Server.start(home)
+    s.initialize()
+    s.wait_indexed()
+    yield s
+    s.close()
+
+
+def _refs(server, query, **kw):
+    r = server.search(query, **kw)
+    assert not r.get("isError"), r
+    return [h["ref"] for h in r["structuredContent"]["hits"]]
+
+
+def test_an_exact_identifier_ranks_above_its_parts(syntax_server):
+    for q in ("PIO-1384", "pio-1384"):
+        refs = _refs(syntax_server, q)
+        assert refs[:2] == ["home/tickets/exact.md", "home/tickets/parts.md"], (q, refs)
+    assert _refs(syntax_server, '"PIO-1384"') == ["home/tickets/exact.md"]  # quoted: exactly
+    assert set(_refs(syntax_server, "1384")) >= {"home/tickets/exact.md", "home/tickets/parts.md"}
+    for q, want in (("v2.3.1", "home/tickets/other.md"), ("name@example.com", "home/tickets/other.md"),
+                    ("foo_bar", "home/tickets/other.md"), ("a/b/c.md", "home/docs/a/b/c.md")):
+        assert _refs(syntax_server, q)[0] == want, q
+
+
+def test_a_phrase_shows_only_passages_with_its_words_in_order(syntax_server):
+    assert _refs(syntax_server, '"quick brown fox"') == ["home/phrases/one.md"]
+    assert _refs(syntax_server, '"brown quick"') == ["home/phrases/two.md"]
+    assert _refs(syntax_server, 'fox "lazy dog"') == ["home/phrases/one.md"]
+    assert _refs(syntax_server, '"lazy dog') == ["home/phrases/one.md"]  # unbalanced: to the end
+    assert _refs(syntax_server, '"no such words here"') == []
+    assert _refs(syntax_server, '"over the"') == ["home/phrases/one.md"]  # stop words only: the newest passages
+    assert _refs(syntax_server, '"as a"') == ["home/phrases/two.md"]
+
+
+def test_minus_excludes_and_star_is_a_prefix(syntax_server):
+    assert set(_refs(syntax_server, "orchard")) == {"home/words/application.md", "home/words/both.md"}
+    assert _refs(syntax_server, "orchard -apples") == ["home/words/application.md"]
+    assert _refs(syntax_server, 'fox -"lazy dog"') == ["home/phrases/two.md"]
+    assert set(_refs(syntax_server, "appl*")) == {"home/words/apple.md", "home/words/application.md",
+                                                  "home/words/both.md"}
+    assert _refs(syntax_server, "PIO-13*")[0] == "home/tickets/exact.md"
+    assert _refs(syntax_server, "PIO-*") == ["home/tickets/exact.md"]  # whole identifiers starting so
+    assert _refs(syntax_server, "v2.*") == ["home/tickets/other.md"]
+    assert set(_refs(syntax_server, "appl* -orchard")) == {"home/words/apple.md"}
+
+
+def test_a_repeated_word_weighs_more(syntax_server):
+    assert _refs(syntax_server, "kiwi mango")[0] == "home/words/qtf1.md"  # kiwi is tf 3 there
+    assert _refs(syntax_server, "kiwi mango mango mango")[0] == "home/words/qtf2.md"
+    assert _refs(syntax_server, "kiwi kiwi kiwi mango")[0] == "home/words/qtf1.md"
+
+
+def test_any_query_text_is_answered_quickly(syntax_server):
+    import time
+    for query in ['"', '"""', "-", "*", "- * -- **", '-"', "the of and", "\0", "\0fox\0", "!" * 10_000,
+                  "fox " * 2_500, " ".join(f"w{i}" for i in range(3000)), "-fox " * 2000, "a* " * 3000,
+                  "appl* " * 3000, '"fox ' * 2000, "é" * 10_000, "a-" * 5000, "x" * 10_000, "ab-cd " * 1666]:
+        t = time.monotonic()
+        r = syntax_server.search(query[:10_000])
+        assert not r.get("isError"), (query[:20], r)
+        assert time.monotonic() - t < 2, query[:20]
+
+
+def test_query_length_is_bounded_by_the_schema(syntax_server):
+    r = syntax_server.search("x" * 10_001)
+    assert r.get("isError") and "query" in r["content"][0]["text"]
+    long = "pasted text about the fox " * 380
+    assert len(long) <= 10_000
+    assert "home/phrases/one.md" in _refs(syntax_server, long)
+
+
+# --- tie-safe top-k (issue 11) -------------------------------------------------------
+
+def test_many_tied_passages_answer_right_and_fast(home):
+    """A crafted Home of 60,000 tied passages: the first ones of the file, in order,
+    quickly (the full sort of every tie took seconds at 444,444)."""
+    import time
+    home.write("zq.md", "# zq\nzq\n\n" * 60_000)
+    s = Server.start(home)
+    try:
+        s.initialize()
+        s.wait_indexed(timeout=120)
+        times = []
+        for _ in range(5):
+            t = time.monotonic()
+            hits = s.search("zq", limit=50)["structuredContent"]["hits"]
+            times.append(time.monotonic() - t)
+        # ties by place in the file
+        assert [(h["ref"], h["lines"]) for h in hits] == [("home/zq.md", [3 * i + 1, 3 * i + 2]) for i in range(50)]
+        assert sorted(times)[2] < 0.5, times
+    finally:
+        s.close()
+
+
+def test_top_k_of_two_million_ties_is_one_pass():
+    import time
+
+    import numpy as np
+
+    from lnkmem.index.search import top
+    from lnkmem.index.store import Snapshot
+    n = 2_000_000
+    refs = ["home/b.md", "home/a.md"]
+    refid = (np.arange(n + 1) % 2).astype(np.int32)  # odd pids in home/a.md
+    snap = Snapshot(1, np.ones(n + 1, np.float32), np.ones(n + 1, bool), np.zeros(n + 1, np.uint8),
+                    refid, refs, n, float(n))
+    cand = np.arange(1, n + 1, dtype=np.int64)
+    sc = np.full(n, 2.5, np.float32)
+    sc[-1] = 3.0  # one better passage, last of all
+    t = time.monotonic()
+    got, scores = top(snap, cand, sc, 10)
+    took = time.monotonic() - t
+    assert got.tolist() == [n] + [1 + 2 * i for i in range(9)]  # the best, then home/a.md's first
+    assert scores.tolist() == [3.0] + [2.5] * 9
+    assert took < 2.0, took  # sorting every tie in Python took over 4 s
+
+
+# --- honest ranking status ---------------------------------------------------------
+
+@pytest.fixture
+def model(tmp_path):
+    from fakes.harness import FakeServer
+    srv = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "embed.sock", "--dim", "64",
+                           "--model", "fake-mini")
+    yield srv
+    srv.stop()
+
+
+def test_background_trouble_never_turns_meaning_off_for_queries(home, model):
+    """Background embedding fails (its circuit opens): queries still rank by
+    meaning, and the result says how many passages wait for vectors."""
+    from tests.helpers import until
+    home.write("spring.md", "We purchased an automobile last spring; the vehicle runs well.\n")
+    home.write("food.md", "Bread, cheese and olives for the picnic.\n")
+    env = {"LNK_MEMORY_SPEC": '{"model": "fake-mini"}', "LNK_MEMORY_MODEL": model.listen}
+    with Server.start(home, env=env) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert until(lambda: s.search("buying a car")["structuredContent"]["ranked"] == "meaning+words", timeout=10)
+        r = s.search("buying a car")["structuredContent"]
+        assert "embedding" not in r  # every passage has its vector
+        model.fault("503", count=4, path="/v1/embeddings")  # the background pass's tries, then fine
+        for i in range(5):
+            home.write(f"new/n{i}.md", f"Note {i} about a garden hose.\n")
+        import json
+        assert until(lambda: json.loads(model.request("GET", "/_fault")[2])["mode"] == "ok", timeout=20, step=0.1)
+        full = s.search("purchase of a motorcar")
+        r = full["structuredContent"]
+        assert r["ranked"] == "meaning+words", r
+        assert f"{r['embedding']['done']}/{r['embedding']['total']} passages embedded" in full["content"][0]["text"]
+        assert r["embedding"]["done"] < r["embedding"]["total"], r
+        assert r["hits"][0]["ref"] == "home/spring.md"
+        # the pass tries again after its pause, and then the index is whole
+        assert until(lambda: "embedding" not in s.search("garden hose")["structuredContent"], timeout=30, step=0.5)
+
+
+# --- after / before ------------------------------------------------------------------
+
+def test_after_and_before_filter_by_message_time_and_file_time(home):
+    import os
+    from datetime import datetime, timezone
+    home.chat("t1", [
+        {"role": "user", "text": "the walrus plan for march", "at": "2024-03-01T10:00:00Z"},
+        {"role": "assistant", "text": "walrus budget agreed in june", "at": "2024-06-15T09:30:00+02:00"},
+    ])
+    old = home.write("old.md", "walrus notes from last year\n")
+    new = home.write("new.md", "walrus notes from this spring\n")
+    t_old = datetime(2023, 5, 1, tzinfo=timezone.utc).timestamp()
+    t_new = datetime(2024, 4, 1, 12, tzinfo=timezone.utc).timestamp()
+    os.utime(old, (t_old, t_old))
+    os.utime(new, (t_new, t_new))
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+
+        def found(**kw):
+            r = s.search("walrus", **kw)
+            assert not r.get("isError"), r
+            return sorted((h["ref"], h.get("at")) for h in r["structuredContent"]["hits"])
+
+        assert len(found()) == 4
+        assert found(after="2024-01-01") == [("chats/t1.jsonl", "2024-03-01T10:00:00Z"),
+                                             ("chats/t1.jsonl", "2024-06-15T09:30:00+02:00"),
+                                             ("home/new.md", None)]
+        assert found(before="2024-01-01") == [("home/old.md", None)]
+        assert found(after="2024-03-01", before="2024-04-01T12:00:00Z") == [("chats/t1.jsonl", "2024-03-01T10:00:00Z")]
+        assert found(after="2024-06-15T07:30:00Z") == [("chats/t1.jsonl", "2024-06-15T09:30:00+02:00")]
+        assert found(after="2024-06-15T07:30:01Z") == []
+        assert found(after="2024-04-01T11:00:00-01:00", before="2024-04-01T12:00:01Z") == [("home/new.md", None)]
+        for bad in ("yesterday", "2024-13-01", "2024-02-30", "2024-03-01T25:00:00Z", "", "1709290000"):
+            for name in ("after", "before"):
+                r = s.search("walrus", **{name: bad})
+                assert r.get("isError"), (name, bad, r)
+                assert f"{name}:" in r["content"][0]["text"], r
+
+
+# --- ignore files (§3.2 rev. 2) --------------------------------------------------------
+
+IGNORED_HOME = {
+    ".gitignore": "# logs\n*.log\n!keep.log\nbuild/\n/top.md\ndocs/**/tmp.md\n[0-9]*.md\n",
+    "sub/.gitignore": "drafts/\nsecret*\n",
+    "sub/.lnkmemignore": "!secret-ok.md\n",
+}
+SHOWN = ["keep.log", "sub/top.md", "sub/secret-ok.md", "sub/plain.md", "docs/tmp.md.txt", "x1.md",
+         "newly.md", "build.md", "other/build", "lib/node_modules.md"]
+HIDDEN = ["a.log", "sub/b.log", "build/x.md", "sub/build/y.md", "top.md", "docs/a/b/tmp.md", "docs/tmp.md",
+          "1.md", "sub/drafts/d.md", "sub/secret.md", "node_modules/pkg/readme.md", "lib/node_modules/x.md",
+          "__pycache__/c.md", "venv/lib/site.md", "deep/env2/pyvenv.cfg", "deep/env2/bin/activate.md"]
+
+
+def _ignored_home(home):
+    for rel, text in IGNORED_HOME.items():
+        home.write(rel, text)
+    for rel in SHOWN + HIDDEN:
+        home.write(rel, "wombat lives here\n")
+    home.write("venv/pyvenv.cfg", "home = /usr\n")
+
+
+def _wombats(s):
+    return sorted(h["ref"][len("home/"):] for h in s.search("wombat", limit=50)["structuredContent"]["hits"])
+
+
+def test_ignore_files_and_default_skips_are_honoured_by_index_list_and_watch(home):
+    from tests.helpers import until
+    _ignored_home(home)
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert _wombats(s) == sorted(SHOWN)
+        entries = {e["ref"] for e in s.call("list", {"ref": "home"})["structuredContent"]["entries"]}
+        assert {"home/keep.log", "home/sub", "home/lib", "home/x1.md"} <= entries
+        assert not entries & {"home/a.log", "home/node_modules", "home/__pycache__", "home/venv", "home/build",
+                              "home/top.md", "home/1.md"}
+        sub = {e["ref"] for e in s.call("list", {"ref": "home/sub"})["structuredContent"]["entries"]}
+        assert sub == {"home/sub/top.md", "home/sub/secret-ok.md", "home/sub/plain.md"}
+        assert s.call("list", {"ref": "home/node_modules"}).get("isError")
+        # a new rule takes files out at the next pass; removing it brings them back
+        with open(home.folder / ".gitignore", "a") as f:
+            f.write("newly.md\nsub/plain.md\n")
+        want = sorted(set(SHOWN) - {"newly.md", "sub/plain.md"})
+        assert until(lambda: _wombats(s) == want, timeout=5), _wombats(s)
+        (home.folder / "sub" / ".lnkmemignore").write_text("")
+        assert until(lambda: "sub/secret.md" not in _wombats(s), timeout=1)  # .gitignore still says secret*
+        (home.folder / "sub" / ".gitignore").write_text("")
+        assert until(lambda: "sub/secret.md" in _wombats(s) and "sub/drafts/d.md" in _wombats(s), timeout=5)
+        # a file written in an ignored folder is never indexed
+        home.write("node_modules/pkg/late.md", "wombat late\n")
+        home.write("shown-late.md", "wombat late\n")
+        assert until(lambda: "shown-late.md" in _wombats(s), timeout=5)
+        assert "node_modules/pkg/late.md" not in _wombats(s)
+    with Server.start(home) as s:  # a restart agrees
+        s.initialize()
+        s.wait_indexed()
+        assert "newly.md" not in _wombats(s) and "sub/secret.md" in _wombats(s)
+
+
+def test_query_parser_and_ranker_take_any_text(tmp_path):
+    """Fuzzed query text (quotes, dashes, stars, identifiers, NUL, surrogates' neighbours)
+    against a real index: always an answer, never an exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index import indexer
+    from lnkmem.index.search import words
+    from lnkmem.index.store import Store
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "a.md").write_text("PIO-1384 the quick brown fox; v2.3.1 foo_bar a/b/c.md x@y.z\n")
+    (tmp_path / "h" / "b.md").write_text("東京 naïve café -minus star* \"quoted\"\n")
+    store = Store.open(str(tmp_path / "idx"))
+    places = {"home": LocalPlace(str(tmp_path / "h"))}
+    indexer.build(store, places, indexer.plan(store, places), str(tmp_path))
+    alphabet = st.sampled_from(list('"-*_./@:+#~ \t\0aPIO1384東京é') + ["fox", "quick", "PIO-1384", "v2.3"])
+    texts = st.lists(alphabet, max_size=60).map("".join) | st.text(max_size=80)
+
+    @settings(max_examples=120, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(texts, st.one_of(st.none(), st.just(0.0)))
+    def check(q, after):
+        pairs, _ = words(store, q, 10, after=after)
+        assert all(isinstance(p, int) and s == s for p, s in pairs)
+
+    check()
+    store.close()
+
+
+def test_only_the_first_256_distinct_terms_are_used(syntax_server):
+    junk = " ".join(f"zz{i}" for i in range(300))
+    assert _refs(syntax_server, "fox " + junk) != []
+    assert _refs(syntax_server, junk + " fox") == []
+    assert _refs(syntax_server, " ".join(f"zz{i % 200}" for i in range(1000)) + " fox") != []  # repeats are free
+
+
+def test_dates_in_a_bound_session_are_the_files_bridges(tmp_path):
+    """Through the files bridge a file's time is the bridge's `modified`."""
+    import os
+    from datetime import datetime, timezone
+
+    from tests.bridges import Bridges
+    from tests.helpers import Many, until
+    b = Bridges(tmp_path / "link")
+    try:
+        for rel, year in (("docs/old.md", 2023), ("docs/new.md", 2025)):
+            p = b.write_home(rel, f"narwhal sighting of {year}\n")
+            t = datetime(year, 6, 1, tzinfo=timezone.utc).timestamp()
+            os.utime(p, (t, t))
+        with Many(tmp_path / "m" / "mem.sock", {}, b.flags() + ["--cache", str(tmp_path / "cache")],
+                  env={"LNKMEM_WRITEBACK_S": "0.3"}) as m, m.connect() as c:
+            assert c.first(b.bound()) == {"ok": True}
+
+            def refs(**kw):
+                return sorted(h["ref"] for h in c.search("narwhal", **kw)["structuredContent"]["hits"])
+            assert until(lambda: refs() == ["home/docs/new.md", "home/docs/old.md"], timeout=20)
+            assert refs(after="2024-01-01") == ["home/docs/new.md"]
+            assert refs(before="2024-01-01T00:00:00+00:00") == ["home/docs/old.md"]
+    finally:
+        b.stop()
+
+
+def test_a_date_filter_judges_every_file_not_only_the_best(tmp_path):
+    """A recent file ranked below thousands of older ones is still found by `after`."""
+    import os
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index import indexer
+    from lnkmem.index.search import CHECK_CAP, parse_when, words
+    from lnkmem.index.store import Store
+    home = tmp_path / "h"
+    home.mkdir()
+    old = parse_when("2020-01-01", "t")
+    for i in range(CHECK_CAP + 100):
+        p = home / f"f{i}.md"
+        p.write_text("walrus walrus\n")
+        os.utime(p, (old, old))
+    target = home / "zz-new.md"
+    target.write_text("walrus " + " ".join(f"filler{i}" for i in range(60)) + "\n")
+    store = Store.open(str(tmp_path / "idx"))
+    places = {"home": LocalPlace(str(home))}
+    indexer.build(store, places, indexer.plan(store, places), str(tmp_path))
+    pairs, _ = words(store, "walrus", 10, after=parse_when("2024-01-01", "after"))
+    assert [p.ref for p in store.passages_of(pid for pid, _ in pairs)] == ["home/zz-new.md"]
+    pairs, _ = words(store, "walrus", 10, before=parse_when("2024-01-01", "before"))
+    assert len(pairs) == 10 and "home/zz-new.md" not in [p.ref for p in store.passages_of(x for x, _ in pairs)]
+    store.close()

@@ -1,7 +1,9 @@
 """Scale: ours beside SQLite FTS5 and tantivy, on the same passages, at several sizes.
 
 Run: ``.venv/bin/python bench/bench_scale.py --scale 0.1`` (a couple of minutes on
-2 cores); the issue's figures: ``--scale 1 4 10``; ``--record`` writes the
+2 cores); the issue's figures: ``--scale 1 4 10``; ``--profile --scale 0.25``
+prints where ours spends indexing time, memory and one-file updates (the
+figures of ``docs/SCALE-NOTES.md``); ``--record`` writes the
 "Scale" section of ``docs/BENCHMARKS.md``. tantivy is an optional bench
 dependency (``.venv/bin/pip install tantivy``): without it its column says so.
 ``--vectors 100000`` also measures the meaning vectors held in memory (int8 as
@@ -171,6 +173,10 @@ def w_ours(a: dict) -> None:
             times.append(time.perf_counter() - t)
         passes.append(times)
     places = {"home": LocalPlace(a["home"])}
+    from lnkmem.index import analyze
+    for path, _ in a["updates"]:  # the stem memo as a `serve` that indexed these files has it
+        with open(os.path.join(a["home"], path), encoding="utf-8", errors="replace") as f:
+            analyze.term_counts(f.read())
     upd, saved = [], {}
     try:
         for path, word in a["updates"]:
@@ -399,9 +405,150 @@ def w_vectors_make(a: dict) -> None:
     answer({"n": len(pids)})
 
 
+def _vm() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS", "VmHWM", "RssAnon", "RssFile")):
+                k, v = line.split(":", 1)
+                out[k] = int(v.split()[0]) // 1024
+    return out
+
+
+def w_profile(a: dict) -> None:
+    """Where a full index spends its time (cProfile) or its memory (tracemalloc per phase),
+    or where one-file updates spend their time (cProfile), on a built index."""
+    import cProfile
+    import io
+    import pstats
+    import tracemalloc
+    from lnkmem import cli
+    from lnkmem.index import store as store_mod
+    argv = ["index", a["home"], a["state"], a["agent"]]
+    res: dict = {}
+    if a["what"] == "time":
+        pr = cProfile.Profile()
+        t0 = time.perf_counter()
+        pr.runcall(cli.main, argv)
+        res["wall_s"] = time.perf_counter() - t0
+    elif a["what"] == "memory":
+        tracemalloc.start(1)
+        phases: list = []
+        S = store_mod.Store
+
+        def wrap(name, fn):
+            def inner(self, *args, **kw):
+                before = tracemalloc.get_traced_memory()
+                phases.append(("between", before[1] / MiB, before[0] / MiB, _vm()))  # peak since the last phase
+                tracemalloc.reset_peak()
+                t = time.perf_counter()
+                try:
+                    return fn(self, *args, **kw)
+                finally:
+                    cur, peak = tracemalloc.get_traced_memory()
+                    phases.append((name, peak / MiB, cur / MiB, _vm(), time.perf_counter() - t))
+                    tracemalloc.reset_peak()
+            return inner
+        S._commit = wrap("commit (one transaction)", S._commit)
+        S._load = wrap("snapshot reload", S._load)
+        S._merge = wrap("merge", S._merge)
+        t0 = time.perf_counter()
+        cli.main(argv)
+        res["wall_s"] = time.perf_counter() - t0
+        # the final merge of a large build (maybe_merge at 4x and 10x) merges most segments:
+        # merging every segment here shows what it holds
+        st = store_mod.Store.open(os.path.join(a["state"], "index"))
+        phases.append(("-- merge of every segment:", 0.0, 0.0, {}))
+        st.merge(sorted(st.segment_sizes()))
+        st.close()
+        res["phases"] = phases
+        snap = tracemalloc.take_snapshot()
+        res["final_traced_mib"] = sum(st.size for st in snap.statistics("filename")) / MiB
+        tracemalloc.stop()
+        res["vm"] = _vm()
+        answer(res)
+        return
+    else:  # updates on a built index
+        from lnkmem.bridges.local import LocalPlace
+        from lnkmem.index import indexer
+        from lnkmem.index.search import bm25
+        st = store_mod.Store.open(os.path.join(a["state"], "index"))
+        places = {"home": LocalPlace(a["home"])}
+        pr = cProfile.Profile()
+        saved = {}
+        t0 = time.perf_counter()
+        try:
+            for path, word in a["updates"]:
+                full = os.path.join(a["home"], path)
+                with open(full, "rb") as f:
+                    saved[full] = f.read()
+                pr.enable()
+                with open(full, "ab") as f:
+                    f.write(f"\n\nA late addition about {word}.\n".encode())
+                indexer.build(st, places, indexer.plan(st, places, only="home/" + path), a["tmp"])
+                bm25(st, word, 10)
+                pr.disable()
+        finally:
+            for full, data in saved.items():
+                with open(full, "wb") as f:
+                    f.write(data)
+        res["wall_s"] = time.perf_counter() - t0
+        st.close()
+    for key in ("cumulative", "tottime"):
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).strip_dirs().sort_stats(key).print_stats(a.get("top", 30))
+        res[key] = buf.getvalue()
+    res["vm"] = _vm()
+    answer(res)
+
+
+def profile(out: str, scale: float, seed: int, a_what=("time", "memory", "updates")) -> None:
+    """Profile ours at one scale; prints the figures (for docs/SCALE-NOTES.md)."""
+    import bench_local as bl
+    base = os.path.join(out, f"{scale:g}")
+    corpus.generate(base, scale, seed, log=log)
+    home, agent, state = (os.path.join(base, x) for x in ("home", "agent", "state"))
+    work = os.path.join(base, "work")
+    os.makedirs(work, exist_ok=True)
+    env = bl.clean_env()
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (ROOT, env.get("PYTHONPATH")) if x)
+    kw = dict(home=home, agent=agent, state=state, tmp=work)
+    for what in a_what:
+        if what != "updates":
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            if not os.path.exists(os.path.join(state, "index", "data.mdb")):
+                log("profile: a full index first ...")
+                rc = timed_index_run([bl.program(), "index", home, state, agent], env)[1]
+                if rc != 0:
+                    raise RuntimeError(f"index failed (exit {rc})")
+            rng = random.Random(seed)
+            names = sorted(os.path.relpath(os.path.join(d, f), home) for d, _, fs in os.walk(home) for f in fs
+                           if f.endswith(".md"))
+            kw["updates"] = [(p, WORDS[i]) for i, p in enumerate(rng.sample(names, UPDATES))]
+        log(f"profile: {what} ...")
+        wall, peak, ans, err = run_child(worker("profile", what=what, **kw), env=env)
+        print(f"\n===== {what}: wall {ans['wall_s']:.1f}s in the child, peak RSS {peak / 1024:.0f} MiB, "
+              f"at the end {ans['vm']}")
+        if what == "memory":
+            print(f"{'phase':28} {'traced peak MiB':>16} {'traced now':>11} {'secs':>6}  VmRSS / VmHWM / RssAnon / RssFile MiB")
+            for ph in ans["phases"]:
+                name, pk, cur, vm = ph[:4]
+                if not vm:
+                    print(name)
+                    continue
+                secs = f"{ph[4]:.2f}" if len(ph) > 4 else ""
+                print(f"{name:28} {pk:16.1f} {cur:11.1f} {secs:>6}  {vm.get('VmRSS')} / {vm.get('VmHWM')} / "
+                      f"{vm.get('RssAnon')} / {vm.get('RssFile')}")
+        else:
+            print(ans["cumulative"])
+            print(ans["tottime"])
+    shutil.rmtree(work, ignore_errors=True)
+
+
 WORKERS = {"ours": w_ours, "fts5-build": w_fts5_build, "fts5-query": w_fts5_query,
            "tantivy-build": w_tantivy_build, "tantivy-query": w_tantivy_query,
-           "vectors": w_vectors, "vectors-make": w_vectors_make}
+           "vectors": w_vectors, "vectors-make": w_vectors_make, "profile": w_profile}
 
 
 # --- one scale -----------------------------------------------------------------------------
@@ -679,6 +826,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=DEFAULT_OUT, help="corpora and work folders (default bench/out/scale/)")
     ap.add_argument("--vectors", type=int, default=0, metavar="N",
                     help="also measure N meaning vectors held in memory, float32 before / int8 now (e.g. 100000)")
+    ap.add_argument("--profile", nargs="?", const="time,memory,updates", metavar="WHAT",
+                    help="instead: profile ours at the (first) scale: index time (cProfile), memory by phase "
+                         "(tracemalloc, then a merge of every segment), one-file updates (cProfile); "
+                         "WHAT: some of time,memory,updates")
     ap.add_argument("--no-tantivy", action="store_true", help="leave tantivy out even when installed")
     ap.add_argument("--record", action="store_true", help="write the tables into docs/BENCHMARKS.md")
     ap.add_argument("--json", help="also write the raw figures to this file")
@@ -694,6 +845,14 @@ def main(argv=None) -> int:
         ap.error("--vectors: a count of vectors")
     if not a.scale and not a.vectors:
         ap.error("nothing to measure: give --scale sizes or --vectors N")
+    if a.profile:
+        if not a.scale:
+            ap.error("--profile: give one --scale")
+        what = tuple(a.profile.split(","))
+        if not set(what) <= {"time", "memory", "updates"}:
+            ap.error("--profile: some of time,memory,updates")
+        profile(os.path.abspath(a.out), a.scale[0], a.seed, what)
+        return 0
     t0 = time.monotonic()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = machine()

@@ -476,6 +476,10 @@ def w_profile(a: dict) -> None:
         from lnkmem.index.search import bm25
         st = store_mod.Store.open(os.path.join(a["state"], "index"))
         places = {"home": LocalPlace(a["home"])}
+        from lnkmem.index import analyze
+        for path, _ in a["updates"]:  # the stem memo warm, as in the `serve` that indexed them
+            with open(os.path.join(a["home"], path), encoding="utf-8", errors="replace") as f:
+                analyze.term_counts(f.read())
         pr = cProfile.Profile()
         saved = {}
         t0 = time.perf_counter()

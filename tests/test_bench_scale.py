@@ -18,7 +18,7 @@ def test_bench_scale_smoke(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert "| Build CPU (user + sys), s |" in p.stdout and "ours ÷ FTS5" in p.stdout
     r = json.loads(out.read_text())["scales"][0]
-    assert r["ours"]["restart_reread"] == 0
+    assert r["ours"]["restart_reread"] == 0 and len(r["ours"]["mcp_changes"]) == 5
     assert len(r["ours"]["updates"]) == len(r["fts5"]["updates"]) == 10
     assert len(r["ours"]["passes"][0]) == len(r["fts5"]["passes"][0]) == r["queries"]
     # the Home is as it was: the updates were put back

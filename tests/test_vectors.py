@@ -112,3 +112,20 @@ def test_quantize_bytes_unchanged():
         scale = m / 127.0
         old = np.round(v / scale).astype(np.int8).tobytes() + np.float32(scale).tobytes()
         assert quantize(v) == old
+
+
+def test_rows_of_another_length_are_left_out(tmp_path):
+    """Vectors of two lengths in the store (never written so, but read defensively): the
+    first row's length is kept, as before, and the index still searches them."""
+    st = Store.open(str(tmp_path / "index"))
+    ps = [Passage("home/a.md", i + 1, i + 1, f"p{i}") for i in range(6)]
+    st.commit(Batch(files=[NewFile("home/a.md", "v1", 1, "text", ps, [({"p": 1}, 1)] * 6)]))
+    pids = [int(p) for p in np.flatnonzero(st.snapshot.alive)]
+    rng = np.random.default_rng(6)
+    st.put_vectors(pids[:4], _unit(rng, 4, 8))
+    st.put_vectors(pids[4:], _unit(rng, 2, 16))  # the last rows are longer
+    vi = VectorIndex()
+    vi.load(st)
+    assert vi.count() == 4 and vi.matrix.shape[1] == 8
+    assert {p for p, _ in vi.search(st, _unit(rng, 1, 8)[0], 10)} == set(pids[:4])
+    st.close()

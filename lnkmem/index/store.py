@@ -437,9 +437,11 @@ class Store:
         """(largest pid with a vector + 1, dimension) of the stored vectors; (0, 0) when none."""
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.vectors)
-            if not cur.last():
+            if not cur.first():
                 return 0, 0
-            return int.from_bytes(cur.key(), "big") + 1, len(cur.value()) - 4
+            dim = len(cur.value()) - 4  # the first row's, as iter_vectors keeps
+            cur.last()
+            return int.from_bytes(cur.key(), "big") + 1, dim
 
     def iter_vectors(self, chunk: int = 8192):
         """Every stored vector, as it is stored, in chunks of ``chunk`` rows:

@@ -175,6 +175,7 @@ def w_ours(a: dict) -> None:
             bm25(st, q, 10)
             times.append(time.perf_counter() - t)
         passes.append(times)
+    tops = [[p for p, _ in bm25(st, q, 10)] for q in queries]
     places = {"home": LocalPlace(a["home"])}
     from lnkmem.index import analyze
     for path, _ in a["updates"]:  # the stem memo as a `serve` that indexed these files has it
@@ -203,7 +204,7 @@ def w_ours(a: dict) -> None:
             with open(full, "wb") as f:
                 f.write(data)
     st.close()
-    answer({"open_s": open_s, "passes": passes, "updates": upd})
+    answer({"open_s": open_s, "passes": passes, "updates": upd, "tops": tops})
 
 
 def _stream(path: str):
@@ -255,6 +256,8 @@ def w_fts5_query(a: dict) -> None:
                 db.execute(FTS_SQL, (fq,)).fetchall()
             times.append(time.perf_counter() - t)
         passes.append(times)
+    tops = [[r[0] for r in db.execute(FTS_SQL, (fts_match(q),)).fetchall()] if fts_match(q) else []
+            for q in a["queries"]]
     upd = []
     for u in a["updates"]:
         t = time.perf_counter()
@@ -267,7 +270,7 @@ def w_fts5_query(a: dict) -> None:
             raise RuntimeError(f"fts5: {u['word']!r} not found after the update")
         upd.append(took)
     db.close()
-    answer({"passes": passes, "updates": upd})
+    answer({"passes": passes, "updates": upd, "tops": tops})
 
 
 def _tantivy_schema():
@@ -316,6 +319,11 @@ def w_tantivy_query(a: dict) -> None:
                 searcher.search(pq, 10).hits
             times.append(time.perf_counter() - t)
         passes.append(times)
+    tops = []
+    for q in a["queries"]:
+        pq = tantivy_query(index, q)
+        hits = searcher.search(pq, 10).hits if pq is not None else []
+        tops.append([searcher.doc(addr)["id"][0] for _, addr in hits])
     writer = index.writer(heap_size=64 * MiB, num_threads=1)
     upd = []
     for u in a["updates"]:
@@ -333,7 +341,7 @@ def w_tantivy_query(a: dict) -> None:
             raise RuntimeError(f"tantivy: {u['word']!r} not found after the update")
         upd.append(took)
     writer.wait_merging_threads()
-    answer({"passes": passes, "updates": upd})
+    answer({"passes": passes, "updates": upd, "tops": tops})
 
 
 def w_vectors(a: dict) -> None:
@@ -696,7 +704,7 @@ def bench_scale(out: str, scale: float, seed: int, tantivy_version: Optional[str
     log(f"[{scale:g}] ours: in-process queries, then {len(updates)} one-file updates ...")
     wall, peak, ans, _ = run_child(worker("ours", state=state, home=home, tmp=work, queries=queries, updates=updates),
                                    env=dict(env, PYTHONPATH=ROOT))
-    o.update(passes=ans["passes"], updates=ans["updates"], query_rss_kib=peak, open_s=ans["open_s"])
+    o.update(passes=ans["passes"], updates=ans["updates"], query_rss_kib=peak, open_s=ans["open_s"], tops=ans["tops"])
     # what the references replay: the same files' passages replaced by those ours made
     after = new_passages(state, picked)
     tasks = [{"file": fno[ref], "del": of_ref[ref], "add": after[ref], "word": w}
@@ -719,9 +727,16 @@ def bench_scale(out: str, scale: float, seed: int, tantivy_version: Optional[str
         e["restart_s"] = wall
         log(f"[{scale:g}] {name}: queries, then {len(tasks)} updates ...")
         _, peak, ans, _ = run_child(worker(f"{name}-query", queries=queries, updates=tasks, **{key: where}))
-        e.update(passes=ans["passes"], updates=ans["updates"], query_rss_kib=peak)
+        e.update(passes=ans["passes"], updates=ans["updates"], query_rss_kib=peak, tops=ans["tops"])
+        e["overlap"] = overlap(o["tops"], ans["tops"])
     shutil.rmtree(work, ignore_errors=True)
     return r
+
+
+def overlap(ours: list[list[int]], theirs: list[list[int]]) -> float:
+    """Mean share of top-10 passages in common, over queries where either found something."""
+    xs = [len(set(a) & set(b)) / max(len(a), len(b)) for a, b in zip(ours, theirs) if a or b]
+    return statistics.mean(xs) if xs else 0.0
 
 
 def bench_vectors(out: str, n: int, dim: int = 384) -> dict:
@@ -821,7 +836,9 @@ def table(r: dict) -> str:
         f"{r['text_bytes'] / MB:.1f} MB of text in {r['passages']} passages, the same passages in every engine; "
         f"index on disk ÷ text: ours {o['disk'] / tb:.2f}×"
         + "".join(f", {'FTS5' if n == 'fts5' else 'tantivy'} {r[n]['disk'] / tb:.2f}×" for n in names)
-        + f". Ours' restart re-read {o['restart_reread']} files.",
+        + f". Ours' restart re-read {o['restart_reread']} files. Top-10 in common with ours: "
+        + ", ".join(f"{'FTS5' if n == 'fts5' else 'tantivy'} {r[n]['overlap'] * 100:.0f}%" for n in names)
+        + " (each its own stemmer and BM25 variant; FTS5 and tantivy keep stop words and do not index file names).",
     ]
     return "\n".join(lines + notes)
 

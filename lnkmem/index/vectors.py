@@ -34,6 +34,16 @@ def _rows_dot(w: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
 
 
 _vecdot = getattr(np, "vecdot", None)
+_local = threading.local()
+
+
+def _buffer(dim: int) -> np.ndarray:
+    """This thread's float32 block buffer, shared by every index it searches (a process
+    serving many agents holds one per searching thread, not one per agent and thread)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.shape != (BLOCK, dim):
+        buf = _local.buf = np.empty((BLOCK, dim), np.float32)
+    return buf
 
 
 class VectorIndex:
@@ -41,7 +51,6 @@ class VectorIndex:
         self.lock = threading.Lock()
         # (int8 matrix, float32 scales, has) replaced together, read once by a search
         self.held = (np.zeros((0, 0), np.int8), np.zeros(0, np.float32), np.zeros(0, bool))
-        self._local = threading.local()
 
     @property
     def matrix(self) -> np.ndarray:
@@ -117,18 +126,12 @@ class VectorIndex:
     def count(self) -> int:
         return int(self.has.sum())
 
-    def _buffer(self, dim: int) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None or buf.shape[1] != dim:
-            buf = self._local.buf = np.empty((BLOCK, dim), np.float32)
-        return buf
-
     def similarities(self, q: np.ndarray, rows: Optional[np.ndarray] = None, n: Optional[int] = None,
                      held=None) -> np.ndarray:
         """Cosine of ``q`` with the given rows (or with rows 0..n-1), block by block."""
         m, sc, _ = held or self.held
         q = np.asarray(q, np.float32)
-        buf = self._buffer(m.shape[1])
+        buf = _buffer(m.shape[1])
         total = len(rows) if rows is not None else (n if n is not None else m.shape[0])
         out = np.empty(total, np.float32)
         for a in range(0, total, BLOCK):

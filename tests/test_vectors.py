@@ -95,6 +95,7 @@ def test_added_float_vectors_are_held_as_stored(store):
     loaded.load(st)
     assert np.array_equal(fresh.matrix[pids], loaded.matrix[pids])
     assert np.array_equal(fresh.scales[pids], loaded.scales[pids])
+    fresh.add([], vecs[[]])  # nothing stored of a batch (all replaced meanwhile): nothing changes
     q = vecs[11]
     assert fresh.search(st, q, 10) == loaded.search(st, q, 10)
     assert fresh.search(st, q, 1)[0][0] == pids[11]

@@ -87,6 +87,8 @@ class VectorIndex:
 
     def add(self, pids, vecs: np.ndarray) -> None:
         """Hold float vectors, quantised as the store keeps them."""
+        if not len(pids):  # e.g. every passage embedded was replaced meanwhile
+            return
         q, s = quantize_rows(np.asarray(vecs, np.float32).reshape(len(pids), -1))
         self.add_quantized(pids, q, s)
 

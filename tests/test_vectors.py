@@ -129,3 +129,15 @@ def test_rows_of_another_length_are_left_out(tmp_path):
     assert vi.count() == 4 and vi.matrix.shape[1] == 8
     assert {p for p, _ in vi.search(st, _unit(rng, 1, 8)[0], 10)} == set(pids[:4])
     st.close()
+
+
+def test_load_takes_vectors_stored_while_it_reads(store, monkeypatch):
+    """The embed loop may store vectors between the load's sizing and its reading."""
+    st, pids, vecs = store
+    whole = VectorIndex()
+    whole.load(st)
+    monkeypatch.setattr(st, "vector_shape", lambda: (10, DIM))  # sized before most were stored
+    vi = VectorIndex()
+    vi.load(st)
+    assert vi.count() == N
+    assert np.array_equal(vi.matrix[pids], whole.matrix[pids]) and np.array_equal(vi.scales[pids], whole.scales[pids])

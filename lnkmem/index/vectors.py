@@ -46,6 +46,18 @@ def _buffer(dim: int) -> np.ndarray:
     return buf
 
 
+def _grown(held, cap: int):
+    """(matrix, scales, has) with ``cap`` rows, the rows held copied."""
+    m, sc, has = held
+    gm = np.zeros((cap, m.shape[1]), np.int8)
+    gm[: len(m)] = m
+    gs = np.zeros(cap, np.float32)
+    gs[: len(sc)] = sc
+    gh = np.zeros(cap, bool)
+    gh[: len(has)] = has
+    return gm, gs, gh
+
+
 class VectorIndex:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -79,6 +91,8 @@ class VectorIndex:
         for pids, q, s in store.iter_vectors():
             if q.shape[1] != dim:
                 continue
+            if len(pids) and pids.max() >= len(m):  # stored meanwhile (the embed loop runs)
+                m, sc, has = _grown((m, sc, has), int(pids.max()) + 1)
             m[pids] = q
             sc[pids] = s
             has[pids] = True
@@ -103,14 +117,7 @@ class VectorIndex:
             if m.shape[1] != dim:  # the first vectors, or another model's: start over
                 m, sc, has = np.zeros((0, dim), np.int8), np.zeros(0, np.float32), np.zeros(0, bool)
             if need > m.shape[0]:
-                cap = max(need, int(m.shape[0] * 1.5) + 1024)
-                grown = np.zeros((cap, dim), np.int8)
-                grown[: m.shape[0]] = m
-                gs = np.zeros(cap, np.float32)
-                gs[: len(sc)] = sc
-                hg = np.zeros(cap, bool)
-                hg[: len(has)] = has
-                m, sc, has = grown, gs, hg
+                m, sc, has = _grown((m, sc, has), max(need, int(m.shape[0] * 1.5) + 1024))
             m[pids] = q  # rows no search reads yet: their flags are set last
             sc[pids] = scales
             has[pids] = True

@@ -437,7 +437,7 @@ def w_profile(a: dict) -> None:
     from lnkmem.index import store as store_mod
     argv = ["index", a["home"], a["state"], a["agent"]]
     res: dict = {}
-    if a["what"] == "time":
+    if a["what"] in ("time", "restart"):
         pr = cProfile.Profile()
         t0 = time.perf_counter()
         pr.runcall(cli.main, argv)
@@ -517,7 +517,7 @@ def w_profile(a: dict) -> None:
     answer(res)
 
 
-def profile(out: str, scale: float, seed: int, a_what=("time", "memory", "updates")) -> None:
+def profile(out: str, scale: float, seed: int, a_what=("time", "memory", "updates", "restart")) -> None:
     """Profile ours at one scale; prints the figures (for docs/SCALE-NOTES.md)."""
     import bench_local as bl
     base = os.path.join(out, f"{scale:g}")
@@ -529,7 +529,7 @@ def profile(out: str, scale: float, seed: int, a_what=("time", "memory", "update
     env["PYTHONPATH"] = os.pathsep.join(x for x in (ROOT, env.get("PYTHONPATH")) if x)
     kw = dict(home=home, agent=agent, state=state, tmp=work)
     for what in a_what:
-        if what != "updates":
+        if what in ("time", "memory"):
             shutil.rmtree(state, ignore_errors=True)
         else:
             if not os.path.exists(os.path.join(state, "index", "data.mdb")):
@@ -537,6 +537,9 @@ def profile(out: str, scale: float, seed: int, a_what=("time", "memory", "update
                 rc = timed_index_run([bl.program(), "index", home, state, agent], env)[1]
                 if rc != 0:
                     raise RuntimeError(f"index failed (exit {rc})")
+        if what == "restart":  # the tree as the index has it (an earlier part may have changed files)
+            timed_index_run([bl.program(), "index", home, state, agent], env)
+        if what == "updates":
             rng = random.Random(seed)
             names = sorted(os.path.relpath(os.path.join(d, f), home) for d, _, fs in os.walk(home) for f in fs
                            if f.endswith(".md"))
@@ -893,10 +896,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=DEFAULT_OUT, help="corpora and work folders (default bench/out/scale/)")
     ap.add_argument("--vectors", type=int, default=0, metavar="N",
                     help="also measure N meaning vectors held in memory, float32 before / int8 now (e.g. 100000)")
-    ap.add_argument("--profile", nargs="?", const="time,memory,updates", metavar="WHAT",
+    ap.add_argument("--profile", nargs="?", const="time,memory,updates,restart", metavar="WHAT",
                     help="instead: profile ours at the (first) scale: index time (cProfile), memory by phase "
-                         "(tracemalloc, then a merge of every segment), one-file updates (cProfile); "
-                         "WHAT: some of time,memory,updates")
+                         "(tracemalloc, then a merge of every segment), one-file updates and a restart on the "
+                         "unchanged tree (cProfile); WHAT: some of time,memory,updates,restart")
     ap.add_argument("--no-tantivy", action="store_true", help="leave tantivy out even when installed")
     ap.add_argument("--record", action="store_true", help="write the tables into docs/BENCHMARKS.md")
     ap.add_argument("--json", help="also write the raw figures to this file")
@@ -916,8 +919,8 @@ def main(argv=None) -> int:
         if not a.scale:
             ap.error("--profile: give one --scale")
         what = tuple(a.profile.split(","))
-        if not set(what) <= {"time", "memory", "updates"}:
-            ap.error("--profile: some of time,memory,updates")
+        if not set(what) <= {"time", "memory", "updates", "restart"}:
+            ap.error("--profile: some of time,memory,updates,restart")
         profile(os.path.abspath(a.out), a.scale[0], a.seed, what)
         return 0
     t0 = time.monotonic()

@@ -172,18 +172,8 @@ class Memory:
 
     def _forget_vectors(self, pids: list[int]) -> None:
         """Ids given to new passages (ids are reused): no vector held for them is theirs."""
-        vi = self.vindex
-        if vi is None:
-            return
-        import numpy as np
-        with vi.lock:
-            has = vi.has
-            p = np.asarray(pids, np.int64)
-            p = p[p < len(has)]
-            if len(p) and has[p].any():
-                has = has.copy()
-                has[p] = False
-                vi.has = has
+        if self.vindex is not None:
+            self.vindex.forget(pids)
 
     def _damaged(self, why: str) -> None:
         """The index was found damaged while serving: rebuild it on the indexing thread."""

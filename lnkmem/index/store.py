@@ -729,21 +729,45 @@ class Store:
         return stored
 
     @_guarded
-    def all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """(pids, float32 matrix) of every stored vector."""
-        pids, rows = [], []
+    def vector_shape(self) -> tuple[int, int]:
+        """(largest pid with a vector + 1, dimension) of the stored vectors; (0, 0) when none."""
         with self.env.begin() as txn:
+            cur = txn.cursor(db=self.vectors)
+            if not cur.first():
+                return 0, 0
+            dim = len(cur.value()) - 4  # the first row's, as iter_vectors keeps
+            cur.last()
+            return int.from_bytes(cur.key(), "big") + 1, dim
+
+    def iter_vectors(self, chunk: int = 8192):
+        """Every stored vector, as it is stored, in chunks of ``chunk`` rows:
+        (pids int64, int8 rows, float32 scales); rows of another length than
+        the first are skipped. Only one chunk is held at a time besides LMDB's map."""
+        with self.env.begin() as txn:
+            dim = None
+            pids: list[int] = []
+            rows: list[bytes] = []
             for k, v in txn.cursor(db=self.vectors):
+                if dim is None:
+                    dim = len(v) - 4
+                if len(v) != dim + 4:
+                    continue
                 pids.append(int.from_bytes(k, "big"))
                 rows.append(v)
-        if not rows:
-            return np.empty(0, np.int64), np.empty((0, 0), np.float32)
-        dim = len(rows[0]) - 4
-        rows = [r for r in rows if len(r) == dim + 4]
-        raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), dim + 4)
-        q = raw[:, :dim].view(np.int8).astype(np.float32)
-        scale = raw[:, dim:].copy().view("<f4")
-        return np.asarray(pids[: len(rows)], np.int64), q * scale
+                if len(rows) >= chunk:
+                    yield _vector_rows(pids, rows, dim)
+                    pids, rows = [], []
+            if rows:
+                yield _vector_rows(pids, rows, dim)
+
+    @_guarded
+    def all_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(pids, int8 matrix, float32 scales) of every stored vector; a row's
+        vector is ``matrix[i] * scales[i]``."""
+        parts = list(self.iter_vectors())
+        if not parts:
+            return np.empty(0, np.int64), np.empty((0, 0), np.int8), np.empty(0, np.float32)
+        return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
 
     # --- merging ---------------------------------------------------------
 
@@ -832,11 +856,29 @@ class Store:
         return True
 
 
+def quantize_rows(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 rows, float32 scale per row) of float vectors: row i is about
+    ``q[i] * scale[i]``; the largest component maps to ±127."""
+    v = np.asarray(vecs, np.float32)
+    if v.ndim == 1:
+        v = v[None, :]
+    m = np.abs(v).max(axis=1).astype(np.float64) if v.shape[1] else np.zeros(len(v))
+    m[m == 0] = 1.0
+    scale = (m / 127.0).astype(np.float32)
+    return np.round(v / scale[:, None]).astype(np.int8), scale
+
+
 def quantize(v: np.ndarray) -> bytes:
     """int8 components and one float32 scale: 4x smaller than float32."""
-    m = float(np.abs(v).max()) or 1.0
-    scale = m / 127.0
-    return np.round(v / scale).astype(np.int8).tobytes() + np.float32(scale).tobytes()
+    q, scale = quantize_rows(v)
+    return q[0].tobytes() + scale[:1].astype("<f4").tobytes()
+
+
+def _vector_rows(pids: list[int], rows: list[bytes], dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), dim + 4)
+    q = np.ascontiguousarray(raw[:, :dim]).view(np.int8)
+    scale = np.ascontiguousarray(raw[:, dim:]).view("<f4").reshape(len(rows)).astype(np.float32)
+    return np.asarray(pids, np.int64), q, scale
 
 
 def wipe(path: str) -> None:

@@ -22,6 +22,11 @@ class LocalPlace:
         self.real = os.path.realpath(self.root)
         self.exclude = {os.path.realpath(e) for e in exclude}
         self.skipped = 0
+        self.skipped_by: dict[str, int] = {}  # why, for people (`lnk-lnkmem index`)
+
+    def _skip(self, why: str) -> None:
+        self.skipped += 1
+        self.skipped_by[why] = self.skipped_by.get(why, 0) + 1
 
     def _inside(self, real: str) -> bool:
         if real in self.exclude or any(real.startswith(e + os.sep) for e in self.exclude):
@@ -42,6 +47,7 @@ class LocalPlace:
     def list(self, prefix: str = "") -> list[Entry]:
         out: list[Entry] = []
         self.skipped = 0
+        self.skipped_by = {}
         try:
             start = self.resolve(prefix)
         except Forbidden:
@@ -62,7 +68,7 @@ class LocalPlace:
             seen.add((s.st_dev, s.st_ino))
             it = os.scandir(folder)
         except OSError:
-            self.skipped += 1
+            self._skip("unreadable")
             return
         with it:
             for d in it:
@@ -85,11 +91,11 @@ class LocalPlace:
                         self._walk(d.path, path, out, seen)
                     elif st.S_ISREG(s.st_mode):
                         if s.st_size > MAX_FILE:
-                            self.skipped += 1
+                            self._skip("too big")
                             continue
                         out.append(Entry(path, s.st_size, version_of(s)))
                 except OSError:
-                    self.skipped += 1
+                    self._skip("unreadable")
 
     def stat(self, path: str) -> Optional[Entry]:
         try:

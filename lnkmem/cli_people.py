@@ -1,0 +1,812 @@
+"""The commands for people (PROTOCOL.md §1.5): index, search, status, mcp-config, help.
+
+They use the same engine as `serve`: `search` calls the MCP search tool's own
+function with an arguments dict, so every filter the tool takes is a flag here.
+Output fits where it goes: a bar and colours on a terminal only (stderr for the
+bar, ``NO_COLOR`` respected), plain text in a pipe, one JSON document with
+``--json``. Every bad path or value is one line on stderr and exit 2.
+
+This module is imported for every command (it builds the help), so its top
+level stays light: the engine, numpy and tqdm are imported by the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+from lnkmem.errors import UsageError
+
+PROG = "lnk-lnkmem"
+NO_CUT_TOKENS = 1_000_000  # the spec's largest budget: a person's search is not cut
+LOCK_NAME = "build.lock"
+
+
+# --- help --------------------------------------------------------------------------
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=30)
+
+
+EXAMPLES = {
+    "index": "example:\n  lnk-lnkmem index ~/Home ~/agent/memory/lnkmem --agent ~/agent",
+    "search": "examples:\n  lnk-lnkmem search ~/Home ~/agent/memory/lnkmem --agent ~/agent how do we deploy\n"
+              "  lnk-lnkmem search ~/Home ./state '\"release notes\" -draft' --sources home --under home/docs/ --json",
+    "status": "example:\n  lnk-lnkmem status ~/Home ~/agent/memory/lnkmem --agent ~/agent --json",
+    "mcp-config": "examples:\n  lnk-lnkmem mcp-config claude ~/Home --agent ~/agent    # prints a `claude mcp add-json` command\n"
+                  "  lnk-lnkmem mcp-config cursor ~/Home > .cursor/mcp.json",
+    "help": "example:\n  lnk-lnkmem help search",
+    "install": "example:\n  HOME=~/agent/memory/lnkmem lnk-lnkmem install",
+    "command": "example:\n  LNK_MEMORY_SPEC='{\"tokens\": 2000}' lnk-lnkmem command ~/Home ~/agent/memory/lnkmem ~/agent",
+    "serve": "example:\n  lnk-lnkmem serve ~/Home ~/agent/memory/lnkmem ~/agent",
+    "serve-many": "example:\n  lnk-lnkmem serve-many /run/user/1000/mem/mem.sock \"$(cat agents.json)\" --stay",
+}
+
+# help lines for the arguments of the commands Link runs (their parsers live in cli.py)
+ARG_HELP = {
+    "folder": "Home: the folder to search",
+    "state": "the one folder the engine writes (its index), e.g. <agent>/memory/lnkmem",
+    "agent": "the agent folder holding chats/, skills/ and memory/ (optional)",
+    "socket": "the Unix socket to serve on (its folder is made 0700)",
+    "agents": "JSON text: {agent id: {\"argv\": [...], \"env\": {...}}} (optional with --cache or --embed)",
+    "stay": "never end for want of sessions",
+    "cache": "DIR: where bound agents' index caches live",
+    "embed": "MODEL: the embedding model served for bound agents",
+    "embed_url": "URL: that model's endpoint",
+    "peer": "USER: serve this user's connections too (name or uid)",
+    "group": "GROUP: make the socket 0660, owned by this group",
+    "files_bridge": "SOCKET: Link's files bridge",
+    "storage_bridge": "SOCKET: Link's storage bridge",
+    "bridges": "DIR: a folder holding the bridges' sockets",
+    "spec": "JSON: the agent's [tool.memory] (wins over $LNK_MEMORY_SPEC)",
+    "notes": "PATH: the notes file; serves `remember` (wins over $LNK_MEMORY_NOTES)",
+    "from": "every call names its conversation (as $LNK_MEMORY_FROM=1)",
+}
+
+
+def describe(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand an example and every argument a help line (where none is set)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, sub in action.choices.items():
+            sub.formatter_class = _Help
+            if sub.epilog is None and name in EXAMPLES:
+                sub.epilog = EXAMPLES[name]
+            for a in sub._actions:
+                if a.help is None and a.dest in ARG_HELP:
+                    a.help = ARG_HELP[a.dest]
+
+
+def _folder_args(s: argparse.ArgumentParser, agent_positional: bool = True) -> None:
+    s.add_argument("folder", help="Home: the folder to search")
+    s.add_argument("state", help="the folder for the index (made when missing), e.g. <agent>/memory/lnkmem")
+    if agent_positional:
+        s.add_argument("old_agent", nargs="?", metavar="agent", help=argparse.SUPPRESS)
+    s.add_argument("--agent", metavar="DIR", help="the agent folder holding chats/, skills/ and memory/")
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("index", help="build or refresh the index, with a progress bar",
+                       description="Build or refresh the index of Home (and the agent's chats, skills and notes).\n"
+                                   "A bar on a terminal; a summary line at the end; Ctrl-C stops cleanly (run again to finish).")
+    _folder_args(s)
+    s = sub.add_parser("search", help="print ranked hits for a query",
+                       description="Search the index (refreshed first) and print ranked hits.\n"
+                                   "Query syntax: \"an exact phrase\", -word (not this), word* (prefix), plain words.")
+    _folder_args(s, agent_positional=False)
+    s.add_argument("query", nargs="+", help="the words to look for (quote them or not)")
+    s.add_argument("--limit", type=int, default=10, metavar="N", help="the most hits to print (1-50; default 10)")
+    s.add_argument("--sources", action="append", metavar="LIST",
+                   help="only these sources, comma-separated: home, chats, skills, notes")
+    s.add_argument("--under", metavar="REF", help="only refs starting with this, e.g. home/projects/")
+    s.add_argument("--after", metavar="DATE", help="only hits newer than this RFC 3339 date or date-time")
+    s.add_argument("--before", metavar="DATE", help="only hits older than this RFC 3339 date or date-time")
+    s.add_argument("--json", action="store_true", help="print one JSON document (the MCP tool's structuredContent)")
+    s.add_argument("--budget", type=int, metavar="TOKENS",
+                   help="cut the answer to this many tokens, as an agent sees it (default: no cut)")
+    s = sub.add_parser("status", help="what is indexed, how big, how fresh, how much is embedded",
+                       description="Say what the index holds, by source; its size, last change and pending changes;\n"
+                                   "the model and how much is embedded; whether another process is building it;\n"
+                                   "the ignore files in force. Changes nothing.")
+    _folder_args(s)
+    s.add_argument("--json", action="store_true", help="print one JSON document")
+    s = sub.add_parser("mcp-config", help="print the setup for an MCP client (claude, cursor, vscode, json)",
+                       description="Print, ready to paste, how to add this engine to an MCP client, with absolute paths.\n"
+                                   "claude: a `claude mcp add-json` command; cursor: .cursor/mcp.json; vscode: .vscode/mcp.json;\n"
+                                   "json: the usual {\"mcpServers\": ...} (Claude Desktop and most clients).")
+    s.add_argument("where", nargs="+", metavar="[client] folder",
+                   help="the client (claude, cursor, vscode or json; default json), then Home")
+    s.add_argument("--agent", metavar="DIR", help="the agent folder (chats/, skills/, memory/notes.md)")
+    s.add_argument("--state", metavar="DIR",
+                   help="the index folder (default: <agent>/memory/lnkmem, or ~/.local/state/lnkmem/<name>)")
+    s.add_argument("--name", default="lnkmem", help="the server's name in the client (default: lnkmem)")
+    s = sub.add_parser("help", help="show the help of the program or of one command")
+    s.add_argument("topic", nargs="?", metavar="command", help="the command to explain")
+
+
+# --- paths -------------------------------------------------------------------------
+
+def check_folder(label: str, path: str) -> str:
+    """An existing folder we can read, as an absolute path; UsageError otherwise."""
+    if not path:
+        raise UsageError(f"{label}: an empty path")
+    full = os.path.abspath(path)
+    try:
+        if not os.path.exists(full):
+            raise UsageError(f"{label} does not exist: {path}")
+        if not os.path.isdir(full):
+            raise UsageError(f"{label} is not a folder: {path}")
+        os.listdir(full)
+    except PermissionError:
+        raise UsageError(f"{label} cannot be read: {path} (permission denied)") from None
+    except OSError as e:
+        raise UsageError(f"{label} cannot be read: {path} ({e.strerror})") from None
+    return full
+
+
+def check_state(path: str, create: bool) -> str:
+    """The state folder, made (and proved writable) when ``create``."""
+    if not path:
+        raise UsageError("state: an empty path")
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise UsageError(f"state is not a folder: {path}")
+    if not create:
+        return full
+    try:
+        os.makedirs(full, mode=0o700, exist_ok=True)
+        probe = os.path.join(full, f".write-check-{os.getpid()}")
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"state cannot be written: {path} ({e.strerror or e})") from None
+    return full
+
+
+def _config(folder: str, state: str, agent: Optional[str], create_state: bool, tokens: Optional[int] = None):
+    import dataclasses
+    from lnkmem.config import from_args
+    folder = check_folder("folder", folder)
+    agent = check_folder("agent folder", agent) if agent is not None else None
+    env = dict(os.environ)
+    if agent and not env.get("LNK_MEMORY_NOTES"):  # a person searching an agent means its notes too
+        notes = os.path.join(agent, "memory", "notes.md")
+        if os.path.isfile(notes):
+            env["LNK_MEMORY_NOTES"] = notes
+    cfg = from_args(folder, state, agent, env)  # the spec and the environment
+    check_state(state, create_state)
+    if tokens is not None:
+        import msgspec
+        cfg = dataclasses.replace(cfg, spec=msgspec.structs.replace(cfg.spec, tokens=tokens))
+    return cfg
+
+
+def _agent_of(args) -> Optional[str]:
+    old = getattr(args, "old_agent", None)
+    if old is not None and args.agent is not None:
+        raise UsageError("the agent folder is given twice: once after the state, once with --agent")
+    return args.agent if args.agent is not None else old
+
+
+# --- the lock: who is building this index --------------------------------------------
+
+class BuildLock:
+    """``<state>/build.lock``, held (flock) while a people command writes the index."""
+
+    def __init__(self, state: str):
+        self.path = os.path.join(state, LOCK_NAME)
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> Optional[int]:
+        """Take the lock; the pid of whoever holds it when it cannot be taken now."""
+        import fcntl
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            return holder or -1
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the lock goes with the descriptor; the file stays (status reads it)
+            self.fd = None
+
+
+def _read_pid(fd: int) -> int:
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def building_pid(state: str) -> Optional[int]:
+    """The pid of a process building the index at ``state`` now, or None."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(state, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _read_pid(fd) or -1
+    finally:
+        os.close(fd)
+
+
+# --- index ---------------------------------------------------------------------------
+
+class Run:
+    """One pass bringing the index in step with its sources, phase by phase, for a person."""
+
+    def __init__(self, memory, bar):
+        self.memory = memory
+        self.bar = bar
+        self.stop = False
+        self.stoppable = False  # Ctrl-C: stop between files (True) or at once (False)
+        self.plan = None
+        self.done = 0
+        self.skipped: dict[str, int] = {}
+        self.indexed = self.removed = self.unchanged = 0
+        self.embedded: Optional[tuple[int, int]] = None
+        self.embed_note = ""
+
+    def on_sigint(self, signum, frame) -> None:
+        if self.stop or not self.stoppable:
+            raise KeyboardInterrupt
+        self.stop = True
+
+    def files(self) -> None:
+        from lnkmem.index import indexer
+        memory, store = self.memory, self.memory.store
+        self.bar.phase("listing")
+        self.plan = plan = indexer.plan(store, memory.places)
+        for place in memory.places.values():
+            for why, n in (getattr(place, "skipped_by", None) or {}).items():
+                self.skipped[why] = self.skipped.get(why, 0) + n
+        self.unchanged = plan.listed - len(plan.todo)
+        self.bar.phase("reading", total=plan.total)
+        merge = store.maybe_merge
+
+        def merging(*a, **kw):  # build merges once at its end: say so, and skip it when stopped
+            if self.stop:
+                return False
+            self.stoppable = False
+            self.bar.phase("merging")
+            return merge(*a, **kw)
+
+        store.maybe_merge = merging
+        self.stoppable = True
+        try:
+            self.done = indexer.build(store, memory.places, plan, memory.tmpdir,
+                                      self._reading, lambda: self.stop)
+        finally:
+            store.maybe_merge = merge
+            self.stoppable = False
+        # what became of the files read: indexed, binary, or unreadable
+        todo = {indexer.ref_of(src, e.path) for src, e in plan.todo}
+        recs = store.all_files()
+        processed = [r for r in (indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)])]
+        for ref in processed:
+            rec = recs.get(ref)
+            if rec is None:
+                self.skipped["unreadable"] = self.skipped.get("unreadable", 0) + 1
+            elif rec.kind == "binary":
+                self.skipped["binary"] = self.skipped.get("binary", 0) + 1
+            else:
+                self.indexed += 1
+        self.removed = len(plan.removed)
+        self.left = len(todo) - len(processed)
+
+    def _reading(self, done: int, total: int) -> None:
+        if self.stoppable:  # build reports once more after merging: that is not reading
+            self.bar.update(done, total)
+
+    def embed(self) -> None:
+        """Vectors for every passage that has none (when a model is served), with the bar."""
+        memory, store = self.memory, self.memory.store
+        if memory.embedder is None or self.stop:
+            return
+        from lnkmem.embed import EmbeddingUnavailable
+        store.use_vector_model(memory.embedder.model)
+        memory.vindex.load(store)
+        live = store.snapshot.live
+        have = memory.vindex.count()
+        self.bar.phase("embedding", total=max(live - have, 0), unit="passages")
+        self.stoppable = True
+        done = 0
+        try:
+            while not self.stop:
+                todo = memory.vindex.missing(store.snapshot.alive, 256)
+                passages = store.passages_of(todo)
+                pids = [p for p, x in zip(todo, passages) if x is not None]
+                if not pids:
+                    break
+                live_passages = [x for x in passages if x is not None]
+                try:
+                    vecs = memory.embedder.embed([x.text[:2000] for x in live_passages])
+                except EmbeddingUnavailable as e:
+                    self.embed_note = f"the model is not answering ({e}); serve or index again to finish embedding"
+                    break
+                stored = set(store.put_vectors(pids, vecs, live_passages))
+                keep = [i for i, p in enumerate(pids) if p in stored]
+                memory.vindex.add([pids[i] for i in keep], vecs[keep])
+                done += len(keep)
+                self.bar.update(done)
+        finally:
+            self.stoppable = False
+        self.embedded = (memory.vindex.count(), store.snapshot.live)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _skipped_text(skipped: dict[str, int]) -> str:
+    total = sum(skipped.values())
+    if not total:
+        return "skipped 0"
+    why = ", ".join(f"{n:,} {k}" for k, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"skipped {total:,} ({why})"
+
+
+def _open_memory(cfg):
+    from lnkmem.engine import Memory
+    memory = Memory(cfg)
+    try:
+        memory.store = memory.open_store()
+    except OSError as e:
+        raise UsageError(f"state: the index cannot be opened in {cfg.state} ({e.strerror or e})") from None
+    except Exception as e:  # lmdb.Error and friends: a state folder LMDB cannot use
+        raise UsageError(f"state: the index cannot be opened in {cfg.state} ({type(e).__name__}: {e})") from None
+    return memory
+
+
+def cmd_index(args) -> int:
+    import signal
+    from lnkmem.progress import Bar
+    cfg = _config(args.folder, args.state, _agent_of(args), create_state=True)
+    lock = BuildLock(cfg.state)
+    holder = lock.acquire()
+    if holder is not None:
+        who = f"process {holder}" if holder > 0 else "another process"
+        raise UsageError(f"index: {who} is building this index now; run again when it has finished")
+    t0 = time.monotonic()
+    bar = Bar(sys.stderr)
+    memory = None
+    run = None
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        memory = _open_memory(cfg)
+        run = Run(memory, bar)
+        signal.signal(signal.SIGINT, run.on_sigint)
+        run.files()
+        run.embed()
+    except KeyboardInterrupt:
+        run = run or Run(memory, bar)
+        run.stop = True
+        if run.plan is None:
+            bar.close()
+            print(f"{PROG}: stopped while listing; the index is as it was, run again to finish", file=sys.stderr)
+            return 130
+    finally:
+        signal.signal(signal.SIGINT, old)
+        bar.close()
+        if memory is not None and memory.store is not None:
+            if memory.embedder is not None:
+                memory.embedder.close()
+            memory.store.close()
+        lock.release()
+    plan = run.plan
+    in_index = run.unchanged + run.indexed
+    if run.stop:
+        print(f"{PROG}: stopped; {in_index:,} of {plan.listed:,} files indexed, run again to finish", file=sys.stderr)
+        return 130
+    snap_files, snap_passages = _totals(cfg)
+    line = (f"indexed {_plural(run.indexed, 'file')}, {run.unchanged:,} unchanged, {run.removed:,} removed, "
+            f"{_skipped_text(run.skipped)}; the index holds {_plural(snap_files, 'file')} and "
+            f"{_plural(snap_passages, 'passage')} ({time.monotonic() - t0:.1f}s)")
+    print(line, file=sys.stderr)
+    if run.embedded is not None:
+        done, total = run.embedded
+        print(f"embedded {done:,} of {_plural(total, 'passage')} with {memory.embedder.model}"
+              + (f"; {run.embed_note}" if run.embed_note else ""), file=sys.stderr)
+    return 0
+
+
+def _totals(cfg) -> tuple[int, int]:
+    from lnkmem.index.store import Store
+    st = Store(os.path.join(cfg.state, "index"))
+    try:
+        return len(st.all_files()), st.snapshot.live
+    finally:
+        st.close()
+
+
+# --- search --------------------------------------------------------------------------
+
+def _search_arguments(args, query: str) -> dict:
+    out: dict = {"query": query, "limit": args.limit}
+    if args.sources:
+        out["sources"] = [s.strip() for v in args.sources for s in v.split(",") if s.strip()]
+    for key in ("under", "after", "before"):
+        v = getattr(args, key)
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def _split_query(args) -> tuple[Optional[str], str]:
+    """(agent, query): the old form `search <folder> <state> <agent> QUERY` is still understood,
+    but only for an existing folder; a mistyped one is refused, never searched for."""
+    words = list(args.query)
+    agent = args.agent
+    if agent is None and len(words) > 1 and ("/" in words[0] or words[0] in (".", "..")):
+        if os.path.isdir(words[0]):
+            agent = words.pop(0)
+        else:
+            raise UsageError(f"agent folder does not exist: {words[0]} (give the agent folder with --agent; "
+                             f"to search for a path, quote the whole query)")
+    return agent, " ".join(words)
+
+
+def cmd_search(args) -> int:
+    import signal
+    agent, query = _split_query(args)
+    if args.budget is not None and not 1 <= args.budget <= NO_CUT_TOKENS:
+        raise UsageError(f"--budget: {args.budget} is not a number of tokens from 1 to {NO_CUT_TOKENS:,}")
+    from lnkmem import tooldefs
+    from lnkmem.wire import convert
+    try:
+        typed = convert(_search_arguments(args, query), tooldefs.ARGS["search"])
+    except ValueError as e:
+        raise UsageError(f"search: {e}") from None
+    cfg = _config(args.folder, args.state, agent, create_state=True, tokens=args.budget or NO_CUT_TOKENS)
+    from lnkmem.progress import Bar
+    from lnkmem import tools
+    from lnkmem.errors import ToolError
+    lock = BuildLock(cfg.state)
+    holder = lock.acquire()
+    memory = _open_memory(cfg)
+    bar = Bar(sys.stderr, delay=1.0)
+    try:
+        if holder is None:  # refresh quietly first: a bar only when that takes a while
+            run = Run(memory, bar)
+            old = signal.signal(signal.SIGINT, run.on_sigint)
+            try:
+                run.files()
+            except KeyboardInterrupt:
+                run.stop = True
+            finally:
+                signal.signal(signal.SIGINT, old)
+                bar.close()
+            if run.stop:
+                print(f"{PROG}: stopped; nothing was searched", file=sys.stderr)
+                return 130
+        else:
+            print(f"{PROG}: the index is being built by process {holder}; answering from what it holds so far",
+                  file=sys.stderr)
+            memory.store.refresh()
+        lock.release()
+        memory.opened.set()
+        memory.ready.set()
+        try:
+            text, structured = tools.call(memory, "search", typed, None)
+        except ToolError as e:
+            raise UsageError(f"search: {e}") from None
+    finally:
+        bar.close()
+        lock.release()
+        if memory.embedder is not None:
+            memory.embedder.close()
+        memory.store.close()
+    if args.json:
+        sys.stdout.write(json.dumps(structured, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(render_hits(structured, query, colour=use_colour(sys.stdout)))
+    return 0
+
+
+def use_colour(stream) -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+BOLD, MARK, DIM, RESET = "\x1b[1m", "\x1b[1;33m", "\x1b[2m", "\x1b[0m"
+
+
+def _highlighter(query: str):
+    """A function marking the words of a text that the query matches (stems and prefixes)."""
+    import re
+    from lnkmem.index import analyze
+    terms: set[str] = set()
+    prefixes: list[str] = []
+    for tok in re.findall(r'"[^"]*"|\S+', query):
+        if tok.startswith("-") and len(tok) > 1:
+            continue  # excluded: never in a hit
+        if tok.endswith("*") and not tok.startswith('"'):
+            p = tok.rstrip("*").casefold()
+            if p:
+                prefixes.append(p)
+            continue
+        terms.update(analyze.query_terms(tok.strip('"')))
+    word = re.compile(r"[^\W_]+", re.UNICODE)
+
+    def matches(w: str) -> bool:
+        low = w.casefold()
+        if any(low.startswith(p) for p in prefixes):
+            return True
+        return any(t in terms for t in analyze.query_terms(w))
+
+    def mark(text: str) -> str:
+        return word.sub(lambda m: f"{MARK}{m.group(0)}{RESET}" if matches(m.group(0)) else m.group(0), text)
+
+    return mark
+
+
+def render_hits(result: dict, query: str, colour: bool) -> str:
+    hits = result.get("hits", [])
+    how = result.get("ranked", "words").replace("+", " and ")
+    extra = ""
+    if result.get("indexing"):
+        extra += f"; indexing {result['indexing']['done']}/{result['indexing']['total']}"
+    if result.get("embedding"):
+        extra += f"; embedded {result['embedding']['done']}/{result['embedding']['total']}"
+    out = [f"{_plural(len(hits), 'hit')} for {query!r} (ranked by {how}{extra})\n"]
+    mark = _highlighter(query) if colour else (lambda t: t)
+    for i, h in enumerate(hits, 1):
+        where = f"{h['ref']} lines {h['lines'][0]}-{h['lines'][1]}"
+        if h.get("thread") is not None:
+            bits = [f"thread {h['thread']}"] + [b for b in (h.get("role"), h.get("at")) if b]
+            where += " (" + ", ".join(bits) + ")"
+        score = f"score {h['score']:.3g}"
+        head = f"[{i}] {BOLD}{where}{RESET} {DIM}{score}{RESET}" if colour else f"[{i}] {where} {score}"
+        body = mark(h["text"].rstrip("\n"))
+        out.append(f"\n{head}\n{body}\n")
+    if result.get("truncated"):
+        out.append("\n(cut to the budget; more with a larger --budget)\n")
+    return "".join(out)
+
+
+# --- status --------------------------------------------------------------------------
+
+DEFAULT_SKIPS = ["node_modules/", "__pycache__/", ".git/", "virtual environments (a folder holding pyvenv.cfg)",
+                 "hidden files and folders"]
+
+
+def ignore_files(folder: str, limit: int = 200) -> list[str]:
+    """The .gitignore and .lnkmemignore files in Home (paths relative to it)."""
+    found: list[str] = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__")
+                         and not os.path.exists(os.path.join(root, d, "pyvenv.cfg")))
+        for name in (".gitignore", ".lnkmemignore"):
+            if name in files:
+                found.append(os.path.relpath(os.path.join(root, name), folder))
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def _disk_bytes(folder: str) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _rfc3339(t: float) -> str:
+    import datetime
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def gather_status(cfg) -> dict:
+    from lnkmem.engine import local_layout
+    from lnkmem.errors import DamagedIndex
+    from lnkmem.index import indexer
+    from lnkmem.index.store import SOURCES, Store
+    index_path = os.path.join(cfg.state, "index")
+    data = os.path.join(index_path, "data.mdb")
+    pid = building_pid(cfg.state) if os.path.isdir(cfg.state) else None
+    out: dict = {"folder": cfg.folder, "state": cfg.state, "agent": cfg.agent, "indexed": False,
+                 "building": {"pid": pid} if pid else None}
+    layout = local_layout(cfg)
+    out["sources"] = {s: {"files": 0, "passages": 0, "bytes": 0} for s in SOURCES if s in layout.places}
+    out.update(files=0, passages=0, index_bytes=0, last_change=None, pending=None, damaged=None)
+    model = {"name": cfg.spec.model, "served": bool(cfg.model_url), "vectors_of": None, "embedded": 0}
+    out["model"] = model
+    if os.path.exists(data):
+        try:
+            store = Store(index_path)
+        except DamagedIndex as e:
+            out["damaged"] = f"{e}; the next index or serve rebuilds it"
+            store = None
+        except Exception as e:  # lmdb's own errors: the same, said plainly
+            out["damaged"] = f"{type(e).__name__}: {e}; the next index or serve rebuilds it"
+            store = None
+        if store is not None:
+            try:
+                out["indexed"] = True
+                recs = store.all_files()
+                by = out["sources"]
+                kinds: dict[str, int] = {}
+                for ref, rec in recs.items():
+                    s = by.setdefault(ref.split("/", 1)[0], {"files": 0, "passages": 0, "bytes": 0})
+                    s["files"] += 1
+                    s["passages"] += len(rec.pids)
+                    s["bytes"] += rec.size
+                    if rec.kind != "text":
+                        kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
+                out["files"] = len(recs)
+                out["passages"] = store.snapshot.live
+                out["by_kind"] = kinds  # files indexed by name only, binary files
+                with store.env.begin() as txn:
+                    model["embedded"] = txn.stat(store.vectors)["entries"]
+                model["vectors_of"] = store.vector_model()
+                out["last_change"] = _rfc3339(os.stat(data).st_mtime)
+                plan = indexer.plan(store, layout.places)
+                out["pending"] = {"changed": len(plan.todo), "removed": len(plan.removed)}
+            finally:
+                store.close()
+        out["index_bytes"] = _disk_bytes(index_path)
+    out["ignore_files"] = ignore_files(cfg.folder)
+    out["skipped_by_default"] = DEFAULT_SKIPS
+    return out
+
+
+def render_status(st: dict) -> str:
+    lines = [f"Home    {st['folder']}", f"agent   {st['agent'] or '(none)'}", f"state   {st['state']}"]
+    if st.get("damaged"):
+        lines.append(f"index   damaged: {st['damaged']}")
+    elif not st["indexed"]:
+        lines.append("index   not built yet (run: lnk-lnkmem index ...)")
+    else:
+        lines.append(f"index   {_plural(st['files'], 'file')}, {_plural(st['passages'], 'passage')}, "
+                     f"{_human(st['index_bytes'])} on disk, last changed {st['last_change']}")
+        for s, v in st["sources"].items():
+            lines.append(f"  {s:<7} {_plural(v['files'], 'file')}, {_plural(v['passages'], 'passage')}, {_human(v['bytes'])} of text")
+        kinds = st.get("by_kind") or {}
+        if kinds:
+            lines.append("  " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items())) + " (indexed by name or not at all)")
+        p = st["pending"]
+        if p and (p["changed"] or p["removed"]):
+            lines.append(f"pending {p['changed']:,} new or changed, {p['removed']:,} removed since the last index "
+                         "(run index, or a running serve catches up)")
+        else:
+            lines.append("pending nothing: the index matches the files")
+    m = st["model"]
+    if m["name"] or m["vectors_of"]:
+        served = "served" if m["served"] else "not served now ($LNK_MEMORY_MODEL is empty)"
+        lines.append(f"model   {m['name'] or m['vectors_of']} ({served}); {m['embedded']:,} of "
+                     f"{_plural(st['passages'], 'passage')} embedded")
+    else:
+        lines.append("model   none: ranked by words only")
+    b = st["building"]
+    if b:
+        lines.append(f"build   process {b['pid']} is building this index now" if b["pid"] > 0
+                     else "build   another process is building this index now")
+    else:
+        lines.append("build   no other process is building it")
+    ig = st["ignore_files"]
+    lines.append("ignore  " + (", ".join(ig) if ig else "no .gitignore or .lnkmemignore in Home"))
+    lines.append("        always skipped: " + ", ".join(st["skipped_by_default"]))
+    return "\n".join(lines) + "\n"
+
+
+def cmd_status(args) -> int:
+    cfg = _config(args.folder, args.state, _agent_of(args), create_state=False)
+    st = gather_status(cfg)
+    if args.json:
+        sys.stdout.write(json.dumps(st, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(render_status(st))
+    return 0
+
+
+# --- mcp-config ------------------------------------------------------------------------
+
+CLIENTS = ("claude", "cursor", "vscode", "json")
+
+
+def default_state(folder: str, agent: Optional[str]) -> str:
+    if agent:
+        return os.path.join(agent, "memory", "lnkmem")
+    import hashlib
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    tag = hashlib.sha256(folder.encode()).hexdigest()[:8]
+    name = os.path.basename(folder.rstrip("/")) or "root"
+    return os.path.join(base, "lnkmem", f"{name}-{tag}")
+
+
+def server_entry(program: str, folder: str, state: str, agent: Optional[str]) -> dict:
+    args = ["serve", folder, state] + ([agent] if agent else [])
+    entry: dict = {"command": program, "args": args}
+    if agent:
+        entry["env"] = {"LNK_MEMORY_NOTES": os.path.join(agent, "memory", "notes.md")}
+    return entry
+
+
+def mcp_config_text(client: str, name: str, entry: dict) -> tuple[str, str]:
+    """(the snippet, where it goes) for one client."""
+    import shlex
+    if client == "claude":
+        body = json.dumps({"type": "stdio", **entry})
+        return (f"claude mcp add-json {shlex.quote(name)} {shlex.quote(body)}\n",
+                "run this command (add `--scope user` to use it in every project)")
+    if client == "vscode":
+        return (json.dumps({"servers": {name: {"type": "stdio", **entry}}}, indent=2) + "\n",
+                "put this in .vscode/mcp.json (or merge its \"servers\" into it)")
+    where = ("put this in .cursor/mcp.json (or ~/.cursor/mcp.json)" if client == "cursor"
+             else "merge this into your client's MCP servers (e.g. Claude Desktop's claude_desktop_config.json)")
+    return json.dumps({"mcpServers": {name: entry}}, indent=2) + "\n", where
+
+
+def cmd_mcp_config(args) -> int:
+    where = list(args.where)
+    if len(where) > 2:
+        raise UsageError(f"mcp-config: too many arguments: {' '.join(where[2:])} (give a client and a folder)")
+    client = where.pop(0) if len(where) == 2 else "json"
+    if client not in CLIENTS:
+        raise UsageError(f"mcp-config: unknown client {client!r} (choose from {', '.join(CLIENTS)})")
+    from lnkmem.wire import ID_RE
+    if not ID_RE.match(args.name) or args.name.endswith("\n"):
+        raise UsageError(f"--name: {args.name!r} is not a plain name (letters, digits, '.', '_', '-')")
+    folder = check_folder("folder", where[0])
+    agent = check_folder("agent folder", args.agent) if args.agent is not None else None
+    state = os.path.abspath(args.state) if args.state else default_state(folder, agent)
+    check_state(state, create=False)
+    from lnkmem.cli import program_path
+    text, hint = mcp_config_text(client, args.name, server_entry(program_path(), folder, state, agent))
+    sys.stdout.write(text)
+    if sys.stderr.isatty():
+        print(f"({hint})", file=sys.stderr)
+    return 0
+
+
+# --- help ------------------------------------------------------------------------------
+
+def cmd_help(args, parser: argparse.ArgumentParser) -> int:
+    if args.topic is None:
+        parser.print_help()
+        return 0
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(args.topic)
+            if sub is None:
+                raise UsageError(f"help: no command named {args.topic!r} (commands: {', '.join(action.choices)})")
+            sub.print_help()
+            return 0
+    return 0
+
+
+COMMANDS = {"index": cmd_index, "search": cmd_search, "status": cmd_status, "mcp-config": cmd_mcp_config}

@@ -158,6 +158,11 @@ def check_state(path: str, create: bool) -> str:
     if os.path.exists(full) and not os.path.isdir(full):
         raise UsageError(f"state is not a folder: {path}")
     if not create:
+        up = full
+        while not os.path.exists(up):
+            up = os.path.dirname(up)
+        if not os.path.isdir(up):
+            raise UsageError(f"state cannot be made: {path} ({up} is not a folder)")
         return full
     try:
         os.makedirs(full, mode=0o700, exist_ok=True)

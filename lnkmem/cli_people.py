@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -24,6 +25,7 @@ from lnkmem.errors import UsageError
 PROG = "lnk-lnkmem"
 NO_CUT_TOKENS = 1_000_000  # the spec's largest budget: a person's search is not cut
 LOCK_NAME = "build.lock"
+MERGE_SAY_S = 0.3
 
 
 # --- help --------------------------------------------------------------------------
@@ -284,15 +286,25 @@ class Run:
             for why, n in (getattr(place, "skipped_by", None) or {}).items():
                 self.skipped[why] = self.skipped.get(why, 0) + n
         self.unchanged = plan.listed - len(plan.todo)
-        self.bar.phase("reading", total=plan.total)
+        if plan.total:
+            self.bar.phase("reading", total=plan.total)
+        else:  # nothing to read: the bar ends on what was looked at
+            self.bar.phase("listed", total=plan.listed)
+            self.bar.update(plan.listed)
         merge = store.maybe_merge
 
         def merging(*a, **kw):  # build merges once at its end: say so, and skip it when stopped
             if self.stop:
                 return False
             self.stoppable = False
-            self.bar.phase("merging")
-            return merge(*a, **kw)
+            # named only when it takes a while: most passes find nothing to merge
+            say = threading.Timer(MERGE_SAY_S, self.bar.phase, ("merging",))
+            say.daemon = True
+            say.start()
+            try:
+                return merge(*a, **kw)
+            finally:
+                say.cancel()
 
         store.maybe_merge = merging
         self.stoppable = True
@@ -318,7 +330,7 @@ class Run:
         self.left = len(todo) - len(processed)
 
     def _reading(self, done: int, total: int) -> None:
-        if self.stoppable:  # build reports once more after merging: that is not reading
+        if self.bar.name == "reading":  # (build reports once more after merging)
             self.bar.update(done, total)
 
     def embed(self) -> None:

@@ -463,3 +463,19 @@ def test_other_bad_arguments_are_one_line_and_exit_2(home, args, words):
         words = "JSON"
     _one_line_error(r, words)
     assert not (home.base / "st").exists()
+
+
+# --- 7. the README stands alone -------------------------------------------------------------------
+
+def test_readme_opens_with_demo_and_test_and_links_only_inside_the_repository():
+    text = (ROOT / "README.md").read_text()
+    first_block = text.split("```")[1]
+    assert "make demo" in first_block and "make test" in first_block
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        assert not re.match(r"[a-z]+:", target) and not target.startswith(".."), target
+        assert (ROOT / target.split("#")[0]).exists(), target
+    assert "mcp-config" in text and "docs/CONTRACT.md" in text
+    shared = ROOT.parent / "shared" / "contract" / "PROTOCOL.md"  # the authoritative text, where present
+    if shared.exists():
+        vendored = (ROOT / "docs" / "CONTRACT.md").read_text()
+        assert vendored.split("-->\n\n", 1)[1] == shared.read_text(), "docs/CONTRACT.md is not the shared contract"

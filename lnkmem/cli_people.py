@@ -381,6 +381,17 @@ def _skipped_text(skipped: dict[str, int]) -> str:
     return f"skipped {total:,} ({why})"
 
 
+def emit(text: str) -> None:
+    """Write the answer to stdout; a reader that stopped reading (`| head`) ends us quietly."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail either
+        os.close(devnull)
+
+
 def _open_memory(cfg):
     from lnkmem.engine import Memory
     memory = Memory(cfg)
@@ -532,9 +543,9 @@ def cmd_search(args) -> int:
             memory.embedder.close()
         memory.store.close()
     if args.json:
-        sys.stdout.write(json.dumps(structured, ensure_ascii=False) + "\n")
+        emit(json.dumps(structured, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(render_hits(structured, query, colour=use_colour(sys.stdout)))
+        emit(render_hits(structured, query, colour=use_colour(sys.stdout)))
     return 0
 
 
@@ -743,10 +754,7 @@ def render_status(st: dict) -> str:
 def cmd_status(args) -> int:
     cfg = _config(args.folder, args.state, _agent_of(args), create_state=False)
     st = gather_status(cfg)
-    if args.json:
-        sys.stdout.write(json.dumps(st, ensure_ascii=False) + "\n")
-    else:
-        sys.stdout.write(render_status(st))
+    emit(json.dumps(st, ensure_ascii=False) + "\n" if args.json else render_status(st))
     return 0
 
 
@@ -804,7 +812,7 @@ def cmd_mcp_config(args) -> int:
     check_state(state, create=False)
     from lnkmem.cli import program_path
     text, hint = mcp_config_text(client, args.name, server_entry(program_path(), folder, state, agent))
-    sys.stdout.write(text)
+    emit(text)
     if sys.stderr.isatty():
         print(f"({hint})", file=sys.stderr)
     return 0

@@ -204,6 +204,17 @@ def test_search_after_and_before_pass_through_to_the_tool(home):
     _one_line_error(run_cli("search", *_flags(home), "kiwi", "--after", "last tuesday"), "after")
 
 
+def test_a_reader_that_stops_early_ends_search_quietly(home):
+    for i in range(30):
+        home.write(f"r{i}.md", "river delta sediment " * 100 + "\n")
+    run_cli("index", *_flags(home))
+    p = subprocess.Popen([PROGRAM, "search", *_flags(home), "river", "--limit", "30"], env=base_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.read(10)  # like `| head -c 10`: read a little, then stop
+    p.stdout.close()
+    assert p.wait(30) == 0 and p.stderr.read() == b""
+
+
 def test_search_is_not_cut_by_the_agents_budget_unless_asked(home):
     para = "The ferry schedule changes in winter. " * 40  # ~1.5 KB a passage
     for i in range(12):

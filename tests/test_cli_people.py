@@ -272,13 +272,15 @@ def test_index_bar_on_a_narrow_terminal_is_one_line_redrawn(home):
     assert text.endswith("\r\n")
 
 
-def test_index_bar_on_a_wide_terminal_shows_rate_and_time_left(home):
-    _many_files(home, 1500)
-    t = Tty("index", *_flags(home), cols=100)
+def test_a_slow_refresh_before_search_shows_the_bar_on_stderr_then_the_answer(home):
+    _many_files(home, 1500, size=3000)  # a fresh state: refreshing takes well over a second here
+    t = Tty("search", *_flags(home), "w1499", "--json", cols=100)
     assert t.finish() == 0
     shown = _screen_lines(t.text)
     assert any(re.search(r"reading +\d+% \d+/1500 files · (\d\d:\d\d|\?) left · [\d.?]+ ?files/s", s)
                for s in shown), shown
+    assert t.text.endswith("\r\n") and "hits" not in t.text  # the bar's line ended; no answer on stderr
+    assert {h["ref"] for h in json.loads(t.stdout)["hits"]} == {"home/d19/f1499.md"}
 
 
 def test_index_summary_counts_indexed_unchanged_removed_and_skipped_by_reason(home):
@@ -316,6 +318,28 @@ def test_ctrl_c_stops_cleanly_and_the_next_run_finishes(home):
     assert r.stderr.decode().startswith(f"indexed {2500 - n:,} files, {n:,} unchanged, 0 removed"), r.stderr
     r = run_cli("search", *_flags(home), "w2499", "--json")
     assert [h["ref"] for h in json.loads(r.stdout)["hits"]] == ["home/d19/f2499.md"]
+
+
+def test_index_embeds_with_a_phase_of_its_own_and_says_how_much(home, tmp_path):
+    from fakes.harness import FakeServer
+    for i in range(6):
+        home.write(f"e{i}.md", f"passage {i} about orchards\n")
+    spec = {"LNK_MEMORY_SPEC": '{"model": "fake-mini"}'}
+    srv = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "e.sock", "--dim", "32", "--model", "fake-mini")
+    try:
+        env = {**spec, "LNK_MEMORY_MODEL": srv.listen}
+        t = Tty("index", *_flags(home), cols=100, env=env)
+        assert t.finish() == 0
+        assert any(re.match(r"embedding 100% 6/6 passages", s) for s in _screen_lines(t.text)), t.text
+        assert t.text.endswith("\r\nembedded 6 of 6 passages with fake-mini\r\n"), t.text[-300:]
+        st = json.loads(run_cli("status", *_flags(home), "--json", env=env).stdout)
+        assert st["model"] == {"name": "fake-mini", "served": True, "vectors_of": "fake-mini", "embedded": 6}
+    finally:
+        srv.stop()
+    home.write("e9.md", "one more\n")
+    r = run_cli("index", *_flags(home), env={**spec, "LNK_MEMORY_MODEL": f"unix:{tmp_path}/nobody.sock"})
+    assert r.returncode == 0
+    assert r.stderr.decode().split("\n")[1].startswith("embedded 6 of 7 passages with fake-mini; the model is not answering")
 
 
 def test_the_bar_is_never_imported_by_serve(home):

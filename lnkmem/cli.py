@@ -22,7 +22,8 @@ PROG = "lnk-lnkmem"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        cmd = self.prog[len(PROG) + 1:]
+        raise UsageError(f"{cmd + ': ' if cmd else ''}{message} (see {self.prog} --help)")
 
 
 def program_path() -> str:

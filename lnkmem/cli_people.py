@@ -498,11 +498,17 @@ def cmd_search(args) -> int:
     if args.budget is not None and not 1 <= args.budget <= NO_CUT_TOKENS:
         raise UsageError(f"--budget: {args.budget} is not a number of tokens from 1 to {NO_CUT_TOKENS:,}")
     from lnkmem import tooldefs
-    from lnkmem.wire import convert
+    from lnkmem.wire import SOURCES, convert
+    arguments = _search_arguments(args, query)
+    for s in arguments.get("sources", []):
+        if s not in SOURCES:
+            raise UsageError(f"search: --sources: {s!r} is not a source (choose from {', '.join(SOURCES)})")
     try:
-        typed = convert(_search_arguments(args, query), tooldefs.ARGS["search"])
-    except ValueError as e:
-        raise UsageError(f"search: {e}") from None
+        typed = convert(arguments, tooldefs.ARGS["search"])
+    except ValueError as e:  # named as the tool names it; the flag is that name with --
+        msg = str(e)
+        key = msg.split(":", 1)[0].split("[", 1)[0]
+        raise UsageError(f"search: {'--' if key in arguments and key != 'query' else ''}{msg}") from None
     cfg = _config(args.folder, args.state, agent, create_state=True, tokens=args.budget or NO_CUT_TOKENS)
     from lnkmem.progress import Bar
     from lnkmem import tools
@@ -530,6 +536,8 @@ def cmd_search(args) -> int:
                   file=sys.stderr)
             memory.store.refresh()
         lock.release()
+        if memory.embedder is not None and memory.store.vector_model() == memory.embedder.model:
+            memory.vindex.load(memory.store)  # rank by meaning too, with the vectors `index` made
         memory.opened.set()
         memory.ready.set()
         try:

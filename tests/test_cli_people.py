@@ -334,6 +334,8 @@ def test_index_embeds_with_a_phase_of_its_own_and_says_how_much(home, tmp_path):
         assert t.text.endswith("\r\nembedded 6 of 6 passages with fake-mini\r\n"), t.text[-300:]
         st = json.loads(run_cli("status", *_flags(home), "--json", env=env).stdout)
         assert st["model"] == {"name": "fake-mini", "served": True, "vectors_of": "fake-mini", "embedded": 6}
+        r = run_cli("search", *_flags(home), "orchards", "--json", env=env)
+        assert json.loads(r.stdout)["ranked"] == "meaning+words"
     finally:
         srv.stop()
     home.write("e9.md", "one more\n")

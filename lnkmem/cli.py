@@ -140,8 +140,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.cmd == "help":
             from lnkmem.cli_people import cmd_help
             return cmd_help(args, parser)
-        from lnkmem.cli_people import COMMANDS as PEOPLE
-        return {**COMMANDS, **PEOPLE}[args.cmd](args)
+        from lnkmem import cli_people
+        if args.cmd in cli_people.COMMANDS:
+            return cli_people.run(args.cmd, args)
+        return COMMANDS[args.cmd](args)
     except UsageError as e:
         msg = " ".join(str(e).split())
         print(f"{PROG}: {msg}", file=sys.stderr)

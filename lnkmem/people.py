@@ -204,12 +204,11 @@ class Run:
             self.done = indexer.build(store, memory.places, plan, memory.tmpdir,
                                       self._reading, lambda: self.stop)
         finally:
-            store.maybe_merge = merge
+            del store.maybe_merge  # the class's own again
             self.stoppable = False
         # what became of the files read: indexed, binary, or unreadable
-        todo = {indexer.ref_of(src, e.path) for src, e in plan.todo}
         recs = store.all_files()
-        processed = [r for r in (indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)])]
+        processed = [indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)]]
         for ref in processed:
             rec = recs.get(ref)
             if rec is None:
@@ -219,7 +218,6 @@ class Run:
             else:
                 self.indexed += 1
         self.removed = len(plan.removed)
-        self.left = len(todo) - len(processed)
 
     def _reading(self, done: int, total: int) -> None:
         if self.bar.name == "reading":  # (build reports once more after merging)
@@ -258,7 +256,7 @@ class Run:
                 self.bar.update(done)
         finally:
             self.stoppable = False
-        self.embedded = (memory.vindex.count(), store.snapshot.live)
+            self.embedded = (memory.vindex.count(), store.snapshot.live)
 
 
 def _plural(n: int, word: str) -> str:
@@ -324,15 +322,16 @@ def cmd_index(args) -> int:
         memory = _open_memory(cfg)
         run = Run(memory, bar)
         signal.signal(signal.SIGINT, run.on_sigint)
-        run.files()
-        run.embed()
-    except KeyboardInterrupt:
-        run = run or Run(memory, bar)
-        run.stop = True
-        if run.plan is None:
-            bar.close()
-            print(f"{PROG}: stopped while listing; the index is as it was, run again to finish", file=sys.stderr)
-            return 130
+        try:
+            run.files()
+            run.embed()
+        except KeyboardInterrupt:  # a second Ctrl-C, or one while listing or merging: at once
+            run.stop = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the index is consistent; now only say so
+        lines = _index_report(run, memory, time.monotonic() - t0)
+    except KeyboardInterrupt:  # while opening the index
+        lines = [f"{PROG}: stopped; the index is as it was, run again to finish"]
+        run = None
     finally:
         signal.signal(signal.SIGINT, old)
         bar.close()
@@ -341,30 +340,38 @@ def cmd_index(args) -> int:
                 memory.embedder.close()
             memory.store.close()
         lock.release()
-    plan = run.plan
-    in_index = run.unchanged + run.indexed
-    if run.stop:
-        print(f"{PROG}: stopped; {in_index:,} of {plan.listed:,} files indexed, run again to finish", file=sys.stderr)
-        return 130
-    snap_files, snap_passages = _totals(cfg)
-    line = (f"indexed {_plural(run.indexed, 'file')}, {run.unchanged:,} unchanged, {run.removed:,} removed, "
-            f"{_skipped_text(run.skipped)}; the index holds {_plural(snap_files, 'file')} and "
-            f"{_plural(snap_passages, 'passage')} ({time.monotonic() - t0:.1f}s)")
-    print(line, file=sys.stderr)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return 130 if run is None or run.stop else 0
+
+
+def _index_report(run: "Run", memory, took: float) -> list[str]:
+    """What a person is told at the end, counted from the index itself when stopped."""
+    store, plan = memory.store, run.plan
+    with store.env.begin() as txn:
+        n_files = txn.stat(store.files)["entries"]
+    if plan is None:
+        return [f"{PROG}: stopped while listing; the index is as it was, run again to finish"]
+    if run.stop and run.embedded is None:
+        versions = store.file_versions()
+        done = plan.listed - len(plan.todo) + sum(
+            1 for src, e in plan.todo if versions.get(indexer_ref(src, e.path)) == (e.version, e.size))
+        return [f"{PROG}: stopped; {done:,} of {plan.listed:,} files indexed, run again to finish"]
+    lines = [f"indexed {_plural(run.indexed, 'file')}, {run.unchanged:,} unchanged, {run.removed:,} removed, "
+             f"{_skipped_text(run.skipped)}; the index holds {_plural(n_files, 'file')} and "
+             f"{_plural(store.snapshot.live, 'passage')} ({took:.1f}s)"]
     if run.embedded is not None:
         done, total = run.embedded
-        print(f"embedded {done:,} of {_plural(total, 'passage')} with {memory.embedder.model}"
-              + (f"; {run.embed_note}" if run.embed_note else ""), file=sys.stderr)
-    return 0
+        lines.append(f"embedded {done:,} of {_plural(total, 'passage')} with {memory.embedder.model}"
+                     + (f"; {run.embed_note}" if run.embed_note else ""))
+        if run.stop:
+            lines.append(f"{PROG}: stopped while embedding; every file is indexed, run again to embed the rest")
+    return lines
 
 
-def _totals(cfg) -> tuple[int, int]:
-    from lnkmem.index.store import Store
-    st = Store(os.path.join(cfg.state, "index"))
-    try:
-        return len(st.all_files()), st.snapshot.live
-    finally:
-        st.close()
+def indexer_ref(source: str, path: str) -> str:
+    from lnkmem.index.indexer import ref_of
+    return ref_of(source, path)
 
 
 # --- search --------------------------------------------------------------------------

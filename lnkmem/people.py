@@ -198,13 +198,26 @@ class Run:
             finally:
                 say.cancel()
 
-        store.maybe_merge = merging
+        commit = store.commit
+
+        def writing(*a, **kw):  # a batch written (and the snapshot reloaded): named when slow
+            say = threading.Timer(MERGE_SAY_S, self.bar.rename, ("writing",))
+            say.daemon = True
+            say.start()
+            try:
+                return commit(*a, **kw)
+            finally:
+                say.cancel()
+                if self.bar.name == "writing":
+                    self.bar.rename("reading")
+
+        store.maybe_merge, store.commit = merging, writing
         self.stoppable = True
         try:
             self.done = indexer.build(store, memory.places, plan, memory.tmpdir,
                                       self._reading, lambda: self.stop)
         finally:
-            del store.maybe_merge  # the class's own again
+            del store.maybe_merge, store.commit  # the class's own again
             self.stoppable = False
         # what became of the files read: indexed, binary, or unreadable
         recs = store.all_files()
@@ -220,7 +233,7 @@ class Run:
         self.removed = len(plan.removed)
 
     def _reading(self, done: int, total: int) -> None:
-        if self.bar.name == "reading":  # (build reports once more after merging)
+        if self.bar.name in ("reading", "writing"):  # (build reports once more after merging)
             self.bar.update(done, total)
 
     def embed(self) -> None:

@@ -22,7 +22,7 @@ from typing import Optional, TextIO
 
 # what matters first; tqdm cuts a line to the terminal's width, so a narrow one
 # gets a shorter format rather than a line cut before the time left
-KNOWN = "{desc} {percentage:3.0f}% {n_fmt}/{total_fmt} {unit} · {remaining} left · {rate_fmt} {bar}"
+KNOWN = "{desc} {percentage:3.0f}% {n_fmt}/{total_fmt} {unit} · {elapsed} · {remaining} left · {rate_fmt} {bar}"
 NARROW = "{desc} {percentage:3.0f}% {n_fmt}/{total_fmt} · {remaining} left"
 UNKNOWN = "{desc}… {elapsed}"
 NARROW_BELOW = 64
@@ -88,6 +88,15 @@ class Bar:
                     self._tq.refresh()
             else:
                 self._maybe_show()
+
+    def rename(self, name: str) -> None:
+        """Say what the phase is doing now (writing a batch...), its counts kept."""
+        if not self.on:
+            return
+        with self._lock:
+            self.name = name
+            if self._tq is not None:
+                self._tq.set_description_str(name, refresh=True)
 
     def close(self) -> None:
         """Stop drawing; end the bar's line when one was drawn."""

@@ -277,7 +277,7 @@ def test_a_slow_refresh_before_search_shows_the_bar_on_stderr_then_the_answer(ho
     t = Tty("search", *_flags(home), "w1499", "--json", cols=100, env={"LNKMEM_BAR_DELAY_S": "0.2"})
     assert t.finish() == 0
     shown = _screen_lines(t.text)
-    assert any(re.search(r"reading +\d+% \d+/1500 files · (\d\d:\d\d|\?) left · [\d.?]+ ?files/s", s)
+    assert any(re.search(r"reading +\d+% \d+/1500 files · \d\d:\d\d · (\d\d:\d\d|\?) left · [\d.?]+ ?files/s", s)
                for s in shown), shown
     assert t.text.endswith("\r\n") and "hits" not in t.text  # the bar's line ended; no answer on stderr
     assert {h["ref"] for h in json.loads(t.stdout)["hits"]} == {"home/d19/f1499.md"}

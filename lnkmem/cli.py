@@ -123,7 +123,13 @@ COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, 
 def main(argv: Optional[list[str]] = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("lnkmem: %(levelname)s: %(message)s"))
-    level = os.environ.get("LNKMEM_LOG", "WARNING").upper()
+    level = os.environ.get("LNKMEM_LOG", "WARNING").upper() or "WARNING"
+    batch = os.environ.get("LNKMEM_BATCH_FILES", "4000")
+    for bad, why in ((level not in ("DEBUG", "INFO", "WARNING", "ERROR"), "LNKMEM_LOG: expected debug, info, warning or error"),
+                     (not (batch.isdigit() and int(batch) > 0), "LNKMEM_BATCH_FILES: expected a whole number above 0")):
+        if bad:  # read at import time by the modules that use them: checked here, once
+            print(f"{PROG}: {why}", file=sys.stderr)
+            return 2
     for name in ("lnkmem", "httpx", "httpcore") if level == "DEBUG" else ("lnkmem",):
         log = logging.getLogger(name)
         log.addHandler(handler)

@@ -491,11 +491,13 @@ def test_a_state_that_cannot_be_written_is_refused(home, cmd):
     (["search", "{folder}", "{base}/st", "q", "--limit", "ten"], "--limit"),
     (["index", "{folder}", "{base}/st", "{base}/agent", "--agent", "{base}/agent"], "given twice"),
     (["index", "{folder}", "{base}/st"], "LNK_MEMORY_SPEC"),
+    (["index", "{folder}", "{base}/st"], "LNKMEM_LOG"),
+    (["search", "{folder}", "{base}/st", "q"], "LNKMEM_BATCH_FILES"),
 ])
 def test_other_bad_arguments_are_one_line_and_exit_2(home, args, words):
     args = [a.format(folder=home.folder, base=home.base) for a in args]
-    env = {"LNK_MEMORY_SPEC": "{oops"} if words == "LNK_MEMORY_SPEC" else {}
-    r = run_cli(*args, env=env)
+    env = {"LNK_MEMORY_SPEC": "{oops", "LNKMEM_LOG": "loud", "LNKMEM_BATCH_FILES": "abc"}.get(words)
+    r = run_cli(*args, env={words: env} if env else {})
     if words == "LNK_MEMORY_SPEC":
         words = "JSON"
     _one_line_error(r, words)

@@ -26,10 +26,18 @@ MERGE_SAY_S = 0.3
 
 # --- paths -------------------------------------------------------------------------
 
+def _utf8(label: str, path: str) -> None:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # argv's undecodable bytes: refs, JSON and the index name paths in UTF-8
+        raise UsageError(f"{label}: the path is not valid UTF-8: {ascii(path)}") from None
+
+
 def check_folder(label: str, path: str) -> str:
     """An existing folder we can read, as an absolute path; UsageError otherwise."""
     if not path:
         raise UsageError(f"{label}: an empty path")
+    _utf8(label, path)
     full = os.path.abspath(path)
     try:
         if not os.path.exists(full):
@@ -48,6 +56,7 @@ def check_state(path: str, create: bool) -> str:
     """The state folder, made (and proved writable) when ``create``."""
     if not path:
         raise UsageError("state: an empty path")
+    _utf8("state", path)
     full = os.path.abspath(path)
     if os.path.exists(full) and not os.path.isdir(full):
         raise UsageError(f"state is not a folder: {path}")

@@ -455,6 +455,8 @@ BAD = [
     ("agent is a file", ["{cmd}", "{folder}", "{state}", "--agent", "/etc/passwd"], "agent folder is not a folder"),
     ("state is a file", ["{cmd}", "{folder}", "/etc/passwd"], "state is not a folder"),
     ("state under a file", ["{cmd}", "{folder}", "/etc/passwd/state"], "state"),
+    ("folder not UTF-8", ["{cmd}", "{base}/odd\udcff", "{state}"], "folder: the path is not valid UTF-8"),
+    ("state not UTF-8", ["{cmd}", "{folder}", "{base}/st\udcff"], "state: the path is not valid UTF-8"),
 ]
 
 
@@ -463,8 +465,11 @@ BAD = [
 def test_bad_paths_are_one_line_and_exit_2(home, cmd, what, argv, words):
     state = home.base / "st"
     args = [a.format(cmd=cmd, folder=home.folder, state=state, base=home.base) for a in argv]
+    args = [os.fsencode(a) for a in args]  # (undecodable bytes travel as bytes)
+    if "not UTF-8" in what:
+        (home.base / "odd\udcff").mkdir()
     if cmd == "search":
-        args.append("deploy")
+        args.append(b"deploy")
     r = run_cli(*args)
     if cmd == "status" and what == "state under a file":
         words = "state"
@@ -485,6 +490,7 @@ def test_a_state_that_cannot_be_written_is_refused(home, cmd):
     (["mcp-config", "cursor", "{folder}", "--agent", "{base}/nope"], "agent folder does not exist"),
     (["mcp-config", "json", "{folder}", "--state", "/etc/passwd"], "state is not a folder"),
     (["mcp-config", "a", "b", "c"], "too many arguments"),
+    (["mcp-config", "{base}/agent\udcff"], "not valid UTF-8"),
     (["command", "/etc/passwd", "{base}/st"], "folder"),
     (["serve", "/proc/nope", "{base}/st"], "folder"),
     (["index", "{folder}", "{base}/st", "--budget", "3"], "unrecognized arguments"),

@@ -89,11 +89,27 @@ def _config(folder: str, state: str, agent: Optional[str], create_state: bool, t
         if os.path.isfile(notes):
             env["LNK_MEMORY_NOTES"] = notes
     cfg = from_args(folder, state, agent, env)  # the spec and the environment
+    _apart(cfg.folder, cfg.state, cfg.agent)
     check_state(state, create_state)
     if tokens is not None:
         import msgspec
         cfg = dataclasses.replace(cfg, spec=msgspec.structs.replace(cfg.spec, tokens=tokens))
     return cfg
+
+
+def _within(inner: str, outer: str) -> bool:
+    inner, outer = os.path.realpath(inner), os.path.realpath(outer)
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def _apart(folder: str, state: str, agent: Optional[str]) -> None:
+    """Home, the state and the agent folder may nest (the state inside the agent folder,
+    both inside Home) but Home may not be, or lie inside, the other two: it would be
+    skipped whole."""
+    if _within(folder, state):
+        raise UsageError(f"state: {state} is Home or holds it; give the index a folder of its own")
+    if agent is not None and _within(folder, agent):
+        raise UsageError(f"agent folder: {agent} is Home or holds it; give the agent's own folder")
 
 
 def _agent_of(args) -> Optional[str]:

@@ -455,6 +455,9 @@ BAD = [
     ("agent is a file", ["{cmd}", "{folder}", "{state}", "--agent", "/etc/passwd"], "agent folder is not a folder"),
     ("state is a file", ["{cmd}", "{folder}", "/etc/passwd"], "state is not a folder"),
     ("state under a file", ["{cmd}", "{folder}", "/etc/passwd/state"], "state"),
+    ("state is Home", ["{cmd}", "{folder}", "{folder}"], "is Home or holds it"),
+    ("state holds Home", ["{cmd}", "{folder}/sub/..", "{base}"], "is Home or holds it"),
+    ("agent is Home", ["{cmd}", "{folder}", "{state}", "--agent", "{folder}"], "agent folder: "),
     ("folder not UTF-8", ["{cmd}", "{base}/odd\udcff", "{state}"], "folder: the path is not valid UTF-8"),
     ("state not UTF-8", ["{cmd}", "{folder}", "{base}/st\udcff"], "state: the path is not valid UTF-8"),
 ]
@@ -468,6 +471,7 @@ def test_bad_paths_are_one_line_and_exit_2(home, cmd, what, argv, words):
     args = [os.fsencode(a) for a in args]  # (undecodable bytes travel as bytes)
     if "not UTF-8" in what:
         (home.base / "odd\udcff").mkdir()
+    (home.folder / "sub").mkdir(exist_ok=True)
     if cmd == "search":
         args.append(b"deploy")
     r = run_cli(*args)

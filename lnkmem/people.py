@@ -500,20 +500,33 @@ def cmd_search(args) -> int:
     if args.json:
         emit(json.dumps(structured, ensure_ascii=False) + "\n")
     else:
-        emit(render_hits(structured, query, colour=use_colour(sys.stdout)))
+        emit(render_hits(structured, query, colour=use_colour(sys.stdout), terminal=_isatty(sys.stdout)))
     return 0
 
 
-def use_colour(stream) -> bool:
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
-        return False
+def _isatty(stream) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError, OSError):
         return False
 
 
+def use_colour(stream) -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return _isatty(stream)
+
+
 BOLD, MARK, DIM, RESET = "\x1b[1m", "\x1b[1;33m", "\x1b[2m", "\x1b[0m"
+
+# On a terminal, a file's control characters are shown, never obeyed: an indexed file
+# holding escape sequences must not retitle, recolour or rewrite a person's terminal.
+_VISIBLE = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+_VISIBLE.update({0x7F: 0x2421, **{c: 0xFFFD for c in range(0x80, 0xA0)}})
+
+
+def visible(text: str) -> str:
+    return text.translate(_VISIBLE)
 
 
 def _highlighter(query: str):
@@ -545,7 +558,8 @@ def _highlighter(query: str):
     return mark
 
 
-def render_hits(result: dict, query: str, colour: bool) -> str:
+def render_hits(result: dict, query: str, colour: bool, terminal: bool = False) -> str:
+    """The hits as text; ``terminal``: control characters made visible, ``colour``: marked up."""
     hits = result.get("hits", [])
     how = result.get("ranked", "words").replace("+", " and ")
     extra = ""
@@ -555,14 +569,16 @@ def render_hits(result: dict, query: str, colour: bool) -> str:
         extra += f"; embedded {result['embedding']['done']}/{result['embedding']['total']}"
     out = [f"{_plural(len(hits), 'hit')} for {query!r} (ranked by {how}{extra})\n"]
     mark = _highlighter(query) if colour else (lambda t: t)
+    safe = visible if terminal or colour else (lambda t: t)
     for i, h in enumerate(hits, 1):
         where = f"{h['ref']} lines {h['lines'][0]}-{h['lines'][1]}"
         if h.get("thread") is not None:
             bits = [f"thread {h['thread']}"] + [b for b in (h.get("role"), h.get("at")) if b]
             where += " (" + ", ".join(bits) + ")"
         score = f"score {h['score']:.3g}"
+        where = safe(where)
         head = f"[{i}] {BOLD}{where}{RESET} {DIM}{score}{RESET}" if colour else f"[{i}] {where} {score}"
-        body = mark(h["text"].rstrip("\n"))
+        body = mark(safe(h["text"].rstrip("\n")))
         out.append(f"\n{head}\n{body}\n")
     if result.get("truncated"):
         out.append("\n(cut to the budget; more with a larger --budget)\n")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from lnkmem.people import _config, _agent_of, _plural, building_pid, emit
+import sys
+
+from lnkmem.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
 
 # --- status --------------------------------------------------------------------------
 
@@ -147,5 +149,9 @@ def render_status(st: dict) -> str:
 def cmd_status(args) -> int:
     cfg = _config(args.folder, args.state, _agent_of(args), create_state=False)
     st = gather_status(cfg)
-    emit(json.dumps(st, ensure_ascii=False) + "\n" if args.json else render_status(st))
+    if args.json:
+        emit(json.dumps(st, ensure_ascii=False) + "\n")
+    else:  # names from Home shown, never obeyed, on a terminal
+        text = render_status(st)
+        emit(visible(text) if _isatty(sys.stdout) else text)
     return 0

@@ -241,6 +241,17 @@ def test_search_highlights_matched_words_on_a_terminal_only(home):
     assert "\x1b[" not in t.text and "Deploying on Fridays" in t.text
 
 
+def test_a_files_escape_sequences_are_shown_on_a_terminal_never_obeyed(home):
+    home.write("evil.md", "harmless words \x1b]0;pwned\x07 then \x1b[2J cleared \x9b31m\n")
+    for env in ({}, {"NO_COLOR": "1"}):
+        t = Tty("search", *_flags(home), "harmless", cols=100, stdout_tty=True, env=env)
+        assert t.finish() == 0
+        assert "\x1b]" not in t.text and "\x1b[2J" not in t.text and "\x9b" not in t.text
+        assert "␛]0;pwned␇ then ␛[2J cleared" in t.text
+    r = run_cli("search", *_flags(home), "harmless")  # a pipe gets the text as it is
+    assert "\x1b]0;pwned\x07" in r.stdout.decode()
+
+
 def test_a_mistyped_agent_folder_is_refused_not_searched_for(home):
     _search_home(home)
     mistyped = str(home.agent) + "t"

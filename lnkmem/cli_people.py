@@ -53,6 +53,7 @@ ARG_HELP = {
     "spec": "JSON: the agent's [tool.memory] (wins over $LNK_MEMORY_SPEC)",
     "notes": "PATH: the notes file; serves `remember` (wins over $LNK_MEMORY_NOTES)",
     "from": "every call names its conversation (as $LNK_MEMORY_FROM=1)",
+    "from_": "every call names its conversation (as $LNK_MEMORY_FROM=1)",
 }
 
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-
 import sys
 
 from lnkmem.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
-
-# --- status --------------------------------------------------------------------------
 
 DEFAULT_SKIPS = ["node_modules/", "__pycache__/", ".git/", "virtual environments (a folder holding pyvenv.cfg)",
                  "hidden files and folders"]

@@ -130,6 +130,7 @@ class Bar:
         if self._tq is not None or time.monotonic() - self.t0 < self.delay:
             return
         from tqdm import tqdm
+        tqdm.monitor_interval = 0  # no monitor thread: the ticker below redraws
         self._tq = tqdm(total=self.total, initial=self.done, file=self.stream, dynamic_ncols=True,
                         leave=True, mininterval=0.1, miniters=1, smoothing=0.1, ascii=None,
                         desc=self.name, unit=" " + self.unit, bar_format=self._format(), delay=3600)

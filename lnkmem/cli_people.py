@@ -105,6 +105,8 @@ def add_parsers(sub) -> None:
     _folder_args(s)
     s.add_argument("--json", action="store_true", help="print one JSON document")
     s = sub.add_parser("mcp-config", help="print the setup for an MCP client (claude, cursor, vscode, json)",
+                       usage="lnk-lnkmem mcp-config [-h] [claude|cursor|vscode|json] folder [--agent DIR] "
+                             "[--state DIR] [--name NAME]",
                        description="Print, ready to paste, how to add this engine to an MCP client, with absolute paths.\n"
                                    "claude: a `claude mcp add-json` command; cursor: .cursor/mcp.json; vscode: .vscode/mcp.json;\n"
                                    "json: the usual {\"mcpServers\": ...} (Claude Desktop and most clients).")
@@ -116,6 +118,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--name", default="lnkmem", help="the server's name in the client (default: lnkmem)")
     s = sub.add_parser("help", help="show the help of the program or of one command")
     s.add_argument("topic", nargs="?", metavar="command", help="the command to explain")
+
 
 # --- help ------------------------------------------------------------------------------
 
@@ -131,7 +134,6 @@ def cmd_help(args, parser: argparse.ArgumentParser) -> int:
             sub.print_help()
             return 0
     return 0
-
 
 
 def run(name: str, args) -> int:

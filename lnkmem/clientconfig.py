@@ -8,9 +8,7 @@ import sys
 from typing import Optional
 
 from lnkmem.errors import UsageError
-from lnkmem.people import check_folder, check_state, emit
-
-# --- mcp-config ------------------------------------------------------------------------
+from lnkmem.people import _apart, check_folder, check_state, emit
 
 CLIENTS = ("claude", "cursor", "vscode", "json")
 
@@ -61,6 +59,7 @@ def cmd_mcp_config(args) -> int:
     folder = check_folder("folder", where[0])
     agent = check_folder("agent folder", args.agent) if args.agent is not None else None
     state = os.path.abspath(args.state) if args.state else default_state(folder, agent)
+    _apart(folder, state, agent)
     check_state(state, create=False)
     from lnkmem.cli import program_path
     text, hint = mcp_config_text(client, args.name, server_entry(program_path(), folder, state, agent))

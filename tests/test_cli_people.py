@@ -506,6 +506,7 @@ def test_a_state_that_cannot_be_written_is_refused(home, cmd):
     (["mcp-config", "cursor", "{folder}", "--agent", "{base}/nope"], "agent folder does not exist"),
     (["mcp-config", "json", "{folder}", "--state", "/etc/passwd"], "state is not a folder"),
     (["mcp-config", "a", "b", "c"], "too many arguments"),
+    (["mcp-config", "{folder}", "--state", "{folder}"], "is Home or holds it"),
     (["mcp-config", "{base}/agent\udcff"], "not valid UTF-8"),
     (["command", "/etc/passwd", "{base}/st"], "folder"),
     (["serve", "/proc/nope", "{base}/st"], "folder"),

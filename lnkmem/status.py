@@ -62,7 +62,7 @@ def gather_status(cfg) -> dict:
                  "building": {"pid": pid} if pid else None}
     layout = local_layout(cfg)
     out["sources"] = {s: {"files": 0, "passages": 0, "bytes": 0} for s in SOURCES if s in layout.places}
-    out.update(files=0, passages=0, index_bytes=0, last_change=None, pending=None, damaged=None)
+    out.update(files=0, passages=0, by_kind={}, index_bytes=0, last_change=None, pending=None, damaged=None)
     model = {"name": cfg.spec.model, "served": bool(cfg.model_url), "vectors_of": None, "embedded": 0}
     out["model"] = model
     if os.path.exists(data):

@@ -394,11 +394,15 @@ def test_status_says_what_is_indexed_how_fresh_and_who_is_building(home):
     r = run_cli("status", *_flags(home), "--json")
     st = json.loads(r.stdout)
     assert st["indexed"] is False and not home.state.exists()  # status changes nothing
+    keys = {"folder", "state", "agent", "indexed", "damaged", "files", "passages", "sources", "by_kind", "index_bytes",
+            "last_change", "pending", "model", "building", "ignore_files", "skipped_by_default"}
+    assert set(st) == keys  # the same keys, indexed or not: stable for scripts
     run_cli("index", *_flags(home), env={"LNK_MEMORY_SPEC": '{"model": "mini-lm"}'})
     home.write("docs/new.md", "fresh\n")
     r = run_cli("status", *_flags(home), "--json", env={"LNK_MEMORY_SPEC": '{"model": "mini-lm"}'})
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
+    assert set(st) == keys
     assert st["indexed"] and st["files"] == 6 and st["passages"] >= 6
     assert st["sources"]["home"]["files"] == 3 and st["sources"]["chats"]["files"] == 1
     assert st["sources"]["skills"]["files"] == 1 and st["sources"]["notes"]["files"] == 1

@@ -320,8 +320,13 @@ def _seconds(name: str, default: float) -> float:
 
 
 def emit(text: str) -> None:
-    """Write the answer to stdout; a reader that stopped reading (`| head`) ends us quietly."""
+    """Write the answer to stdout; a reader that stopped reading (`| head`) ends us quietly,
+    and a character the output's encoding lacks is replaced, never a traceback."""
     try:
+        try:
+            sys.stdout.reconfigure(errors="replace")
+        except (AttributeError, ValueError):
+            pass
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:

@@ -124,7 +124,10 @@ class Bar:
 
     def _format(self) -> str:
         fmt = UNKNOWN if self.total is None else NARROW if self._width() < NARROW_BELOW else KNOWN
-        return fmt.replace("{unit}", self.unit)
+        fmt = fmt.replace("{unit}", self.unit)
+        if not (getattr(self.stream, "encoding", None) or "").lower().replace("-", "").startswith("utf"):
+            fmt = fmt.replace("·", "|").replace("…", "...")  # a terminal that is not UTF-8
+        return fmt
 
     def _maybe_show(self) -> None:
         if self._tq is not None or time.monotonic() - self.t0 < self.delay:

@@ -253,6 +253,14 @@ def test_a_files_escape_sequences_are_shown_on_a_terminal_never_obeyed(home):
     assert "\x1b]0;pwned\x07" in r.stdout.decode()
 
 
+def test_an_output_that_is_not_utf8_gets_replacements_not_a_traceback(home):
+    home.write("snow.md", "café ☃ snowman\n")
+    r = run_cli("search", *_flags(home), "snowman", env={"PYTHONIOENCODING": "ascii"})
+    assert r.returncode == 0 and b"caf? ? snowman" in r.stdout, r.stderr
+    t = Tty("index", *_flags(home), cols=80, env={"PYTHONIOENCODING": "latin-1"})
+    assert t.finish() == 0 and "Traceback" not in t.text
+
+
 def test_a_mistyped_agent_folder_is_refused_not_searched_for(home):
     _search_home(home)
     mistyped = str(home.agent) + "t"

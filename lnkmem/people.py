@@ -481,7 +481,8 @@ def cmd_search(args) -> int:
                 signal.signal(signal.SIGINT, old)
                 bar.close()
             if run.stop:
-                print(f"{PROG}: stopped; nothing was searched", file=sys.stderr)
+                print(f"{PROG}: stopped before searching; the index keeps what was read, run again to finish",
+                      file=sys.stderr)
                 return 130
         else:
             print(f"{PROG}: the index is being built by process {holder}; answering from what it holds so far",

@@ -44,6 +44,7 @@ class Bar:
         self.unit = "files"
         self.total: Optional[int] = None
         self.done = 0
+        self.phase_t0 = time.time()  # tqdm's clock
         self.shown = False
         self._tq = None
         self._lock = threading.RLock()
@@ -58,6 +59,7 @@ class Bar:
             return
         with self._lock:
             self.name, self.total, self.unit, self.done = name, total, unit, 0
+            self.phase_t0 = time.time()
             if self._tq is not None:
                 self._tq.total = total  # reset keeps the old total when given None
                 self._configure()
@@ -138,6 +140,7 @@ class Bar:
                         leave=True, mininterval=0.1, miniters=1, smoothing=0.1, ascii=None,
                         desc=self.name, unit=" " + self.unit, bar_format=self._format(), delay=3600)
         self._tq.delay = 0  # (a delay only to keep tqdm from drawing before it is set up)
+        self._tq.start_t = min(self._tq.start_t, self.phase_t0)  # drawn late: the phase's time, not the bar's
         self._configure()
         self._tq.refresh()
         self.shown = True

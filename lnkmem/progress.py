@@ -132,8 +132,8 @@ class Bar:
         return fmt
 
     def _maybe_show(self) -> None:
-        if self._tq is not None or time.monotonic() - self.t0 < self.delay:
-            return
+        if self._tq is not None or self._stop.is_set() or time.monotonic() - self.t0 < self.delay:
+            return  # (a phase named by a timer after close draws nothing)
         from tqdm import tqdm
         tqdm.monitor_interval = 0  # no monitor thread: the ticker below redraws
         self._tq = tqdm(total=self.total, initial=self.done, file=self.stream, dynamic_ncols=True,

@@ -14,8 +14,8 @@ $(STAMP): setup.cfg pyproject.toml
 
 demo: $(STAMP)
 	rm -rf .demo-state
-	$(BIN)/lnk-lnkmem index examples/home .demo-state examples/agent
-	$(BIN)/lnk-lnkmem search examples/home .demo-state examples/agent "how do we deploy the service"
+	$(BIN)/lnk-lnkmem index examples/home .demo-state --agent examples/agent
+	$(BIN)/lnk-lnkmem search examples/home .demo-state --agent examples/agent "how do we deploy the service"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

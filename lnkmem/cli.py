@@ -22,7 +22,8 @@ PROG = "lnk-lnkmem"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        cmd = self.prog[len(PROG) + 1:]
+        raise UsageError(f"{cmd + ': ' if cmd else ''}{message} (see {self.prog} --help)")
 
 
 def program_path() -> str:
@@ -40,24 +41,22 @@ def program_path() -> str:
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog=PROG, description="lnkmem: a memory engine for Link agents")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    from lnkmem import __version__, cli_people
+    p = _Parser(prog=PROG, description="lnkmem: a memory engine for Link agents (an MCP server)",
+                epilog="Run `lnk-lnkmem COMMAND --help` for a command's arguments and an example.")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
+    cli_people.add_parsers(sub)  # index, search, status, mcp-config, help: for people
     sub.add_parser("install", help="make the engine ready in $HOME")
     from lnkmem.config import add_serve_flags
     for name, helptext in (("command", "print the Serve JSON for an agent"),
-                           ("serve", "serve MCP over stdio"),
-                           ("index", "build or refresh the index (progress bar)")):
+                           ("serve", "serve MCP over stdio")):
         s = sub.add_parser(name, help=helptext, allow_abbrev=False)
         s.add_argument("folder")
         s.add_argument("state")
         s.add_argument("agent", nargs="?")
         if name == "serve":
             add_serve_flags(s)  # §1.2: what `command` wrote into argv
-    s = sub.add_parser("search", help="print ranked hits for a query")
-    s.add_argument("folder")
-    s.add_argument("state")
-    s.add_argument("rest", nargs="+", metavar="[agent] query")
-    s.add_argument("--limit", type=int, default=10)
     s = sub.add_parser("serve-many", help="serve many agents on a Unix socket")
     s.add_argument("socket")
     s.add_argument("agents", nargs="?")
@@ -70,6 +69,7 @@ def _parser() -> _Parser:
     s.add_argument("--files-bridge")
     s.add_argument("--storage-bridge")
     s.add_argument("--bridges")
+    cli_people.describe(p)  # a help line for every argument, an example for every command
     return p
 
 
@@ -120,80 +120,24 @@ def cmd_serve(args) -> int:
     return serve_stdio(_config(args))
 
 
-class _Bar:
-    """A progress bar on a terminal; silent otherwise."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.tty = stream.isatty()
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.tty:
-            return
-        width = 30
-        frac = done / total if total else 1.0
-        fill = int(frac * width)
-        self.stream.write(f"\rindexing [{'#' * fill}{'.' * (width - fill)}] {done}/{total} files")
-        self.stream.flush()
-
-    def end(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-
-
-def cmd_index(args) -> int:
-    import time
-    from lnkmem.engine import Memory
-    cfg = _config(args)
-    memory = Memory(cfg)
-    memory.store = memory.open_store()
-    bar = _Bar(sys.stderr)
-    t0 = time.monotonic()
-    n = memory.refresh_all(bar)
-    bar.end()
-    snap = memory.store.snapshot
-    print(f"indexed {n} changed files in {time.monotonic() - t0:.1f}s; "
-          f"{len(memory.store.all_files())} files, {snap.live} passages", file=sys.stderr)
-    memory.store.close()
-    return 0
-
-
-def cmd_search(args) -> int:
-    from lnkmem import tools
-    from lnkmem.engine import Memory
-    from lnkmem.wire import SearchArgs, convert
-    rest = list(args.rest)
-    args.agent = rest.pop(0) if len(rest) > 1 and os.path.isdir(rest[0]) else None
-    query = " ".join(rest)
-    try:
-        sargs = convert({"query": query, "limit": args.limit}, SearchArgs)
-    except ValueError as e:
-        raise UsageError(f"search: {e}") from None
-    cfg = _config(args)
-    memory = Memory(cfg)
-    memory.store = memory.open_store()
-    memory.refresh_all(_Bar(sys.stderr))
-    memory.opened.set()
-    memory.ready.set()
-    text, _ = tools.search(memory, sargs)
-    sys.stdout.write(text)
-    memory.store.close()
-    return 0
-
-
 def cmd_serve_many(args) -> int:
     from lnkmem.many import serve_many
     return serve_many(args)
 
 
-COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, "index": cmd_index,
-            "search": cmd_search, "serve-many": cmd_serve_many}
+COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, "serve-many": cmd_serve_many}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("lnkmem: %(levelname)s: %(message)s"))
-    level = os.environ.get("LNKMEM_LOG", "WARNING").upper()
+    level = os.environ.get("LNKMEM_LOG", "WARNING").upper() or "WARNING"
+    batch = os.environ.get("LNKMEM_BATCH_FILES", "4000")
+    for bad, why in ((level not in ("DEBUG", "INFO", "WARNING", "ERROR"), "LNKMEM_LOG: expected debug, info, warning or error"),
+                     (not (batch.isdigit() and int(batch) > 0), "LNKMEM_BATCH_FILES: expected a whole number above 0")):
+        if bad:  # read at import time by the modules that use them: checked here, once
+            print(f"{PROG}: {why}", file=sys.stderr)
+            return 2
     for name in ("lnkmem", "httpx", "httpcore") if level == "DEBUG" else ("lnkmem",):
         log = logging.getLogger(name)
         log.addHandler(handler)
@@ -203,7 +147,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # a stack dump for people, on demand
     signal.signal(signal.SIGIO, signal.SIG_IGN)  # the notes' lease breaks (lnkmem.notes) end nothing
     try:
-        args = _parser().parse_args(argv)
+        parser = _parser()
+        if not (sys.argv[1:] if argv is None else argv):  # no arguments: the usage, as an error
+            parser.print_help(sys.stderr)
+            return 2
+        args = parser.parse_args(argv)
+        if args.cmd == "help":
+            from lnkmem.cli_people import cmd_help
+            return cmd_help(args, parser)
+        from lnkmem import cli_people
+        if args.cmd in cli_people.COMMANDS:
+            return cli_people.run(args.cmd, args)
         return COMMANDS[args.cmd](args)
     except UsageError as e:
         msg = " ".join(str(e).split())

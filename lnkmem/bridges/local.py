@@ -108,6 +108,11 @@ class LocalPlace:
         self.skipped = 0
         # ignore files (§3.2 rev. 2; Home only): honoured by list, listdir, stat
         self.ignore = Ignorer(self.root) if ignore else None
+        self.skipped_by: dict[str, int] = {}  # why, for people (`lnk-lnkmem index`)
+
+    def _skip(self, why: str) -> None:
+        self.skipped += 1
+        self.skipped_by[why] = self.skipped_by.get(why, 0) + 1
 
     def _inside(self, real: str) -> bool:
         if real in self.exclude or any(real.startswith(e + os.sep) for e in self.exclude):
@@ -182,6 +187,7 @@ class LocalPlace:
     def list(self, prefix: str = "") -> list[Entry]:
         out: list[Entry] = []
         self.skipped = 0
+        self.skipped_by = {}
         try:
             rel0 = self._rel(prefix)
             s = self._fstat(rel0)
@@ -208,7 +214,7 @@ class LocalPlace:
                 if d.name.startswith("."):
                     continue
                 if not nameable(d.name):  # no ref can name it
-                    self.skipped += 1
+                    self._skip("name not UTF-8")
                     continue
                 try:
                     if d.is_symlink():
@@ -216,14 +222,14 @@ class LocalPlace:
                     elif os.path.join(here, d.name) not in self.exclude:
                         out.append((d.name, d.stat(follow_symlinks=False)))
                 except OSError:
-                    self.skipped += 1
+                    self._skip("unreadable")
         return out
 
     def _walk(self, rel: str, out: list[Entry], seen: set, stack=None) -> None:
         try:
             fd = self._open(rel, DIR_FLAGS)
         except (NotFound, Forbidden):
-            self.skipped += 1
+            self._skip("unreadable")
             return
         try:
             s = os.fstat(fd)
@@ -232,7 +238,7 @@ class LocalPlace:
             seen.add((s.st_dev, s.st_ino))
             found = self._entries(fd, rel)
         except OSError:
-            self.skipped += 1
+            self._skip("unreadable")
             return
         finally:
             os.close(fd)
@@ -243,18 +249,19 @@ class LocalPlace:
                     s = self._fstat(path)  # a link: followed only inside the root
                 full = os.path.join(self.real, path)
                 if self.ignore and self.ignore.skip(stack, path, st.S_ISDIR(s.st_mode), full):
+                    self._skip("ignored")
                     continue
                 if st.S_ISDIR(s.st_mode):
                     self._walk(path, out, seen, stack + self.ignore.level(path, full) if self.ignore else None)
                 elif st.S_ISREG(s.st_mode):
                     if s.st_size > MAX_FILE:
-                        self.skipped += 1
+                        self._skip("too big")
                         continue
                     out.append(Entry(path, s.st_size, version_of(s)))
             except Forbidden:
                 continue  # a link leaving the root (or into an excluded folder)
             except (OSError, NotFound):
-                self.skipped += 1
+                self._skip("unreadable")
 
     def stat(self, path: str) -> Optional[Entry]:
         try:

@@ -1,0 +1,591 @@
+"""`index` and `search` for people (PROTOCOL.md §1.5), and what the people commands share.
+
+They use the same engine as `serve`: `search` calls the MCP search tool's own
+function with an arguments dict, so every filter the tool takes is a flag here.
+Output fits where it goes: a bar and colours on a terminal only (stderr for the
+bar, ``NO_COLOR`` respected), plain text in a pipe, one JSON document with
+``--json``. Every bad path or value is one line on stderr and exit 2.
+The engine, numpy and tqdm are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+from lnkmem.errors import UsageError
+
+PROG = "lnk-lnkmem"
+NO_CUT_TOKENS = 1_000_000  # the spec's largest budget: a person's search is not cut
+LOCK_NAME = "build.lock"
+MERGE_SAY_S = 0.3
+
+# --- paths -------------------------------------------------------------------------
+
+def _utf8(label: str, path: str) -> None:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # argv's undecodable bytes: refs, JSON and the index name paths in UTF-8
+        raise UsageError(f"{label}: the path is not valid UTF-8: {ascii(path)}") from None
+
+
+def check_folder(label: str, path: str) -> str:
+    """An existing folder we can read, as an absolute path; UsageError otherwise."""
+    if not path:
+        raise UsageError(f"{label}: an empty path")
+    _utf8(label, path)
+    full = os.path.abspath(path)
+    try:
+        if not os.path.exists(full):
+            raise UsageError(f"{label} does not exist: {path}")
+        if not os.path.isdir(full):
+            raise UsageError(f"{label} is not a folder: {path}")
+        os.listdir(full)
+    except PermissionError:
+        raise UsageError(f"{label} cannot be read: {path} (permission denied)") from None
+    except OSError as e:
+        raise UsageError(f"{label} cannot be read: {path} ({e.strerror})") from None
+    return full
+
+
+def check_state(path: str, create: bool) -> str:
+    """The state folder, made (and proved writable) when ``create``."""
+    if not path:
+        raise UsageError("state: an empty path")
+    _utf8("state", path)
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise UsageError(f"state is not a folder: {path}")
+    if not create:
+        up = full
+        while not os.path.exists(up):
+            up = os.path.dirname(up)
+        if not os.path.isdir(up):
+            raise UsageError(f"state cannot be made: {path} ({up} is not a folder)")
+        return full
+    try:
+        os.makedirs(full, mode=0o700, exist_ok=True)
+        probe = os.path.join(full, f".write-check-{os.getpid()}")
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"state cannot be written: {path} ({e.strerror or e})") from None
+    return full
+
+
+def _config(folder: str, state: str, agent: Optional[str], create_state: bool, tokens: Optional[int] = None):
+    import dataclasses
+    from lnkmem.config import from_args
+    folder = check_folder("folder", folder)
+    agent = check_folder("agent folder", agent) if agent is not None else None
+    env = dict(os.environ)
+    if agent and not env.get("LNK_MEMORY_NOTES"):  # a person searching an agent means its notes too
+        notes = os.path.join(agent, "memory", "notes.md")
+        if os.path.isfile(notes):
+            env["LNK_MEMORY_NOTES"] = notes
+    cfg = from_args(folder, state, agent, env)  # the spec and the environment
+    _apart(cfg.folder, cfg.state, cfg.agent)
+    check_state(state, create_state)
+    if tokens is not None:
+        import msgspec
+        cfg = dataclasses.replace(cfg, spec=msgspec.structs.replace(cfg.spec, tokens=tokens))
+    return cfg
+
+
+def _within(inner: str, outer: str) -> bool:
+    inner, outer = os.path.realpath(inner), os.path.realpath(outer)
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def _apart(folder: str, state: str, agent: Optional[str]) -> None:
+    """Home, the state and the agent folder may nest (the state inside the agent folder,
+    both inside Home) but Home may not be, or lie inside, the other two: it would be
+    skipped whole."""
+    if _within(folder, state):
+        raise UsageError(f"state: {state} is Home or holds it; give the index a folder of its own")
+    if agent is not None and _within(folder, agent):
+        raise UsageError(f"agent folder: {agent} is Home or holds it; give the agent's own folder")
+
+
+def _agent_of(args) -> Optional[str]:
+    old = getattr(args, "old_agent", None)
+    if old is not None and args.agent is not None:
+        raise UsageError("the agent folder is given twice: once after the state, once with --agent")
+    return args.agent if args.agent is not None else old
+
+
+# --- the lock: who is building this index --------------------------------------------
+
+class BuildLock:
+    """``<state>/build.lock``, held (flock) while a people command writes the index."""
+
+    def __init__(self, state: str):
+        self.path = os.path.join(state, LOCK_NAME)
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> Optional[int]:
+        """Take the lock; the pid of whoever holds it when it cannot be taken now."""
+        import fcntl
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            return holder or -1
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the lock goes with the descriptor; the file stays (status reads it)
+            self.fd = None
+
+
+def _read_pid(fd: int) -> int:
+    try:
+        return int(os.pread(fd, 32, 0).split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def building_pid(state: str) -> Optional[int]:
+    """The pid of a process building the index at ``state`` now, or None."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(state, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _read_pid(fd) or -1
+    finally:
+        os.close(fd)
+
+
+# --- index ---------------------------------------------------------------------------
+
+class Run:
+    """One pass bringing the index in step with its sources, phase by phase, for a person."""
+
+    def __init__(self, memory, bar):
+        self.memory = memory
+        self.bar = bar
+        self.stop = False
+        self.stoppable = False  # Ctrl-C: stop between files (True) or at once (False)
+        self.plan = None
+        self.done = 0
+        self.skipped: dict[str, int] = {}
+        self.indexed = self.removed = self.unchanged = 0
+        self.embedded: Optional[tuple[int, int]] = None
+        self.embed_note = ""
+
+    def on_sigint(self, signum, frame) -> None:
+        if self.stop or not self.stoppable:
+            raise KeyboardInterrupt
+        self.stop = True
+
+    def files(self) -> None:
+        from lnkmem.index import indexer
+        memory, store = self.memory, self.memory.store
+        self.bar.phase("listing")
+        self.plan = plan = indexer.plan(store, memory.places)
+        for place in memory.places.values():
+            for why, n in (getattr(place, "skipped_by", None) or {}).items():
+                self.skipped[why] = self.skipped.get(why, 0) + n
+        self.unchanged = plan.listed - len(plan.todo)
+        if plan.total:
+            self.bar.phase("reading", total=plan.total)
+        else:  # nothing to read: the bar ends on what was looked at
+            self.bar.phase("listed", total=plan.listed)
+            self.bar.update(plan.listed)
+        merge = store.maybe_merge
+
+        def merging(*a, **kw):  # build merges once at its end: say so, and skip it when stopped
+            if self.stop:
+                return False
+            self.stoppable = False
+            # named only when it takes a while: most passes find nothing to merge
+            say = threading.Timer(MERGE_SAY_S, self.bar.phase, ("merging",))
+            say.daemon = True
+            say.start()
+            try:
+                return merge(*a, **kw)
+            finally:
+                say.cancel()
+
+        commit = store.commit
+
+        def writing(*a, **kw):  # a batch written (and the snapshot reloaded): named when slow
+            say = threading.Timer(MERGE_SAY_S, self.bar.rename, ("writing",))
+            say.daemon = True
+            say.start()
+            try:
+                return commit(*a, **kw)
+            finally:
+                say.cancel()
+                if self.bar.name == "writing":
+                    self.bar.rename("reading")
+
+        store.maybe_merge, store.commit = merging, writing
+        self.stoppable = True
+        try:
+            self.done = indexer.build(store, memory.places, plan, memory.tmpdir,
+                                      self._reading, lambda: self.stop)
+        finally:
+            del store.maybe_merge, store.commit  # the class's own again
+            self.stoppable = False
+        # what became of the files read: indexed, binary, or unreadable
+        recs = store.all_files()
+        processed = [indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)]]
+        for ref in processed:
+            rec = recs.get(ref)
+            if rec is None:
+                self.skipped["unreadable"] = self.skipped.get("unreadable", 0) + 1
+            elif rec.kind == "binary":
+                self.skipped["binary"] = self.skipped.get("binary", 0) + 1
+            else:
+                self.indexed += 1
+        self.removed = len(plan.removed)
+
+    def _reading(self, done: int, total: int) -> None:
+        if self.bar.name in ("reading", "writing"):  # (build reports once more after merging)
+            self.bar.update(done, total)
+
+    def embed(self) -> None:
+        """Vectors for every passage that has none (when a model is served), with the bar."""
+        memory, store = self.memory, self.memory.store
+        if memory.embedder is None or self.stop:
+            return
+        from lnkmem.embed import EmbeddingUnavailable
+        store.use_vector_model(memory.embedder.model)
+        memory.vindex.load(store)
+        live = store.snapshot.live
+        have = memory.vindex.count()
+        self.bar.phase("embedding", total=max(live - have, 0), unit="passages")
+        self.stoppable = True
+        done = 0
+        try:
+            while not self.stop:
+                todo = memory.vindex.missing(store.snapshot.alive, 256)
+                passages = store.passages_of(todo)
+                pids = [p for p, x in zip(todo, passages) if x is not None]
+                if not pids:
+                    break
+                live_passages = [x for x in passages if x is not None]
+                try:
+                    vecs = memory.embedder.embed([x.text[:2000] for x in live_passages])
+                except EmbeddingUnavailable as e:
+                    self.embed_note = f"the model is not answering ({e}); serve or index again to finish embedding"
+                    break
+                stored = set(store.put_vectors(pids, vecs, live_passages))
+                keep = [i for i, p in enumerate(pids) if p in stored]
+                memory.vindex.add([pids[i] for i in keep], vecs[keep])
+                done += len(keep)
+                self.bar.update(done)
+        finally:
+            self.stoppable = False
+            self.embedded = (memory.vindex.count(), store.snapshot.live)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _skipped_text(skipped: dict[str, int]) -> str:
+    total = sum(skipped.values())
+    if not total:
+        return "skipped 0"
+    why = ", ".join(f"{n:,} {k}" for k, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"skipped {total:,} ({why})"
+
+
+def _seconds(name: str, default: float) -> float:
+    try:
+        v = float(os.environ.get(name, default))
+    except ValueError:
+        raise UsageError(f"{name}: not a number of seconds: {os.environ.get(name)!r}") from None
+    if not 0 <= v < 1e6:
+        raise UsageError(f"{name}: not a number of seconds: {os.environ.get(name)!r}")
+    return v
+
+
+def emit(text: str) -> None:
+    """Write the answer to stdout; a reader that stopped reading (`| head`) ends us quietly,
+    and a character the output's encoding lacks is replaced, never a traceback."""
+    try:
+        try:
+            sys.stdout.reconfigure(errors="replace")
+        except (AttributeError, ValueError):
+            pass
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail either
+        os.close(devnull)
+
+
+def _open_memory(cfg):
+    from lnkmem.engine import Memory
+    memory = Memory(cfg)
+    try:
+        memory.store = memory.open_store()
+    except OSError as e:
+        raise UsageError(f"state: the index cannot be opened in {cfg.state} ({e.strerror or e})") from None
+    except Exception as e:  # lmdb.Error and friends: a state folder LMDB cannot use
+        raise UsageError(f"state: the index cannot be opened in {cfg.state} ({type(e).__name__}: {e})") from None
+    return memory
+
+
+def cmd_index(args) -> int:
+    import signal
+    from lnkmem.progress import Bar
+    cfg = _config(args.folder, args.state, _agent_of(args), create_state=True)
+    lock = BuildLock(cfg.state)
+    holder = lock.acquire()
+    if holder is not None:
+        who = f"process {holder}" if holder > 0 else "another process"
+        raise UsageError(f"index: {who} is building this index now; run again when it has finished")
+    t0 = time.monotonic()
+    bar = Bar(sys.stderr)
+    memory = None
+    run = None
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        memory = _open_memory(cfg)
+        run = Run(memory, bar)
+        signal.signal(signal.SIGINT, run.on_sigint)
+        try:
+            run.files()
+            run.embed()
+        except KeyboardInterrupt:  # a second Ctrl-C, or one while listing or merging: at once
+            run.stop = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the index is consistent; now only say so
+        lines = _index_report(run, memory, time.monotonic() - t0)
+    except KeyboardInterrupt:  # while opening the index
+        lines = [f"{PROG}: stopped; the index is as it was, run again to finish"]
+        run = None
+    finally:
+        signal.signal(signal.SIGINT, old)
+        bar.close()
+        if memory is not None and memory.store is not None:
+            if memory.embedder is not None:
+                memory.embedder.close()
+            memory.store.close()
+        lock.release()
+    for line in lines:
+        print(line, file=sys.stderr)
+    return 130 if run is None or run.stop else 0
+
+
+def _index_report(run: "Run", memory, took: float) -> list[str]:
+    """What a person is told at the end, counted from the index itself when stopped."""
+    store, plan = memory.store, run.plan
+    with store.env.begin() as txn:
+        n_files = txn.stat(store.files)["entries"]
+    if plan is None:
+        return [f"{PROG}: stopped while listing; the index is as it was, run again to finish"]
+    if run.stop and run.embedded is None:
+        versions = store.file_versions()
+        done = plan.listed - len(plan.todo) + sum(
+            1 for src, e in plan.todo if versions.get(indexer_ref(src, e.path)) == (e.version, e.size))
+        return [f"{PROG}: stopped; {done:,} of {plan.listed:,} files indexed, run again to finish"]
+    lines = [f"indexed {_plural(run.indexed, 'file')}, {run.unchanged:,} unchanged, {run.removed:,} removed, "
+             f"{_skipped_text(run.skipped)}; the index holds {_plural(n_files, 'file')} and "
+             f"{_plural(store.snapshot.live, 'passage')} ({took:.1f}s)"]
+    if run.embedded is not None:
+        done, total = run.embedded
+        lines.append(f"embedded {done:,} of {_plural(total, 'passage')} with {memory.embedder.model}"
+                     + (f"; {run.embed_note}" if run.embed_note else ""))
+        if run.stop:
+            lines.append(f"{PROG}: stopped while embedding; every file is indexed, run again to embed the rest")
+    return lines
+
+
+def indexer_ref(source: str, path: str) -> str:
+    from lnkmem.index.indexer import ref_of
+    return ref_of(source, path)
+
+
+# --- search --------------------------------------------------------------------------
+
+def _search_arguments(args, query: str) -> dict:
+    out: dict = {"query": query, "limit": args.limit}
+    if args.sources:
+        out["sources"] = [s.strip() for v in args.sources for s in v.split(",") if s.strip()]
+    for key in ("under", "after", "before"):
+        v = getattr(args, key)
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def _split_query(args) -> tuple[Optional[str], str]:
+    """(agent, query): the old form `search <folder> <state> <agent> QUERY` is still understood,
+    but only for an existing folder; a mistyped one is refused, never searched for."""
+    words = list(args.query)
+    agent = args.agent
+    if agent is None and len(words) > 1 and ("/" in words[0] or words[0] in (".", "..")):
+        if os.path.isdir(words[0]):
+            agent = words.pop(0)
+        else:
+            raise UsageError(f"agent folder does not exist: {words[0]} (give the agent folder with --agent; "
+                             f"to search for a path, quote the whole query)")
+    return agent, " ".join(words)
+
+
+def cmd_search(args) -> int:
+    import signal
+    agent, query = _split_query(args)
+    if args.budget is not None and not 1 <= args.budget <= NO_CUT_TOKENS:
+        raise UsageError(f"--budget: {args.budget} is not a number of tokens from 1 to {NO_CUT_TOKENS:,}")
+    from lnkmem import tooldefs
+    from lnkmem.wire import SOURCES, convert
+    arguments = _search_arguments(args, query)
+    for s in arguments.get("sources", []):
+        if s not in SOURCES:
+            raise UsageError(f"search: --sources: {s!r} is not a source (choose from {', '.join(SOURCES)})")
+    try:
+        typed = convert(arguments, tooldefs.ARGS["search"])
+    except ValueError as e:  # named as the tool names it; the flag is that name with --
+        msg = str(e)
+        key = msg.split(":", 1)[0].split("[", 1)[0]
+        raise UsageError(f"search: {'--' if key in arguments and key != 'query' else ''}{msg}") from None
+    cfg = _config(args.folder, args.state, agent, create_state=True, tokens=args.budget or NO_CUT_TOKENS)
+    from lnkmem.progress import Bar
+    from lnkmem import tools
+    from lnkmem.errors import ToolError
+    lock = BuildLock(cfg.state)
+    holder = lock.acquire()
+    memory = _open_memory(cfg)
+    bar = Bar(sys.stderr, delay=_seconds("LNKMEM_BAR_DELAY_S", 1.0))  # a bar only for a slow refresh
+    try:
+        if holder is None:  # refresh quietly first: a bar only when that takes a while
+            run = Run(memory, bar)
+            old = signal.signal(signal.SIGINT, run.on_sigint)
+            try:
+                run.files()
+            except KeyboardInterrupt:
+                run.stop = True
+            finally:
+                signal.signal(signal.SIGINT, old)
+                bar.close()
+            if run.stop:
+                print(f"{PROG}: stopped before searching; the index keeps what was read, run again to finish",
+                      file=sys.stderr)
+                return 130
+        else:
+            print(f"{PROG}: the index is being built by process {holder}; answering from what it holds so far",
+                  file=sys.stderr)
+            memory.store.refresh()
+        lock.release()
+        if memory.embedder is not None and memory.store.vector_model() == memory.embedder.model:
+            memory.vindex.load(memory.store)  # rank by meaning too, with the vectors `index` made
+        memory.opened.set()
+        memory.ready.set()
+        try:
+            text, structured = tools.call(memory, "search", typed, None)
+        except ToolError as e:
+            raise UsageError(f"search: {e}") from None
+    finally:
+        bar.close()
+        lock.release()
+        if memory.embedder is not None:
+            memory.embedder.close()
+        memory.store.close()
+    if args.json:
+        emit(json.dumps(structured, ensure_ascii=False) + "\n")
+    else:
+        emit(render_hits(structured, query, colour=use_colour(sys.stdout), terminal=_isatty(sys.stdout)))
+    return 0
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def use_colour(stream) -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return _isatty(stream)
+
+
+BOLD, MARK, DIM, RESET = "\x1b[1m", "\x1b[1;33m", "\x1b[2m", "\x1b[0m"
+
+# On a terminal, a file's control characters are shown, never obeyed: an indexed file
+# holding escape sequences must not retitle, recolour or rewrite a person's terminal.
+_VISIBLE = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+_VISIBLE.update({0x7F: 0x2421, **{c: 0xFFFD for c in range(0x80, 0xA0)}})
+
+
+def visible(text: str) -> str:
+    return text.translate(_VISIBLE)
+
+
+def _highlighter(query: str):
+    """A function marking the words of a text that the query matches (stems and prefixes)."""
+    import re
+    from lnkmem.index import analyze
+    terms: set[str] = set()
+    prefixes: list[str] = []
+    for tok in re.findall(r'"[^"]*"|\S+', query):
+        if tok.startswith("-") and len(tok) > 1:
+            continue  # excluded: never in a hit
+        if tok.endswith("*") and not tok.startswith('"'):
+            p = tok.rstrip("*").casefold()
+            if p:
+                prefixes.append(p)
+            continue
+        terms.update(analyze.query_terms(tok.strip('"')))
+    word = re.compile(r"[^\W_]+", re.UNICODE)
+
+    def matches(w: str) -> bool:
+        low = w.casefold()
+        if any(low.startswith(p) for p in prefixes):
+            return True
+        return any(t in terms for t in analyze.query_terms(w))
+
+    def mark(text: str) -> str:
+        return word.sub(lambda m: f"{MARK}{m.group(0)}{RESET}" if matches(m.group(0)) else m.group(0), text)
+
+    return mark
+
+
+def render_hits(result: dict, query: str, colour: bool, terminal: bool = False) -> str:
+    """The hits as text; ``terminal``: control characters made visible, ``colour``: marked up."""
+    hits = result.get("hits", [])
+    how = result.get("ranked", "words").replace("+", " and ")
+    extra = ""
+    if result.get("indexing"):
+        extra += f"; indexing {result['indexing']['done']}/{result['indexing']['total']}"
+    if result.get("embedding"):
+        extra += f"; embedded {result['embedding']['done']}/{result['embedding']['total']}"
+    out = [f"{_plural(len(hits), 'hit')} for {query!r} (ranked by {how}{extra})\n"]
+    mark = _highlighter(query) if colour else (lambda t: t)
+    safe = visible if terminal or colour else (lambda t: t)
+    for i, h in enumerate(hits, 1):
+        where = f"{h['ref']} lines {h['lines'][0]}-{h['lines'][1]}"
+        if h.get("thread") is not None:
+            bits = [f"thread {h['thread']}"] + [b for b in (h.get("role"), h.get("at")) if b]
+            where += " (" + ", ".join(bits) + ")"
+        score = f"score {h['score']:.3g}"
+        where = safe(where)
+        head = f"[{i}] {BOLD}{where}{RESET} {DIM}{score}{RESET}" if colour else f"[{i}] {where} {score}"
+        body = mark(safe(h["text"].rstrip("\n")))
+        out.append(f"\n{head}\n{body}\n")
+    if result.get("truncated"):
+        out.append("\n(cut to the budget; more with a larger --budget)\n")
+    return "".join(out)

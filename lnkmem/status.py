@@ -1,0 +1,154 @@
+"""`lnk-lnkmem status`: what the index holds, how fresh it is, who is building it. Changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from lnkmem.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
+
+DEFAULT_SKIPS = ["node_modules/", "__pycache__/", ".git/", "virtual environments (a folder holding pyvenv.cfg)",
+                 "hidden files and folders"]
+
+
+def ignore_files(folder: str, limit: int = 200) -> list[str]:
+    """The .gitignore and .lnkmemignore files in Home (paths relative to it)."""
+    found: list[str] = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__")
+                         and not os.path.exists(os.path.join(root, d, "pyvenv.cfg")))
+        for name in (".gitignore", ".lnkmemignore"):
+            if name in files:
+                found.append(os.path.relpath(os.path.join(root, name), folder))
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def _disk_bytes(folder: str) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _rfc3339(t: float) -> str:
+    import datetime
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def gather_status(cfg) -> dict:
+    from lnkmem.engine import local_layout
+    from lnkmem.errors import DamagedIndex
+    from lnkmem.index import indexer
+    from lnkmem.index.store import SOURCES, Store
+    index_path = os.path.join(cfg.state, "index")
+    data = os.path.join(index_path, "data.mdb")
+    pid = building_pid(cfg.state) if os.path.isdir(cfg.state) else None
+    out: dict = {"folder": cfg.folder, "state": cfg.state, "agent": cfg.agent, "indexed": False,
+                 "building": {"pid": pid} if pid else None}
+    layout = local_layout(cfg)
+    out["sources"] = {s: {"files": 0, "passages": 0, "bytes": 0} for s in SOURCES if s in layout.places}
+    out.update(files=0, passages=0, by_kind={}, index_bytes=0, last_change=None, pending=None, damaged=None)
+    model = {"name": cfg.spec.model, "served": bool(cfg.model_url), "vectors_of": None, "embedded": 0}
+    out["model"] = model
+    if os.path.exists(data):
+        try:
+            store = Store(index_path)
+        except DamagedIndex as e:
+            out["damaged"] = f"{e}; the next index or serve rebuilds it"
+            store = None
+        except Exception as e:  # lmdb's own errors: the same, said plainly
+            out["damaged"] = f"{type(e).__name__}: {e}; the next index or serve rebuilds it"
+            store = None
+        if store is not None:
+            try:
+                out["indexed"] = True
+                recs = store.all_files()
+                by = out["sources"]
+                kinds: dict[str, int] = {}
+                for ref, rec in recs.items():
+                    s = by.setdefault(ref.split("/", 1)[0], {"files": 0, "passages": 0, "bytes": 0})
+                    s["files"] += 1
+                    s["passages"] += len(rec.pids)
+                    s["bytes"] += rec.size
+                    if rec.kind != "text":
+                        kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
+                out["files"] = len(recs)
+                out["passages"] = store.snapshot.live
+                out["by_kind"] = kinds  # files indexed by name only, binary files
+                with store.env.begin() as txn:
+                    model["embedded"] = txn.stat(store.vectors)["entries"]
+                model["vectors_of"] = store.vector_model()
+                out["last_change"] = _rfc3339(os.stat(data).st_mtime)
+                plan = indexer.plan(store, layout.places)
+                out["pending"] = {"changed": len(plan.todo), "removed": len(plan.removed)}
+            finally:
+                store.close()
+        out["index_bytes"] = _disk_bytes(index_path)
+    out["ignore_files"] = ignore_files(cfg.folder)
+    out["skipped_by_default"] = DEFAULT_SKIPS
+    return out
+
+
+def render_status(st: dict) -> str:
+    lines = [f"Home    {st['folder']}", f"agent   {st['agent'] or '(none)'}", f"state   {st['state']}"]
+    if st.get("damaged"):
+        lines.append(f"index   damaged: {st['damaged']}")
+    elif not st["indexed"]:
+        lines.append("index   not built yet (run: lnk-lnkmem index ...)")
+    else:
+        lines.append(f"index   {_plural(st['files'], 'file')}, {_plural(st['passages'], 'passage')}, "
+                     f"{_human(st['index_bytes'])} on disk, last changed {st['last_change']}")
+        for s, v in st["sources"].items():
+            lines.append(f"  {s:<7} {_plural(v['files'], 'file')}, {_plural(v['passages'], 'passage')}, {_human(v['bytes'])} of text")
+        kinds = st.get("by_kind") or {}
+        if kinds:
+            lines.append("  " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items())) + " (indexed by name or not at all)")
+        p = st["pending"]
+        if p and (p["changed"] or p["removed"]):
+            lines.append(f"pending {p['changed']:,} new or changed, {p['removed']:,} removed since the last index "
+                         "(run index, or a running serve catches up)")
+        else:
+            lines.append("pending nothing: the index matches the files")
+    m = st["model"]
+    if m["name"] or m["vectors_of"]:
+        served = "served" if m["served"] else "not served now ($LNK_MEMORY_MODEL is empty)"
+        lines.append(f"model   {m['name'] or m['vectors_of']} ({served}); {m['embedded']:,} of "
+                     f"{_plural(st['passages'], 'passage')} embedded")
+    else:
+        lines.append("model   none: ranked by words only")
+    b = st["building"]
+    if b:
+        lines.append(f"build   process {b['pid']} is building this index now" if b["pid"] > 0
+                     else "build   another process is building this index now")
+    else:
+        lines.append("build   no other process is building it")
+    ig = st["ignore_files"]
+    lines.append("ignore  " + (", ".join(ig) if ig else "no .gitignore or .lnkmemignore in Home"))
+    lines.append("        always skipped: " + ", ".join(st["skipped_by_default"]))
+    return "\n".join(lines) + "\n"
+
+
+def cmd_status(args) -> int:
+    cfg = _config(args.folder, args.state, _agent_of(args), create_state=False)
+    st = gather_status(cfg)
+    if args.json:
+        emit(json.dumps(st, ensure_ascii=False) + "\n")
+    else:  # names from Home shown, never obeyed, on a terminal
+        text = render_status(st)
+        emit(visible(text) if _isatty(sys.stdout) else text)
+    return 0

@@ -45,7 +45,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 import corpus  # noqa: E402
-from common import pct  # noqa: E402
+from common import files_reread, pct  # noqa: E402
 
 DOC = common.DOC
 SECTION = "local"
@@ -387,8 +387,7 @@ def bench(out: str, scale: float, seed: int) -> dict:
 
     log("index: restart on the unchanged tree ...")
     wall, rc, _, err = run_timed(argv, env, errlog)
-    m = re.search(r"indexed ([\d,]+) files?, [\d,]+ unchanged, ([\d,]+) removed", err)
-    reread = int(m.group(1).replace(",", "")) if m else -1
+    reread = files_reread(err)
     r.update(restart_s=wall, restart_reread=reread, restart_gen_same=index_gen(state) == gen, restart_rc=rc)
     r["restart_opened"] = opened_files(argv, env, (home, agent), os.path.join(out, "strace.log"))
     log(f"  {wall:.2f}s, {reread} files re-read, index unchanged: {r['restart_gen_same']}"

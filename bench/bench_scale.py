@@ -58,7 +58,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import corpus  # noqa: E402
-from common import pct  # noqa: E402
+from common import files_reread, pct  # noqa: E402
 
 SECTION = "scale"
 PASSES = 3
@@ -645,8 +645,7 @@ def bench_scale(out: str, scale: float, seed: int, tantivy_version: Optional[str
     o.update(build_s=wall, build_cpu_s=cpu, build_rss_kib=peak, disk=disk_bytes(os.path.join(state, "index", "data.mdb")))
     log(f"  {wall:.1f}s, peak RSS {peak / 1024:.0f} MiB, {o['disk'] / MB:.1f} MB on disk")
     wall, rc, _, err, _ = timed_index_run(argv, env)
-    m = re.search(r"indexed (\d+) changed files", err)
-    o.update(restart_s=wall, restart_reread=int(m.group(1)) if m else -1)
+    o.update(restart_s=wall, restart_reread=files_reread(err))
     log(f"  restart {wall:.2f}s ({o['restart_reread']} files re-read)")
 
     npass, text_bytes, of_ref, fno = export_passages(state, os.path.join(work, "passages.jsonl"))

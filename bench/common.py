@@ -82,3 +82,10 @@ def report(title: str, when: str, mach: str, text: str, figures: dict, t0: float
     if json_path:
         with open(json_path, "w") as f:
             json.dump(dict(figures, when=when, machine=mach), f, indent=1)
+
+
+def files_reread(index_stderr: str) -> int:
+    """How many files `lnk-lnkmem index` says it (re)indexed, from its summary line; -1 when absent."""
+    import re
+    m = re.search(r"indexed ([\d,]+) files?, [\d,]+ unchanged", index_stderr)
+    return int(m.group(1).replace(",", "")) if m else -1

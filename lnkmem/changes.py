@@ -72,7 +72,7 @@ def coalesce(refs: Iterable[str], local: Iterable[str] = ()) -> list[str]:
         return by_folder.get(folder, 0) >= (GROUP_AT_LOCAL if folder.split("/", 1)[0] in local else GROUP_AT)
     grouped = {parent(r) if "/" in r and many(parent(r)) else r for r in refs}
     out: list[str] = []
-    for r in sorted(grouped, key=len):
+    for r in sorted(grouped, key=lambda r: (len(r), r)):  # outermost first; the same order every run
         if not any(r == o or r.startswith(o + "/") for o in out):
             out.append(r)
     return out

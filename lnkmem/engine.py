@@ -214,6 +214,17 @@ class Memory:
         if self.writeback is not None:
             self.writeback.changed()
 
+    def _drain(self, refs: set, events: list) -> None:
+        """Add what waits in the queue to ``refs`` and ``events``, without waiting."""
+        try:
+            while True:
+                r, d = self._queue.get_nowait()
+                refs.add(r)
+                if d:
+                    events.append(d)
+        except queue.Empty:
+            pass
+
     def _run(self) -> None:
         try:
             self.store = self.open_store()
@@ -246,24 +257,10 @@ class Memory:
                     break
                 refs = {ref}
                 events = [done] if done else []
-                try:  # take everything queued so far together
-                    while True:
-                        r, d = self._queue.get_nowait()
-                        refs.add(r)
-                        if d:
-                            events.append(d)
-                except queue.Empty:
-                    pass
+                self._drain(refs, events)  # take everything queued so far together
                 if len(refs) > 1 and not self._stop.is_set():  # a burst: let the rest of it arrive
                     self._stop.wait(BURST_GATHER_S)
-                    try:
-                        while True:
-                            r, d = self._queue.get_nowait()
-                            refs.add(r)
-                            if d:
-                                events.append(d)
-                    except queue.Empty:
-                        pass
+                    self._drain(refs, events)
                 if "\0rebuild" in refs:
                     refs.discard("\0rebuild")
                     try:

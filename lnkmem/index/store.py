@@ -465,9 +465,8 @@ class Store:
         with self.env.begin() as txn:
             return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
 
-    @_guarded
-    def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
-        out = {}
+    def _files_under(self, prefix: str):
+        """(ref, FileRec) of every file whose ref starts with ``prefix``."""
         p = prefix.encode()
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.files)
@@ -475,25 +474,17 @@ class Store:
                 for k, v in cur:
                     if not k.startswith(p):
                         break
-                    rec = _dec_file.decode(v)
-                    out[k.decode()] = (rec.version, rec.size)
-        return out
+                    yield k.decode(), _dec_file.decode(v)
+
+    @_guarded
+    def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
+        return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix)}
 
     @_guarded
     def refs_of_kind(self, prefix: str, kind: str) -> set[str]:
         """The refs below ``prefix`` indexed as ``kind`` (e.g. "name": a document
         indexed by name while no converter was installed, §3.3)."""
-        out = set()
-        p = prefix.encode()
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.files)
-            if cur.set_range(p):
-                for k, v in cur:
-                    if not k.startswith(p):
-                        break
-                    if _dec_file.decode(v).kind == kind:
-                        out.add(k.decode())
-        return out
+        return {ref for ref, rec in self._files_under(prefix) if rec.kind == kind}
 
     @_guarded
     def file_mtime(self, ref: str) -> Optional[str]:

@@ -119,7 +119,6 @@ class LocalNotes:
     def clean_temp(self) -> int:
         """Remove temporary files a killed engine left in the notes' folder (not one
         that another engine of this agent is writing now: under the lock, or not at all)."""
-        n = 0
         try:
             names = [x for x in os.listdir(self.folder) if x.startswith(self.tmp_prefix)]
         except OSError:

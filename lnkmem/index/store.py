@@ -176,7 +176,7 @@ def deep_check(path: str) -> None:
                            timeout=DEEP_CHECK_S, env=env)
     except subprocess.TimeoutExpired:
         raise DamagedIndex(f"reading the whole index took over {DEEP_CHECK_S}s") from None
-    except OSError as e:  # no child can be started: the header check stands alone
+    except OSError:  # no child can be started: the header check stands alone
         return
     if r.returncode == 3:
         return

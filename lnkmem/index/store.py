@@ -19,8 +19,10 @@ moment leaves the index at the state before or after a batch; :meth:`open`
 checks that the tables agree and raises :class:`DamagedIndex` when not.
 
 The few numbers BM25 needs per passage (length, source, ref) are held in
-memory as numpy arrays, rebuilt at open from ``segments`` and replaced, never
-mutated, after each commit so that searches read a consistent snapshot.
+memory as numpy arrays, read at open from ``segments`` (cross-checked with
+``files``) and then extended by each commit and patched by each merge (O(change),
+:meth:`Store._extend`, :meth:`Store._merged`); a published snapshot never changes
+where a search holding it can see, so searches read a consistent snapshot.
 """
 
 from __future__ import annotations

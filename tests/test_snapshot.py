@@ -114,3 +114,21 @@ def test_a_search_holding_the_old_snapshot_never_sees_a_reused_id_change(tmp_pat
         _same(st.snapshot, st._load())
     finally:
         st.close()
+
+
+def test_a_search_refreshing_during_a_commit_does_not_count_the_commit_twice(tmp_path):
+    """A search's refresh may read the index between a commit's transaction and the
+    new snapshot (on_alloc runs there): the commit still extends the snapshot it began
+    from, so passages killed or added are counted once."""
+    st = Store.open(str(tmp_path / "index"))
+    try:
+        rng = random.Random(5)
+        st.commit(Batch(files=[_file(rng, "home/a.md", "v1"), _file(rng, "home/b.md", "v1")]))
+        st.on_alloc = lambda ids: st.refresh()
+        st.commit(Batch(files=[_file(rng, "home/a.md", "v2")], removed=["home/b.md"]))
+        st.on_alloc = None
+        _same(st.snapshot, st._load())
+        got, _ = search.words(st, " ".join(VOCAB), 50)
+        assert {st.snapshot.refs[st.snapshot.refid[p]] for p, _ in got} == {"home/a.md"}
+    finally:
+        st.close()

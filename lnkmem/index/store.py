@@ -260,6 +260,7 @@ class Snapshot:
 class _Delta:
     """What one commit changed, for extending the snapshot (Store._extend)."""
 
+    base: "Snapshot"  # the snapshot the commit started from (a search may refresh meanwhile)
     gen: int
     next_pid: int
     seg: int
@@ -439,13 +440,12 @@ class Store:
                 if p < cap:
                     alive[p] = False
             # every live passage belongs to exactly one file record, and back
-            owned = 0
+            owned: list[int] = []  # every file's ids, checked at once (one gather, not one per file)
             for _, v in txn.cursor(db=self.files):
-                rec = _dec_file.decode(v)
-                if rec.pids and not alive[rec.pids].all():
-                    raise DamagedIndex("a file names passages that are not live")
-                owned += len(rec.pids)
-            if owned != int(alive.sum()):
+                owned.extend(_dec_file.decode(v).pids)
+            if owned and not alive[np.asarray(owned, np.int64)].all():
+                raise DamagedIndex("a file names passages that are not live")
+            if len(owned) != int(alive.sum()):
                 raise DamagedIndex("live passages and files disagree")
         live = int(alive.sum())
         return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)),
@@ -655,7 +655,7 @@ class Store:
             if allocated and self.on_alloc is not None:
                 self.on_alloc(allocated)  # before any search sees them as live
             # extended by what changed; read anew only after another process wrote
-            self.snapshot = self._extend(self.snapshot, delta) if delta is not None else self._load()
+            self.snapshot = self._extend(delta.base, delta) if delta is not None else self._load()
         self._changed()
 
     def _commit(self, batch: Batch) -> tuple[list[int], Optional[_Delta]]:
@@ -670,7 +670,9 @@ class Store:
         with self.env.begin(write=True) as txn:
             next_pid = int(txn.get(b"next_pid", db=self.meta))
             seg = int(txn.get(b"next_seg", db=self.meta))
-            snap = self.snapshot if int(txn.get(b"gen", db=self.meta)) == self.snapshot.gen else None
+            snap = self.snapshot  # read once: a search's refresh may swap it meanwhile
+            if int(txn.get(b"gen", db=self.meta)) != snap.gen:
+                snap = None
             gone = set(batch.removed) | {f.ref for f in batch.files}
             killed: list[int] = []
             for ref in gone:
@@ -762,7 +764,7 @@ class Store:
             txn.put(b"gen", str(gen).encode(), db=self.meta)
             if seg_of is None:
                 return allocated, None
-            return allocated, _Delta(gen, next_pid, seg, seg_of, killed, dropped, seg_pids, seg_lens, seg_refs)
+            return allocated, _Delta(snap, gen, next_pid, seg, seg_of, killed, dropped, seg_pids, seg_lens, seg_refs)
 
     def _drop_segment(self, txn, seg: int, pids: np.ndarray) -> None:
         """Remove a segment whose passages are all dead: its postings, its record,

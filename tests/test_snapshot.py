@@ -52,8 +52,10 @@ def _same(a, b):
 def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_path):
     rng = random.Random(12)
     st = Store.open(str(tmp_path / "index"))
+    st.REFS_SLACK = -10 ** 9  # refs of removed files dropped at every merge that finds any
     refs: dict[str, int] = {}
     version = 0
+    shrunk = longest = 0
     try:
         for step in range(300):
             op = rng.random()
@@ -69,7 +71,7 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                         removed.append(rng.choice(sorted(refs)))
                     else:
                         version += 1
-                        ref = f"{rng.choice(SOURCES)}/f{rng.randint(0, 30)}.md"
+                        ref = f"{rng.choice(SOURCES)}/f{rng.randint(0, 60)}.md"
                         files.append(_file(rng, ref, f"v{version}"))
                 # a ref is either rewritten or removed in one batch, as the indexer does
                 removed = [r for r in dict.fromkeys(removed) if r not in {f.ref for f in files}]
@@ -81,6 +83,9 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                     refs[f.ref] = 1
             kept = st.snapshot
             _same(kept, st._load())
+            assert len(set(kept.refs)) == len(kept.refs)
+            shrunk += len(kept.refs) < longest
+            longest = len(kept.refs)
             if step % 25 == 0:
                 q = " ".join(rng.sample(VOCAB, 3))
                 got, _ = search.words(st, q, 10)
@@ -90,6 +95,7 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                 assert np.allclose([s for _, s in got], [s for _, s in again])
                 st.snapshot = kept  # go on extending the incremental one
         assert st.snapshot.live == sum(len(r.pids) for r in st.all_files().values())
+        assert shrunk  # refs of removed files were dropped by merges
     finally:
         st.close()
 

@@ -970,8 +970,29 @@ class Store:
         sizes = {s: n for s, n in (old.segs or {}).items() if s not in set(segs)}
         if len(kept):
             sizes[new] = len(kept)
-        return Snapshot(gen, old.doclen, old.alive, old.src, old.refid, old.refs, old.live, old.total_len,
+        refs, refid = old.refs, old.refid
+        # refs only grow between merges (a removed or renamed file's stays): here, where the
+        # work is already O(merged), drop those no passage in a segment names any more
+        used = np.zeros(len(refs), bool)
+        held = old.refid[seg_of[:len(old.refid)] >= 0]
+        used[held[held >= 0]] = True
+        n_used = int(used.sum())
+        if len(refs) > n_used and len(refs) > 2 * n_used + self.REFS_SLACK:
+            remap = np.full(len(refs) + 1, -1, np.int32)  # + 1: refid -1 stays -1
+            remap[np.flatnonzero(used)] = np.arange(n_used, dtype=np.int32)
+            refs = [r for r, u in zip(refs, used.tolist()) if u]
+            bufs = self._bufs
+            own = bool(bufs) and (old.doclen is bufs[0] or old.doclen.base is bufs[0])
+            buf = np.full(len(bufs[2]) if own else len(old.refid), -1, np.int32)  # a new one: ``old`` keeps its own
+            buf[:len(old.refid)] = remap[old.refid]
+            if own:
+                self._bufs = (bufs[0], bufs[1], buf)
+            refid = buf[:len(old.refid)]
+            self._refids = (refs, {r: i for i, r in enumerate(refs)})
+        return Snapshot(gen, old.doclen, old.alive, old.src, refid, refs, old.live, old.total_len,
                         seg_of, sizes)
+
+    REFS_SLACK = 1024  # refs no segment names, kept until a merge finds more than this (and the named)
 
     def maybe_merge(self, max_segments: int = 24, keep: int = 8) -> bool:
         """Tiered merging: when there are too many segments, merge the smallest

@@ -19,8 +19,10 @@ moment leaves the index at the state before or after a batch; :meth:`open`
 checks that the tables agree and raises :class:`DamagedIndex` when not.
 
 The few numbers BM25 needs per passage (length, source, ref) are held in
-memory as numpy arrays, rebuilt at open from ``segments`` and replaced, never
-mutated, after each commit so that searches read a consistent snapshot.
+memory as numpy arrays, read at open from ``segments`` (cross-checked with
+``files``) and then extended by each commit and patched by each merge (O(change),
+:meth:`Store._extend`, :meth:`Store._merged`); a published snapshot never changes
+where a search holding it can see, so searches read a consistent snapshot.
 """
 
 from __future__ import annotations
@@ -236,6 +238,7 @@ class Snapshot:
     live: int
     total_len: float
     seg_of: Optional[np.ndarray] = None  # int32 per pid -> its segment, -1: in none (a free id)
+    segs: Optional[dict] = None  # segment -> its passages (dead ones included)
 
     @property
     def avgdl(self) -> float:
@@ -251,6 +254,22 @@ class Snapshot:
             rid = self.refid[pids]
             pids = pids[(rid >= 0) & ok[np.maximum(rid, 0)]]
         return pids
+
+
+@dataclass
+class _Delta:
+    """What one commit changed, for extending the snapshot (Store._extend)."""
+
+    base: "Snapshot"  # the snapshot the commit started from (a search may refresh meanwhile)
+    gen: int
+    next_pid: int
+    seg: int
+    seg_of: np.ndarray  # the segment of each id after the commit (new passages not yet set)
+    killed: list[int]  # ids live before, dead now
+    dropped: list[int]  # segments removed (all their passages dead)
+    pids: list[int]  # new passages: ids, lengths, refs
+    lens: list[int]
+    refs: list[str]
 
 
 @dataclass
@@ -395,6 +414,7 @@ class Store:
             seg_of = np.full(cap, -1, np.int32)
             refs: list[str] = []
             ids: dict[str, int] = {}
+            segs: dict[int, int] = {}
             for k, v in txn.cursor(db=self.segments):
                 seg = _dec_seg.decode(v)
                 pids = np.frombuffer(seg.pids, "<u4")
@@ -403,6 +423,7 @@ class Store:
                 if len(pids) and (seg_of[pids] >= 0).any():
                     raise DamagedIndex("a passage id lies in two segments")
                 seg_of[pids] = int.from_bytes(k, "big")
+                segs[int.from_bytes(k, "big")] = len(pids)
                 doclen[pids] = np.frombuffer(seg.lens, "<u4")
                 alive[pids] = True
                 for r in dict.fromkeys(seg.refs):  # new refs, in order
@@ -419,16 +440,83 @@ class Store:
                 if p < cap:
                     alive[p] = False
             # every live passage belongs to exactly one file record, and back
-            owned = 0
+            owned: list[int] = []  # every file's ids, checked at once (one gather, not one per file)
             for _, v in txn.cursor(db=self.files):
-                rec = _dec_file.decode(v)
-                if rec.pids and not alive[rec.pids].all():
-                    raise DamagedIndex("a file names passages that are not live")
-                owned += len(rec.pids)
-            if owned != int(alive.sum()):
+                owned.extend(_dec_file.decode(v).pids)
+            if owned and not alive[np.asarray(owned, np.int64)].all():
+                raise DamagedIndex("a file names passages that are not live")
+            if len(owned) != int(alive.sum()):
                 raise DamagedIndex("live passages and files disagree")
         live = int(alive.sum())
-        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)), seg_of)
+        return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)),
+                        seg_of, segs)
+
+    _bufs: tuple = ()  # (doclen, src, refid) with room beyond the snapshot's length
+    _refids: tuple = ()  # (the snapshot's refs list, ref -> its index in it)
+
+    def _extend(self, old: Snapshot, d: "_Delta") -> Snapshot:
+        """The snapshot after a commit, made from the one before it and what the commit
+        changed: O(change) but for a copy of the 1-byte ``alive`` per pid (a search may
+        still hold ``old``, whose arrays are never changed where it can see them).
+
+        ``doclen``/``src``/``refid`` live in buffers with room to grow: a new passage's
+        entries are written in place when ``old`` cannot see them (beyond its length, or
+        an id not live in it); otherwise (an id freed and reused in one commit) the
+        buffers are copied first."""
+        n_old = len(old.alive)
+        n = max(n_old, d.next_pid + 1)
+        new = np.asarray(d.pids, np.int64)
+        seen = new[new < n_old]
+        bufs = self._bufs
+        own = bool(bufs) and (old.doclen is bufs[0] or old.doclen.base is bufs[0])
+        if not own or len(bufs[0]) < n or (len(seen) and old.alive[seen].any()):
+            cap = max(n, n_old + n_old // 2 + 1024)
+            doclen = np.zeros(cap, np.float32)
+            src = np.zeros(cap, np.uint8)
+            refid = np.full(cap, -1, np.int32)
+            doclen[:n_old], src[:n_old], refid[:n_old] = old.doclen, old.src, old.refid
+            bufs = self._bufs = (doclen, src, refid)
+        doclen, src, refid = bufs
+        refs = old.refs
+        if not self._refids or self._refids[0] is not refs:
+            self._refids = (refs, {r: i for i, r in enumerate(refs)})
+        ids = self._refids[1]
+        if len(new):
+            fresh = [r for r in dict.fromkeys(d.refs) if r not in ids]
+            if fresh:
+                refs = refs + fresh  # a new list: ``old`` keeps its own
+                for r in fresh:
+                    ids[r] = len(ids)
+                self._refids = (refs, ids)
+            rid = np.fromiter(map(ids.__getitem__, d.refs), np.int32, len(new))
+            ref_src = {}
+            for r in dict.fromkeys(d.refs):
+                ref_src[ids[r]] = SOURCE_CODE.get(source_of(r), 0)
+            lens = np.asarray(d.lens, np.float32)
+            doclen[new] = lens
+            refid[new] = rid
+            src[new] = np.fromiter(map(ref_src.__getitem__, rid.tolist()), np.uint8, len(new))
+        alive = np.zeros(n, bool)
+        alive[:n_old] = old.alive
+        killed = np.asarray(d.killed, np.int64)
+        total = old.total_len
+        if len(killed):
+            alive[killed] = False
+            total -= float(old.doclen[killed].sum(dtype=np.float64))
+        if len(new):
+            alive[new] = True
+            total += float(np.asarray(d.lens, np.float64).sum())
+        seg_of = d.seg_of
+        if len(seg_of) < n:
+            seg_of = np.concatenate((seg_of, np.full(n - len(seg_of), -1, np.int32)))
+        segs = dict(old.segs or {})
+        for s in d.dropped:
+            segs.pop(s, None)
+        if len(new):
+            seg_of[new] = d.seg
+            segs[d.seg] = len(new)
+        live = old.live - len(killed) + len(new)
+        return Snapshot(d.gen, doclen[:n], alive, src[:n], refid[:n], refs, live, total, seg_of, segs)
 
     @_guarded
     def refresh(self) -> Snapshot:
@@ -551,17 +639,19 @@ class Store:
         with self.write_lock:
             while True:
                 try:
-                    allocated = self._commit(batch)
+                    allocated, delta = self._commit(batch)
                     break
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
             if allocated and self.on_alloc is not None:
                 self.on_alloc(allocated)  # before any search sees them as live
-            self.snapshot = self._load()
+            # extended by what changed; read anew only after another process wrote
+            self.snapshot = self._extend(delta.base, delta) if delta is not None else self._load()
         self._changed()
 
-    def _commit(self, batch: Batch) -> list[int]:
-        """One transaction; returns the ids given to new passages.
+    def _commit(self, batch: Batch) -> tuple[list[int], Optional[_Delta]]:
+        """One transaction; returns the ids given to new passages and what changed
+        (None when the snapshot was not the index's: another process wrote).
 
         Ids follow live data, not edits: a segment whose passages are all dead
         now is dropped at once (as a merge would drop it), and new passages take
@@ -571,7 +661,9 @@ class Store:
         with self.env.begin(write=True) as txn:
             next_pid = int(txn.get(b"next_pid", db=self.meta))
             seg = int(txn.get(b"next_seg", db=self.meta))
-            snap = self.snapshot if int(txn.get(b"gen", db=self.meta)) == self.snapshot.gen else None
+            snap = self.snapshot  # read once: a search's refresh may swap it meanwhile
+            if int(txn.get(b"gen", db=self.meta)) != snap.gen:
+                snap = None
             gone = set(batch.removed) | {f.ref for f in batch.files}
             killed: list[int] = []
             for ref in gone:
@@ -586,6 +678,8 @@ class Store:
                     killed.append(p)
                 txn.delete(ref.encode(), db=self.files)
             ids = iter(())
+            seg_of = None
+            dropped: list[int] = []
             if snap is not None and snap.seg_of is not None:  # else: another process wrote; plain ids
                 seg_of = snap.seg_of.copy()
                 if killed:
@@ -596,6 +690,7 @@ class Store:
                         if s >= 0 and not alive[members].any():  # wholly dead: drop it now
                             self._drop_segment(txn, s, members)
                             seg_of[members] = -1
+                            dropped.append(s)
                 # a cache of a copy with vectors keeps its ids: the copy's vector chunks
                 # name passages by id, and an old chunk would give a reused id another
                 # passage's vector (all vectors are sent anew when a model first appears)
@@ -658,7 +753,9 @@ class Store:
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
-            return allocated
+            if seg_of is None:
+                return allocated, None
+            return allocated, _Delta(snap, gen, next_pid, seg, seg_of, killed, dropped, seg_pids, seg_lens, seg_refs)
 
     def _drop_segment(self, txn, seg: int, pids: np.ndarray) -> None:
         """Remove a segment whose passages are all dead: its postings, its record,
@@ -773,26 +870,35 @@ class Store:
         if len(segs) < 2 and not self._has_dead():
             return
         with self.write_lock:
+            snap = self.snapshot
             while True:
                 try:
-                    self._merge(segs)
+                    done = self._merge(segs)
                     break
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
-            self.snapshot = self._load()
+            # the merged segments' part replaced; read anew only after another process wrote
+            fresh = snap.seg_of is not None and done[1] == snap.gen + 1
+            self.snapshot = self._merged(snap, segs, *done) if fresh else self._load()
         self._changed()
 
     def _has_dead(self) -> bool:
         with self.env.begin() as txn:
             return txn.stat(self.dead)["entries"] > 0
 
-    def _merge(self, segs: list[int]) -> None:
+    def _merge(self, segs: list[int]) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """One transaction; returns (the new segment, the generation, the ids it holds,
+        the dead ids dropped from the merged segments)."""
         with self.env.begin(write=True) as txn:
-            dead = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=self.dead)}
             new = int(txn.get(b"next_seg", db=self.meta))
             nk = _k(new)
             metas = [(s, _dec_seg.decode(txn.get(_k(s), db=self.segments))) for s in segs]
-            deadarr = np.fromiter(dead, np.uint32, len(dead)) if dead else None
+            # the dead as a mask by id: one gather per term, not a search of the whole set
+            dead = np.fromiter((int.from_bytes(k, "big") for k, _ in txn.cursor(db=self.dead)), np.int64)
+            top = max([int(dead.max()) if len(dead) else 0] +
+                      [int(np.frombuffer(m.pids, "<u4").max()) for _, m in metas if len(m.pids)])
+            deadmask = np.zeros(top + 1, bool)
+            deadmask[dead] = True
             grouped: dict[bytes, tuple[list, list]] = {}
             for s, _ in metas:
                 sk = _k(s)
@@ -809,37 +915,81 @@ class Store:
             items = []
             for term in sorted(grouped):
                 ps, ts = grouped[term]
-                p = np.concatenate(ps)
-                t = np.concatenate(ts)
-                if deadarr is not None:
-                    keep = ~np.isin(p, deadarr)
+                p = np.concatenate(ps) if len(ps) > 1 else ps[0]
+                t = np.concatenate(ts) if len(ts) > 1 else ts[0]
+                keep = ~deadmask[p]
+                if not keep.all():
                     p, t = p[keep], t[keep]
                 if len(p):
                     items.append((nk + term, p.astype("<u4").tobytes() + t.astype("<u2").tobytes()))
             txn.cursor(db=self.postings).putmulti(items, append=True)
-            all_p, all_l, all_r = [], [], []
+            all_p, all_l, all_r, gone = [], [], [], []
             for s, m in metas:
                 p = np.frombuffer(m.pids, "<u4")
                 ln = np.frombuffer(m.lens, "<u4")
-                for i in range(len(p)):
-                    if int(p[i]) not in dead:
-                        all_p.append(int(p[i]))
-                        all_l.append(int(ln[i]))
-                        all_r.append(m.refs[i])
-                    else:
-                        txn.delete(_k(int(p[i])), db=self.dead)
-                        txn.delete(_k(int(p[i])), db=self.vectors)
+                d = deadmask[p]
+                if d.any():
+                    keep = np.flatnonzero(~d)
+                    all_p.append(p[keep])
+                    all_l.append(ln[keep])
+                    all_r.extend(m.refs[i] for i in keep.tolist())
+                    for q in p[d].tolist():
+                        txn.delete(_k(q), db=self.dead)
+                        txn.delete(_k(q), db=self.vectors)
+                    gone.append(p[d])
+                else:
+                    all_p.append(p)
+                    all_l.append(ln)
+                    all_r.extend(m.refs)
                 txn.delete(_k(s), db=self.segments)
-            if all_p:
-                meta = SegMeta(np.asarray(all_p, "<u4").tobytes(), np.asarray(all_l, "<u4").tobytes(), all_r)
+            kept = np.concatenate(all_p).astype(np.int64) if all_p else np.empty(0, np.int64)
+            if len(kept):
+                meta = SegMeta(kept.astype("<u4").tobytes(), np.concatenate(all_l).astype("<u4").tobytes(), all_r)
                 txn.put(nk, _enc.encode(meta), db=self.segments)
             txn.put(b"next_seg", str(new + 1).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            return new, gen, kept, (np.concatenate(gone).astype(np.int64) if gone else np.empty(0, np.int64))
+
+    def _merged(self, old: Snapshot, segs: list[int], new: int, gen: int, kept: np.ndarray,
+                gone: np.ndarray) -> Snapshot:
+        """The snapshot after a merge: no live passage changes; the merged segments'
+        ids move to the new one and their dead ids leave every segment (free ids)."""
+        seg_of = old.seg_of.copy()
+        seg_of[kept] = new
+        seg_of[gone] = -1
+        sizes = {s: n for s, n in (old.segs or {}).items() if s not in set(segs)}
+        if len(kept):
+            sizes[new] = len(kept)
+        refs, refid = old.refs, old.refid
+        # refs only grow between merges (a removed or renamed file's stays): here, where the
+        # work is already O(merged), drop those no passage in a segment names any more
+        used = np.zeros(len(refs), bool)
+        held = old.refid[seg_of[:len(old.refid)] >= 0]
+        used[held[held >= 0]] = True
+        n_used = int(used.sum())
+        if len(refs) > n_used and len(refs) > 2 * n_used + self.REFS_SLACK:
+            remap = np.full(len(refs) + 1, -1, np.int32)  # + 1: refid -1 stays -1
+            remap[np.flatnonzero(used)] = np.arange(n_used, dtype=np.int32)
+            refs = [r for r, u in zip(refs, used.tolist()) if u]
+            bufs = self._bufs
+            own = bool(bufs) and (old.doclen is bufs[0] or old.doclen.base is bufs[0])
+            buf = np.full(len(bufs[2]) if own else len(old.refid), -1, np.int32)  # a new one: ``old`` keeps its own
+            buf[:len(old.refid)] = remap[old.refid]
+            if own:
+                self._bufs = (bufs[0], bufs[1], buf)
+            refid = buf[:len(old.refid)]
+            self._refids = (refs, {r: i for i, r in enumerate(refs)})
+        return Snapshot(gen, old.doclen, old.alive, old.src, refid, refs, old.live, old.total_len,
+                        seg_of, sizes)
+
+    REFS_SLACK = 1024  # refs no segment names, kept until a merge finds more than this (and the named)
 
     def maybe_merge(self, max_segments: int = 24, keep: int = 8) -> bool:
-        """Tiered merging: when there are too many segments, merge the smallest."""
-        sizes = self.segment_sizes()
+        """Tiered merging: when there are too many segments, merge the smallest
+        (sizes in passages, from the snapshot: no segment record read)."""
+        snap = self.refresh()
+        sizes = snap.segs if snap.segs is not None else self.segment_sizes()
         if len(sizes) <= max_segments:
             return False
         small = sorted(sizes, key=lambda s: sizes[s])[: len(sizes) - keep + 1]

@@ -1,0 +1,140 @@
+"""The in-memory snapshot is extended by each commit and patched by each merge,
+never read anew from every segment: after any run of commits, removals, id reuse
+and merges it must equal the snapshot read from the index, and searches must
+rank as they would on a freshly opened index."""
+
+import random
+
+import numpy as np
+
+from lnkmem.index import search
+from lnkmem.index.store import Batch, NewFile, Passage, Store
+
+VOCAB = [f"w{i}" for i in range(40)]
+SOURCES = ("home", "chats", "skills", "notes")
+
+
+def _file(rng, ref, version):
+    n = rng.randint(1, 6)
+    ps, counts = [], []
+    for i in range(n):
+        words = rng.choices(VOCAB, k=rng.randint(1, 8))
+        c: dict = {}
+        for w in words:
+            c[w] = c.get(w, 0) + 1
+        ps.append(Passage(ref, i + 1, i + 1, " ".join(words)))
+        counts.append((c, len(words)))
+    return NewFile(ref, version, 10, "text", ps, counts)
+
+
+def _same(a, b):
+    """Equal in everything a search or a commit reads: which ids are live and in which
+    segment; for ids in a segment their length, source and ref; the sums."""
+    assert a.gen == b.gen
+    assert a.live == b.live
+    assert a.total_len == b.total_len
+    assert a.avgdl == b.avgdl
+    assert a.segs == b.segs
+    n = max(len(a.alive), len(b.alive))
+
+    def pad(x, fill):
+        return np.concatenate((x, np.full(n - len(x), fill, x.dtype)))
+
+    for name, fill in (("alive", False), ("seg_of", -1)):
+        assert np.array_equal(pad(getattr(a, name), fill), pad(getattr(b, name), fill)), name
+    held = np.flatnonzero(pad(b.seg_of, -1) >= 0)
+    assert held.max(initial=0) < min(len(a.alive), len(b.alive))
+    for name in ("doclen", "src"):
+        assert np.array_equal(getattr(a, name)[held], getattr(b, name)[held]), name
+    assert [a.refs[i] for i in a.refid[held]] == [b.refs[i] for i in b.refid[held]]
+
+
+def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_path):
+    rng = random.Random(12)
+    st = Store.open(str(tmp_path / "index"))
+    st.REFS_SLACK = -10 ** 9  # refs of removed files dropped at every merge that finds any
+    refs: dict[str, int] = {}
+    version = 0
+    shrunk = longest = 0
+    try:
+        for step in range(300):
+            op = rng.random()
+            if op < 0.12 and st.snapshot.segs:
+                segs = list(st.snapshot.segs)
+                st.merge(rng.sample(segs, rng.randint(1, len(segs))))
+            elif op < 0.17:
+                st.maybe_merge(max_segments=6, keep=3)
+            else:
+                files, removed = [], []
+                for _ in range(rng.choice((1, 1, 1, 2, 5))):
+                    if refs and rng.random() < 0.25:
+                        removed.append(rng.choice(sorted(refs)))
+                    else:
+                        version += 1
+                        ref = f"{rng.choice(SOURCES)}/f{rng.randint(0, 60)}.md"
+                        files.append(_file(rng, ref, f"v{version}"))
+                # a ref is either rewritten or removed in one batch, as the indexer does
+                removed = [r for r in dict.fromkeys(removed) if r not in {f.ref for f in files}]
+                files = list({f.ref: f for f in files}.values())
+                st.commit(Batch(files=files, removed=removed))
+                for r in removed:
+                    refs.pop(r, None)
+                for f in files:
+                    refs[f.ref] = 1
+            kept = st.snapshot
+            _same(kept, st._load())
+            assert len(set(kept.refs)) == len(kept.refs)
+            shrunk += len(kept.refs) < longest
+            longest = len(kept.refs)
+            if step % 25 == 0:
+                q = " ".join(rng.sample(VOCAB, 3))
+                got, _ = search.words(st, q, 10)
+                st.snapshot = st._load()
+                again, _ = search.words(st, q, 10)
+                assert [p for p, _ in got] == [p for p, _ in again]
+                assert np.allclose([s for _, s in got], [s for _, s in again])
+                st.snapshot = kept  # go on extending the incremental one
+        assert st.snapshot.live == sum(len(r.pids) for r in st.all_files().values())
+        assert shrunk  # refs of removed files were dropped by merges
+    finally:
+        st.close()
+
+
+def test_a_search_holding_the_old_snapshot_never_sees_a_reused_id_change(tmp_path):
+    """An id freed and given again in one commit: the snapshot a search still holds
+    keeps that passage's length and ref as they were."""
+    st = Store.open(str(tmp_path / "index"))
+    try:
+        a = _file(random.Random(1), "home/a.md", "v1")
+        b = _file(random.Random(2), "notes/b.md", "v1")
+        st.commit(Batch(files=[a]))
+        st.commit(Batch(files=[b]))
+        old = st.snapshot
+        pids = np.flatnonzero(old.alive)
+        before = (old.doclen[pids].copy(), [old.refs[i] for i in old.refid[pids]], old.src[pids].copy())
+        st.commit(Batch(files=[_file(random.Random(3), "skills/c.md", "v1")], removed=["home/a.md"]))
+        assert (old.doclen[pids] == before[0]).all()
+        assert [old.refs[i] for i in old.refid[pids]] == before[1]
+        assert (old.src[pids] == before[2]).all()
+        assert old.alive[pids].all()
+        _same(st.snapshot, st._load())
+    finally:
+        st.close()
+
+
+def test_a_search_refreshing_during_a_commit_does_not_count_the_commit_twice(tmp_path):
+    """A search's refresh may read the index between a commit's transaction and the
+    new snapshot (on_alloc runs there): the commit still extends the snapshot it began
+    from, so passages killed or added are counted once."""
+    st = Store.open(str(tmp_path / "index"))
+    try:
+        rng = random.Random(5)
+        st.commit(Batch(files=[_file(rng, "home/a.md", "v1"), _file(rng, "home/b.md", "v1")]))
+        st.on_alloc = lambda ids: st.refresh()
+        st.commit(Batch(files=[_file(rng, "home/a.md", "v2")], removed=["home/b.md"]))
+        st.on_alloc = None
+        _same(st.snapshot, st._load())
+        got, _ = search.words(st, " ".join(VOCAB), 50)
+        assert {st.snapshot.refs[st.snapshot.refid[p]] for p, _ in got} == {"home/a.md"}
+    finally:
+        st.close()

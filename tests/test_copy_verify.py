@@ -101,11 +101,12 @@ def hits(c, q: str) -> list:
     return [h["ref"] for h in r["structuredContent"]["hits"]]
 
 
-def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: str, forbidden=()) -> None:
+def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: str, forbidden=(),
+                                     env=None) -> None:
     """A fresh engine serves the sources, never the damaged copy, and replaces the
     copy at its next write-back, conditionally on the version it saw."""
     bridges.storage.request("DELETE", "/_log")
-    with serve(bridges, tmp_path, name) as m, m.connect() as c:
+    with serve(bridges, tmp_path, name, env) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         for q, ref in forbidden:
@@ -244,6 +245,25 @@ def test_rewritten_segment_is_never_served(bridges, tmp_path):
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         assert hits(c, "forgery") == []
+
+
+def test_a_copy_file_over_the_answer_limit_is_a_damaged_copy_and_its_files_go(bridges, tmp_path):
+    """A file larger than the bridge client takes in one answer is a damaged copy (replaced from
+    the sources), not "bridge down" forever; once the new manifest is in place, the files of the
+    damaged version it does not name are deleted."""
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    big = m["segments"][0]
+    (copy_dir(bridges) / big).write_bytes(os.urandom(300_000))  # over the limit set below
+    extra = put(bridges, "seg", [b"", b"", [], [], [], []])  # named by the damaged version only
+    m["segments"].append(extra)
+    set_manifest(bridges, m)
+    served_from_sources_and_replaced(bridges, tmp_path, "big", version_of(bridges),
+                                     env={"LNKMEM_MAX_BODY": "200000"})
+    after = manifest(bridges)
+    named = set(after["segments"]) | set(after["vectors"]) | {after["table"], "manifest.json"}
+    assert set(copy_files(bridges)) == named  # nothing of the damaged version is left beside it
+    assert extra not in named and len((copy_dir(bridges) / big).read_bytes()) < 200_000 or big not in named
 
 
 def test_another_agents_copy_is_never_served(bridges, tmp_path):

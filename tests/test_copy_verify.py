@@ -266,6 +266,21 @@ def test_a_copy_file_over_the_answer_limit_is_a_damaged_copy_and_its_files_go(br
     assert extra not in named and len((copy_dir(bridges) / big).read_bytes()) < 200_000 or big not in named
 
 
+def test_a_copy_never_holds_more_than_the_sources_it_was_made_from(bridges, tmp_path):
+    """A file gone from Home while no engine ran: the copy loaded at the next start still names
+    it, but the copy written back after re-indexing does not (and neither do searches)."""
+    make_copy(bridges, tmp_path)
+    assert "home/docs/other.md" in {r for r, _ in check_copy(copy_files(bridges)).table.files}
+    (bridges.home() / "docs" / "other.md").unlink()
+    with serve(bridges, tmp_path, "gone") as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: hits(c, "penguins") == [], timeout=20)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    held = {r for r, _ in check_copy(copy_files(bridges)).table.files}
+    assert "home/docs/other.md" not in held and "home/docs/plan.md" in held, held
+
+
 def test_another_agents_copy_is_never_served(bridges, tmp_path):
     (bridges.store("conversations", "a2") / "p.jsonl").write_text('{"role": "user", "text": "my private zucchini"}\n')
     bridges.write_home("docs/plan.md", "The narwhal migration plan.\n", agent="a2")

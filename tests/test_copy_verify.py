@@ -432,3 +432,63 @@ def test_a_team_reader_looks_at_the_copy_again_before_a_search(tmp_path):
             assert any(e["status"] == 200 for e in looks), looks  # the newer version was fetched
     finally:
         b.stop()
+
+
+def test_reused_passage_ids_never_carry_another_passages_vector_into_the_copy(tmp_path):
+    """A bound cache whose copy holds vectors reuses passage ids like any other (ids follow live
+    data, not edits); the copy's vector chunks name passages by id, so the write-back after a
+    reuse sends all vectors anew: a reused id never gets the vector of the passage it had."""
+    import numpy as np
+    from lnkmem.config import from_args
+    from lnkmem.engine import Memory
+    from lnkmem.index.store import Store
+    h = Home(tmp_path / "h")
+    for i in range(8):
+        h.write(f"f{i}.md", f"word{i} text\n")
+    mem = Memory(from_args(*h.args(), {}))
+    mem.store = mem.open_store()
+    mem.refresh_all()
+    st = mem.store
+    st.use_vector_model("m")
+    files: dict = {}
+
+    def embed_missing() -> None:  # word<i> -> e_i: a vector says which passage it was made of
+        with st.env.begin() as txn:
+            todo = [int(p) for p in np.flatnonzero(st.snapshot.alive) if txn.get(int(p).to_bytes(4, "big"),
+                                                                                  db=st.vectors) is None]
+        ps = st.passages_of(todo)
+        st.put_vectors(todo, np.stack([np.eye(32, dtype=np.float32)[int(p.text.split()[0][4:])] for p in ps]))
+
+    def write_back() -> None:
+        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
+        files.update(exp.blobs)
+        files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+        copyfmt.written(st, exp, f"v{len(files)}")
+
+    def loaded() -> dict:
+        """passage text -> the word its vector was made of, in a cache loaded from the copy"""
+        s = Store(str(tmp_path / f"load{len(files)}"))
+        copyfmt.load(s, check_copy(files), "x")
+        out = {}
+        with s.env.begin() as txn:
+            for k, v in txn.cursor(db=s.vectors):
+                text = s.passages_of([int.from_bytes(k, "big")])[0].text.strip()
+                out[text] = f"word{int(np.frombuffer(bytes(v)[:-4], np.int8).argmax())}"
+        s.close()
+        return out
+
+    embed_missing()
+    write_back()
+    assert loaded() == {f"word{i} text": f"word{i}" for i in range(8)}
+    first_ids = int(st.get_meta(b"next_pid"))
+    for i in range(8):  # every passage replaced: their segment dies, their ids are free
+        (h.folder / f"f{i}.md").unlink()
+        h.write(f"g{i}.md", f"word{i + 10} text\n")
+    mem.refresh_all()
+    assert int(st.get_meta(b"next_pid")) == first_ids  # the ids were reused, not grown
+    write_back()  # nothing embedded yet: the copy must say so, not lend the old vectors
+    assert loaded() == {}
+    embed_missing()
+    write_back()
+    assert loaded() == {f"word{i + 10} text": f"word{i + 10}" for i in range(8)}
+    st.close()

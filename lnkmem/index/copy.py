@@ -185,9 +185,12 @@ def export(store: Store, state: CopyState, of: Optional[str] = None) -> Export:
         if tname != state.table:
             blobs[tname] = table
         # vectors: a chunk of those made since the last write; all of them anew
-        # when the model changed or the chunks pile up
+        # when the model changed, the chunks pile up, or passage ids were given again
+        # since the last write (an old chunk names the id's former passage)
         vec_names = list(state.vectors)
-        rebuild = state.vec_model != model or len(vec_names) >= MAX_VECTOR_CHUNKS
+        reuse = txn.get(b"pid_reuse", db=store.meta)
+        rebuild = (state.vec_model != model or len(vec_names) >= MAX_VECTOR_CHUNKS
+                   or (reuse is not None and int(reuse) > state.gen))
         pending = [int.from_bytes(k, "big") for k, _ in txn.cursor(db=store.vec_pending)]
         if rebuild:
             vec_names = []

@@ -315,3 +315,33 @@ def test_half_closed_slow_and_vanishing_clients(tmp_path):
         assert m.proc.poll() is None
         with m.hello("a1") as c:
             assert c.request("ping")["result"] == {}
+
+
+def test_a_commit_racing_the_size_check_is_not_damage(tmp_path):
+    """Found by the soak (14 searches answered "the index is damaged (data.mdb holds 200704 bytes
+    but the index uses 204800)", and a rebuild from the sources): the check read the file's size,
+    then the pages in use, and a commit in between grew the latter. Never damage."""
+    from lnkmem.index.store import Store
+    s = Store(str(tmp_path / "index"))
+    stop = threading.Event()
+    errors = []
+
+    def grow() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                s.put_meta(f"pad{i % 2000}".encode(), os.urandom(3000))
+                i += 1
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    t = threading.Thread(target=grow)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3 and not errors:
+            s._guard()
+    finally:
+        stop.set()
+        t.join()
+    assert s.damaged is None and not errors, (s.damaged, errors)
+    s.close()

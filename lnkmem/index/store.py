@@ -362,9 +362,9 @@ class Store:
         if self.damaged is not None:
             raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
                                       "from the sources; try again in a moment")
-        try:
-            size = os.stat(self.data).st_size
+        try:  # pages in use first: a commit after this only grows the file before its meta
             need = (self.env.info()["last_pgno"] + 1) * self.psize
+            size = os.stat(self.data).st_size
         except (OSError, lmdb.Error) as e:
             raise self.damage(e) from None
         if size < need:

@@ -105,9 +105,9 @@ class Replica:
                     pass  # changed again meanwhile: the next write-back's check sees it
 
     def names(self) -> set:
-        """The names of the files in the copy's place, as far as they can be listed."""
+        """The names of the copy's files (seg/table/vec) in its place, as far as they can be listed."""
         try:
-            return {e.path for e in self.place.list() if "/" not in e.path}
+            return {e.path for e in self.place.list() if copyfmt._NAME.fullmatch(e.path)}
         except (NotFound, Forbidden, BridgeDown):
             return set()
 
@@ -294,7 +294,7 @@ class WriteBack:
                 old = set(state.segments.values()) | set(state.vectors) | ({state.table} if state.table else set())
                 keep = set(exp.manifest.segments) | set(exp.manifest.vectors) | {exp.manifest.table}
                 if state.sweep:  # the files of a damaged (or renumbered) version are not all known
-                    old |= self.replica.names() - {copyfmt.MANIFEST}
+                    old |= self.replica.names()
                 for name in old - keep:
                     self.replica.delete(name)
                 self.state = "dirty" if copyfmt.dirty(store) else "clean"

@@ -263,7 +263,9 @@ def test_a_copy_file_over_the_answer_limit_is_a_damaged_copy_and_its_files_go(br
     after = manifest(bridges)
     named = set(after["segments"]) | set(after["vectors"]) | {after["table"], "manifest.json"}
     assert set(copy_files(bridges)) == named  # nothing of the damaged version is left beside it
-    assert extra not in named and len((copy_dir(bridges) / big).read_bytes()) < 200_000 or big not in named
+    assert extra not in named
+    if big in named:  # the same segment made again: the huge file was overwritten with its true content
+        assert len((copy_dir(bridges) / big).read_bytes()) < 200_000
 
 
 def test_a_copy_never_holds_more_than_the_sources_it_was_made_from(bridges, tmp_path):

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from lnkmem.bridges.http import BridgeDown
+from lnkmem.bridges.http import BridgeDown, TooLarge
 from lnkmem.bridges.place import Conflict, Forbidden, NotFound
 from lnkmem.index import copy as copyfmt
 from lnkmem.index.store import Store
@@ -68,7 +68,12 @@ class Replica:
     def manifest(self, if_none_match: Optional[str] = None):
         """(manifest, version); (None, version) when unchanged; NotFound when there is none;
         CopyDamaged (with ``.version``) when the manifest is not one."""
-        data, version = self.place.get(copyfmt.MANIFEST, if_none_match)
+        try:
+            data, version = self.place.get(copyfmt.MANIFEST, if_none_match)
+        except TooLarge as e:
+            bad = copyfmt.CopyDamaged(f"the manifest is larger than an answer may be ({e})")
+            bad.version = e.version
+            raise bad from None
         if data is None:
             return None, version
         try:
@@ -78,7 +83,10 @@ class Replica:
             raise
 
     def fetch(self, name: str) -> bytes:
-        return self.place.read(name)[0]
+        try:
+            return self.place.read(name)[0]
+        except TooLarge as e:  # no file of a copy this engine made is that large
+            raise copyfmt.CopyDamaged(f"{name} is larger than an answer may be ({e})") from None
 
     def put_blob(self, name: str, data: bytes) -> None:
         try:
@@ -88,11 +96,20 @@ class Replica:
                 there, version = self.place.read(name)
             except NotFound:
                 there, version = None, None
+            except TooLarge as e:  # rewritten into something huge: replace it
+                there, version = None, e.version or None
             if there != data:
                 try:
                     self.place.write(name, data, version)
                 except Conflict:
                     pass  # changed again meanwhile: the next write-back's check sees it
+
+    def names(self) -> set:
+        """The names of the copy's files (seg/table/vec) in its place, as far as they can be listed."""
+        try:
+            return {e.path for e in self.place.list() if copyfmt._NAME.fullmatch(e.path)}
+        except (NotFound, Forbidden, BridgeDown):
+            return set()
 
     def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
         return self.place.write(copyfmt.MANIFEST, data, expect)
@@ -276,6 +293,8 @@ class WriteBack:
                 self.writes += 1
                 old = set(state.segments.values()) | set(state.vectors) | ({state.table} if state.table else set())
                 keep = set(exp.manifest.segments) | set(exp.manifest.vectors) | {exp.manifest.table}
+                if state.sweep:  # the files of a damaged (or renumbered) version are not all known
+                    old |= self.replica.names()
                 for name in old - keep:
                     self.replica.delete(name)
                 self.state = "dirty" if copyfmt.dirty(store) else "clean"

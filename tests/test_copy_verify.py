@@ -101,11 +101,12 @@ def hits(c, q: str) -> list:
     return [h["ref"] for h in r["structuredContent"]["hits"]]
 
 
-def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: str, forbidden=()) -> None:
+def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: str, forbidden=(),
+                                     env=None) -> None:
     """A fresh engine serves the sources, never the damaged copy, and replaces the
     copy at its next write-back, conditionally on the version it saw."""
     bridges.storage.request("DELETE", "/_log")
-    with serve(bridges, tmp_path, name) as m, m.connect() as c:
+    with serve(bridges, tmp_path, name, env) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         for q, ref in forbidden:
@@ -244,6 +245,42 @@ def test_rewritten_segment_is_never_served(bridges, tmp_path):
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         assert hits(c, "forgery") == []
+
+
+def test_a_copy_file_over_the_answer_limit_is_a_damaged_copy_and_its_files_go(bridges, tmp_path):
+    """A file larger than the bridge client takes in one answer is a damaged copy (replaced from
+    the sources), not "bridge down" forever; once the new manifest is in place, the files of the
+    damaged version it does not name are deleted."""
+    make_copy(bridges, tmp_path)
+    m = manifest(bridges)
+    big = m["segments"][0]
+    (copy_dir(bridges) / big).write_bytes(os.urandom(300_000))  # over the limit set below
+    extra = put(bridges, "seg", [b"", b"", [], [], [], []])  # named by the damaged version only
+    m["segments"].append(extra)
+    set_manifest(bridges, m)
+    served_from_sources_and_replaced(bridges, tmp_path, "big", version_of(bridges),
+                                     env={"LNKMEM_MAX_BODY": "200000"})
+    after = manifest(bridges)
+    named = set(after["segments"]) | set(after["vectors"]) | {after["table"], "manifest.json"}
+    assert set(copy_files(bridges)) == named  # nothing of the damaged version is left beside it
+    assert extra not in named
+    if big in named:  # the same segment made again: the huge file was overwritten with its true content
+        assert len((copy_dir(bridges) / big).read_bytes()) < 200_000
+
+
+def test_a_copy_never_holds_more_than_the_sources_it_was_made_from(bridges, tmp_path):
+    """A file gone from Home while no engine ran: the copy loaded at the next start still names
+    it, but the copy written back after re-indexing does not (and neither do searches)."""
+    make_copy(bridges, tmp_path)
+    assert "home/docs/other.md" in {r for r, _ in check_copy(copy_files(bridges)).table.files}
+    (bridges.home() / "docs" / "other.md").unlink()
+    with serve(bridges, tmp_path, "gone") as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: hits(c, "penguins") == [], timeout=20)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    held = {r for r, _ in check_copy(copy_files(bridges)).table.files}
+    assert "home/docs/other.md" not in held and "home/docs/plan.md" in held, held
 
 
 def test_another_agents_copy_is_never_served(bridges, tmp_path):
@@ -397,3 +434,63 @@ def test_a_team_reader_looks_at_the_copy_again_before_a_search(tmp_path):
             assert any(e["status"] == 200 for e in looks), looks  # the newer version was fetched
     finally:
         b.stop()
+
+
+def test_reused_passage_ids_never_carry_another_passages_vector_into_the_copy(tmp_path):
+    """A bound cache whose copy holds vectors reuses passage ids like any other (ids follow live
+    data, not edits); the copy's vector chunks name passages by id, so the write-back after a
+    reuse sends all vectors anew: a reused id never gets the vector of the passage it had."""
+    import numpy as np
+    from lnkmem.config import from_args
+    from lnkmem.engine import Memory
+    from lnkmem.index.store import Store
+    h = Home(tmp_path / "h")
+    for i in range(8):
+        h.write(f"f{i}.md", f"word{i} text\n")
+    mem = Memory(from_args(*h.args(), {}))
+    mem.store = mem.open_store()
+    mem.refresh_all()
+    st = mem.store
+    st.use_vector_model("m")
+    files: dict = {}
+
+    def embed_missing() -> None:  # word<i> -> e_i: a vector says which passage it was made of
+        with st.env.begin() as txn:
+            todo = [int(p) for p in np.flatnonzero(st.snapshot.alive) if txn.get(int(p).to_bytes(4, "big"),
+                                                                                  db=st.vectors) is None]
+        ps = st.passages_of(todo)
+        st.put_vectors(todo, np.stack([np.eye(32, dtype=np.float32)[int(p.text.split()[0][4:])] for p in ps]))
+
+    def write_back() -> None:
+        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
+        files.update(exp.blobs)
+        files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+        copyfmt.written(st, exp, f"v{len(files)}")
+
+    def loaded() -> dict:
+        """passage text -> the word its vector was made of, in a cache loaded from the copy"""
+        s = Store(str(tmp_path / f"load{len(files)}"))
+        copyfmt.load(s, check_copy(files), "x")
+        out = {}
+        with s.env.begin() as txn:
+            for k, v in txn.cursor(db=s.vectors):
+                text = s.passages_of([int.from_bytes(k, "big")])[0].text.strip()
+                out[text] = f"word{int(np.frombuffer(bytes(v)[:-4], np.int8).argmax())}"
+        s.close()
+        return out
+
+    embed_missing()
+    write_back()
+    assert loaded() == {f"word{i} text": f"word{i}" for i in range(8)}
+    first_ids = int(st.get_meta(b"next_pid"))
+    for i in range(8):  # every passage replaced: their segment dies, their ids are free
+        (h.folder / f"f{i}.md").unlink()
+        h.write(f"g{i}.md", f"word{i + 10} text\n")
+    mem.refresh_all()
+    assert int(st.get_meta(b"next_pid")) == first_ids  # the ids were reused, not grown
+    write_back()  # nothing embedded yet: the copy must say so, not lend the old vectors
+    assert loaded() == {}
+    embed_missing()
+    write_back()
+    assert loaded() == {f"word{i + 10} text": f"word{i + 10}" for i in range(8)}
+    st.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import time
 from typing import Optional
 
@@ -26,6 +27,21 @@ MAX_BODY = 256 * 1024 * 1024
 
 class BridgeDown(Exception):
     """The bridge cannot be reached or keeps failing."""
+
+
+class TooLarge(BridgeDown):
+    """An answer over the client's limit (``LNKMEM_MAX_BODY``, 256 MiB): what was asked for is
+    no file this engine will hold -- for the copy, a damaged copy, not a bridge that is down.
+    ``version``: the file's version from the answer's ETag, when it named one."""
+
+    def __init__(self, why: str, version: str = ""):
+        super().__init__(why)
+        self.version = version
+
+
+def max_body() -> int:
+    raw = os.environ.get("LNKMEM_MAX_BODY", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else MAX_BODY
 
 
 class Refused(Exception):
@@ -58,6 +74,7 @@ class BridgeClient:
         self.agent = agent
         self.patience = patience
         self.timeout = timeout
+        self.max_body = max_body()
         self._auth = auth_header(key_hex, purpose, owner, agent)
         # plain HTTP over a Unix socket: no certificate bundle to load (tens of ms a client)
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path, verify=False), verify=False,
@@ -77,11 +94,17 @@ class BridgeClient:
         deadline = time.monotonic() + self.timeout  # for the whole answer: a slow drip must not hang us
         try:
             with self.client.stream(method, url, params=params, content=content, headers=h) as s:
+                limit = self.max_body
+                big = TooLarge(f"{self.purpose} bridge answered over {limit} bytes for {url}",
+                               unquote(s.headers.get("ETag", "")))
+                length = s.headers.get("Content-Length", "")
+                if length.isdigit() and int(length) > limit:
+                    raise big
                 raw = bytearray()
                 for chunk in s.iter_raw():
                     raw += chunk
-                    if len(raw) > MAX_BODY:
-                        raise BridgeDown(f"{self.purpose} bridge answered over {MAX_BODY} bytes")
+                    if len(raw) > limit:
+                        raise big
                     if time.monotonic() > deadline:
                         raise _Retry(f"{self.purpose} bridge answered too slowly (over {self.timeout:g}s)")
             r = httpx.Response(s.status_code, headers=s.headers, content=bytes(raw), request=s.request)

@@ -122,6 +122,9 @@ class CopyState(msgspec.Struct):
     vectors: list[str] = msgspec.field(default_factory=list)
     vec_model: Optional[str] = None
     table: Optional[str] = None
+    # the copy's files are not all known here (a damaged version, or one loaded renumbered):
+    # the write-back that replaces it deletes every file its new manifest does not name
+    sweep: bool = False
 
 
 def copy_state(store: Store) -> CopyState:
@@ -182,9 +185,12 @@ def export(store: Store, state: CopyState, of: Optional[str] = None) -> Export:
         if tname != state.table:
             blobs[tname] = table
         # vectors: a chunk of those made since the last write; all of them anew
-        # when the model changed or the chunks pile up
+        # when the model changed, the chunks pile up, or passage ids were given again
+        # since the last write (an old chunk names the id's former passage)
         vec_names = list(state.vectors)
-        rebuild = state.vec_model != model or len(vec_names) >= MAX_VECTOR_CHUNKS
+        reuse = txn.get(b"pid_reuse", db=store.meta)
+        rebuild = (state.vec_model != model or len(vec_names) >= MAX_VECTOR_CHUNKS
+                   or (reuse is not None and int(reuse) > state.gen))
         pending = [int.from_bytes(k, "big") for k, _ in txn.cursor(db=store.vec_pending)]
         if rebuild:
             vec_names = []
@@ -432,7 +438,7 @@ def load(store: Store, v: Verified, version: str) -> dict:
 def damaged(store: Store, version: str) -> None:
     """The copy at ``version`` failed its checks: the cache is not of it, and the next
     write-back replaces all of it, conditionally on that version (§7.2)."""
-    store.put_meta(b"copy", msgspec.msgpack.encode(CopyState(version=version)))
+    store.put_meta(b"copy", msgspec.msgpack.encode(CopyState(version=version, sweep=True)))
 
 
 def _load_txn(store: Store, v: Verified, version: str) -> dict:
@@ -506,6 +512,6 @@ def _load_txn(store: Store, v: Verified, version: str) -> dict:
         if order is None:
             state = CopyState(version, gen, seg_map, list(manifest.vectors), manifest.model, manifest.table)
         else:  # of this version, but every file is sent anew at the next write-back
-            state = CopyState(version, -1)
+            state = CopyState(version, -1, sweep=True)
         txn.put(b"copy", msgspec.msgpack.encode(state), db=store.meta)
     return seg_map

@@ -381,9 +381,9 @@ class Store:
         if self.damaged is not None:
             raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
                                       "from the sources; try again in a moment")
-        try:
-            size = os.stat(self.data).st_size
+        try:  # pages in use first: a commit after this only grows the file before its meta
             need = (self.env.info()["last_pgno"] + 1) * self.psize
+            size = os.stat(self.data).st_size
         except (OSError, lmdb.Error) as e:
             raise self.damage(e) from None
         if size < need:
@@ -656,10 +656,10 @@ class Store:
         Ids follow live data, not edits: a segment whose passages are all dead
         now is dropped at once (as a merge would drop it), and new passages take
         the lowest ids no segment holds before new ones are made; ``next_pid``
-        comes down when the highest ids are free (not in a cache of a copy
-        that holds vectors)."""
+        comes down when the highest ids are free."""
         with self.env.begin(write=True) as txn:
             next_pid = int(txn.get(b"next_pid", db=self.meta))
+            was_next = next_pid
             seg = int(txn.get(b"next_seg", db=self.meta))
             snap = self.snapshot  # read once: a search's refresh may swap it meanwhile
             if int(txn.get(b"gen", db=self.meta)) != snap.gen:
@@ -691,14 +691,12 @@ class Store:
                             self._drop_segment(txn, s, members)
                             seg_of[members] = -1
                             dropped.append(s)
-                # a cache of a copy with vectors keeps its ids: the copy's vector chunks
-                # name passages by id, and an old chunk would give a reused id another
-                # passage's vector (all vectors are sent anew when a model first appears)
-                if txn.get(b"copy", db=self.meta) is None or txn.get(b"model", db=self.meta) is None:
-                    free = np.flatnonzero(seg_of[1:next_pid] < 0) + 1
-                    used = np.flatnonzero(seg_of[1:next_pid] >= 0)
-                    next_pid = int(used[-1]) + 2 if len(used) else 1  # the highest ids free: made again
-                    ids = iter(free[free < next_pid].tolist())
+                # (a copy's vector chunks name passages by id: `pid_reuse` tells the
+                # write-back to send all vectors anew, see copy.export)
+                free = np.flatnonzero(seg_of[1:next_pid] < 0) + 1
+                used = np.flatnonzero(seg_of[1:next_pid] >= 0)
+                next_pid = int(used[-1]) + 2 if len(used) else 1  # the highest ids free: made again
+                ids = iter(free[free < next_pid].tolist())
             allocated: list[int] = []
             # postings of the whole batch as flat columns (C-speed extends), then
             # grouped by term with one sort
@@ -753,6 +751,8 @@ class Store:
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            if allocated and min(allocated) < was_next:  # an id given before: the generation it was given again
+                txn.put(b"pid_reuse", str(gen).encode(), db=self.meta)
             if seg_of is None:
                 return allocated, None
             return allocated, _Delta(snap, gen, next_pid, seg, seg_of, killed, dropped, seg_pids, seg_lens, seg_refs)

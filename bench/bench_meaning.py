@@ -29,8 +29,11 @@ What it does, in-process with the engine's own parts:
 - times ``VectorIndex.search`` (numpy brute force) at 10k and 100k passages of
   random unit vectors (dim 384), p50/p99 over 200 queries (the best of 3
   passes, as the machine may be shared);
-- with ``--locomo``: LoCoMo turn-level Recall@k, words vs fused (each turn a
-  passage; tuned on conversations 1-5, reported on 6-10).
+- with ``--locomo``: LoCoMo turn-level Recall@k, words vs fused (each
+  conversation a ``chats/`` ``.jsonl`` file, its passages made by
+  ``index/chats.py`` as the engine makes them: a message a passage, with the
+  day and the gist of the two messages before it; a hit counts as the turn on
+  its line; tuned on conversations 1-5, reported on 6-10).
 
 Prints a markdown table; ``--record`` writes it to the "meaning" section of
 ``docs/BENCHMARKS.md``. The engine's default fusion (``METHOD``, ``ALPHA``,
@@ -405,29 +408,38 @@ def vector_speed(r: dict, sizes=(10_000, 100_000), dim=384, nq=200, k=CANDIDATES
 # ---------------------------------------------------------------- LoCoMo
 
 
+def locomo_time(at: str):
+    """LoCoMo's session time as written ("1:56 pm on 8 May, 2023") in RFC 3339."""
+    try:
+        return datetime.strptime(at, "%I:%M %p on %d %B, %Y").strftime("%Y-%m-%dT%H:%M:00Z")
+    except ValueError:
+        return None
+
+
 def locomo(a, r: dict) -> None:
     convs = ed.load_locomo(ed.LOCOMO)
     tmp = tempfile.mkdtemp(prefix="lnkmem-locomo-")
     server = None
     try:
-        home = os.path.join(tmp, "home")
+        # each conversation one Link conversation file (chats/c<i>.jsonl, a message a
+        # line: speaker, text, the session's time), made into passages by index/chats.py
+        # as the engine makes them; a hit counts as the turn on its line
+        home = os.path.join(tmp, "chats")
         os.makedirs(home)
-        turn_of_ref = {}
+        turn_of_line = {}
         for ci, c in enumerate(convs):
-            d = os.path.join(home, f"c{ci}")
-            os.makedirs(d)
-            for t in c.turns:
-                name = t.dia_id.replace(":", "_") + ".md"
-                with open(os.path.join(d, name), "w", encoding="utf-8") as f:
-                    f.write(f"{t.speaker} ({t.at}): {t.text}\n")
-                turn_of_ref[f"home/c{ci}/{name}"] = t.dia_id
+            with open(os.path.join(home, f"c{ci}.jsonl"), "w", encoding="utf-8") as f:
+                for n, t in enumerate(c.turns, 1):
+                    f.write(json.dumps({"role": t.speaker, "text": t.text, "at": locomo_time(t.at)}) + "\n")
+                    turn_of_line[(f"chats/c{ci}.jsonl", n)] = t.dia_id
         st = Store.open(os.path.join(tmp, "index"))
-        places = {"home": LocalPlace(home)}
+        places = {"chats": LocalPlace(home)}
         indexer.build(st, places, indexer.plan(st, places), tmp)
         snap = st.refresh()
         pids = [int(p) for p in np.flatnonzero(snap.alive)]
-        key_of = {p: snap.refs[snap.refid[p]] for p in pids}
-        texts = [ps.text for ps in st.passages_of(pids)]
+        passages = st.passages_of(pids)
+        key_of = {p: (ps.ref, ps.last) for p, ps in zip(pids, passages)}
+        texts = [ps.text for ps in passages]
         questions = [(ci, q) for ci, c in enumerate(convs) for q in c.qa]
 
         def server_fn():
@@ -447,13 +459,13 @@ def locomo(a, r: dict) -> None:
         vi.load(st)
         lists = []
         for (ci, q), v in zip(questions, qv):
-            under = f"home/c{ci}/"
+            under = f"chats/c{ci}.jsonl"
             w = bm25(st, q["question"], CANDIDATES, under=under, candidates=CANDIDATES)
             m = vi.search(st, v, CANDIDATES, under=under)
             lists.append((ci, q, w, m))
 
         def recall(pairs, ev, k):
-            got = {turn_of_ref[key_of[p]] for p, _ in pairs[:k]}
+            got = {turn_of_line[key_of[p]] for p, _ in pairs[:k]}
             return sum(1 for e in ev if e in got) / len(ev)
 
         def score(method, param, part, k=10):
@@ -549,7 +561,10 @@ def table(r: dict) -> str:
     if "locomo" in r:
         lo = r["locomo"]
         tn, rn = lo["n"]
-        lines += ["", f"LoCoMo, turn-level Recall@k: each turn one file (one passage, speaker and date in it), a "
+        lines += ["", f"LoCoMo, turn-level Recall@k: each conversation one `chats/` `.jsonl` file, a message "
+                  f"a line (speaker, text, session time), its passages made by `index/chats.py` (a message "
+                  f"a passage with its day in words and the gist of the two messages before it; a hit is the "
+                  f"turn on its line); a "
                   f"question searched within its own conversation; tuned on conversations 1-5 ({tn} questions), "
                   f"reported on 6-10 ({rn}).", "",
                   "| Ranking | R@5 | R@10 | R@25 |", "|---|---|---|---|"]

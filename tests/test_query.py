@@ -285,6 +285,38 @@ def test_after_and_before_filter_by_message_time_and_file_time(home):
                 assert f"{name}:" in r["content"][0]["text"], r
 
 
+def test_a_reply_is_found_by_the_question_it_answers_and_by_its_day(home):
+    """A message's passage carries the gist of the two messages before it and its
+    day in words (index/chats.py; LoCoMo R@10 by words 0.58 -> 0.75 on the tuning
+    conversations); the hit is still the message itself, its own line."""
+    home.chat("trip", [
+        {"role": "user", "text": "which city did the zephyr team pick for the offsite?", "at": "2023-05-08T13:56:00Z"},
+        {"role": "assistant", "text": "Lisbon, in the second week.", "at": "2023-05-08T13:57:00Z"},
+        {"role": "user", "text": "noted, thanks", "at": "2023-06-01T09:00:00Z"},
+        {"role": "user", "text": "unrelated chatter", "at": "2023-07-01T09:00:00Z"},
+        {"role": "user", "text": "more chatter", "at": "2023-07-02T09:00:00Z"},
+        {"role": "user", "text": "still more", "at": "2023-07-03T09:00:00Z"},
+    ])
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        hits = s.search("zephyr offsite city", limit=10)["structuredContent"]["hits"]
+        # the question, and the two messages after it, each at its own line
+        assert sorted((h["ref"], tuple(h["lines"]), h["at"]) for h in hits) == [
+            ("chats/trip.jsonl", (1, 1), "2023-05-08T13:56:00Z"),
+            ("chats/trip.jsonl", (2, 2), "2023-05-08T13:57:00Z"),
+            ("chats/trip.jsonl", (3, 3), "2023-06-01T09:00:00Z")]
+        lisbon = s.search("Lisbon", limit=10)["structuredContent"]["hits"]
+        assert sorted(tuple(h["lines"]) for h in lisbon) == [(2, 2), (3, 3), (4, 4)]
+        assert all("Lisbon" in h["text"] for h in lisbon)  # what matched is shown
+        reply = [h for h in lisbon if tuple(h["lines"]) == (2, 2)][0]
+        assert reply["at"] == "2023-05-08T13:57:00Z" and "zephyr" in reply["text"]
+        # the days in words: a question naming the month finds that month's messages
+        june = s.search("June 2023", limit=10)["structuredContent"]["hits"]
+        assert june[0]["at"] == "2023-06-01T09:00:00Z" and "[1 June 2023]" in june[0]["text"]
+        assert [h["at"] for h in s.search("June", limit=10)["structuredContent"]["hits"]] == ["2023-06-01T09:00:00Z"]
+
+
 # --- ignore files (§3.2 rev. 2) --------------------------------------------------------
 
 IGNORED_HOME = {

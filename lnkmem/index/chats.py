@@ -2,7 +2,12 @@
 versions, and `.md`/`.txt` transcripts.
 
 A message becomes one passage (cut further when long), carrying its thread,
-role, time and the line range of the message in the file.
+role, time and the line range of the message in the file. Its text is the
+message as ``role: text``, after the day it was written (in words) and, in
+parentheses, the gist of the two messages before it: an answer is found by
+the words of the question it answers ("where did you go?" / "Paris"), which
+LoCoMo measured worth 0.58 -> 0.75 R@10 by words. The line range stays the
+message's own: the context is a reading aid, the hit is the message.
 """
 
 from __future__ import annotations
@@ -98,20 +103,59 @@ def messages(data: str) -> tuple[list[Message], int]:
     return out, skipped
 
 
+# What a message's passage carries besides the message (chosen on LoCoMo conversations
+# 1-5, words R@10: the message alone 0.582; one message before 0.708, two 0.723; with the
+# day in words, one 0.727, two 0.746, three 0.698; the message after added nothing):
+CONTEXT = 2  # the messages before it, in parentheses: a reply is found by its question
+CONTEXT_CHARS = 300  # of each, at most
+DATED = True  # the day of its time in words, "[8 May 2023]"
+
+
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December")
+
+
+def _day(at: Optional[str]) -> str:
+    """The day of an RFC 3339 time in words (``8 May 2023``), so that a question
+    naming a month or year finds it; "" when it does not read as one."""
+    if not at or len(at) < 10:
+        return ""
+    try:
+        y, mo, d = int(at[0:4]), int(at[5:7]), int(at[8:10])
+    except ValueError:
+        return ""
+    if at[4] != "-" or at[7] != "-" or not 1 <= mo <= 12 or not 1 <= d <= 31:
+        return ""
+    return f"{d} {_MONTHS[mo - 1]} {y}"
+
+
+def _gist(m: Message) -> str:
+    t = " ".join(m.text.split())
+    if len(t) > CONTEXT_CHARS:
+        cut = t.rfind(" ", 0, CONTEXT_CHARS)
+        t = t[: cut if cut > 0 else CONTEXT_CHARS] + " …"
+    return f"({m.role}: {t})"
+
+
 def chunk_conversation(name: str, data: str) -> tuple[list[ChatPiece], int]:
     """Passages of one chats/ file and the count of lines not understood."""
     if not name.endswith(".jsonl"):
         return [ChatPiece(p.first, p.last, p.text, None, None) for p in chunk_text(data)], 0
     msgs, skipped = messages(data)
+    msgs = [m for m in msgs if m.text.strip()]
     pieces: list[ChatPiece] = []
-    for m in msgs:
-        if not m.text.strip():
-            continue
+    for i, m in enumerate(msgs):
+        head = "\n".join(_gist(c) for c in msgs[max(0, i - CONTEXT):i])
+        if head:
+            head += "\n"
+        day = _day(m.at) if DATED else ""
+        if day:
+            head += f"[{day}] "
         if len(m.text) <= LIMIT:
-            pieces.append(ChatPiece(m.line, m.line, f"{m.role}: {m.text}", m.role, m.at))
+            pieces.append(ChatPiece(m.line, m.line, f"{head}{m.role}: {m.text}", m.role, m.at))
         else:
             for p in chunk_text(m.text):
-                pieces.append(ChatPiece(m.line, m.line, f"{m.role}: {p.text}", m.role, m.at))
+                pieces.append(ChatPiece(m.line, m.line, f"{head}{m.role}: {p.text}", m.role, m.at))
     return pieces, skipped
 
 

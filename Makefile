@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/lnk-lnkmem search examples/home .demo-state --agent examples/agent "how do we deploy the service"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 tests
 
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py

@@ -348,11 +348,7 @@ class Ours:
 
 
 def machine() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            load = f"; load average {f.read().split()[0]} at start"
-    except OSError:
-        load = ""
+    load = common.load_note()
     return common.machine(f"SQLite {sqlite3.sqlite_version}") + load
 
 

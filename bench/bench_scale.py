@@ -862,11 +862,7 @@ def vectors_table(v: dict) -> str:
 
 
 def machine() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            load = f"; load average {f.read().split()[0]} at start"
-    except OSError:
-        load = ""
+    load = common.load_note()
     tv = have_tantivy()
     return common.machine(f"SQLite {sqlite3.sqlite_version}", f"tantivy {tv}" if tv else "no tantivy") + load
 

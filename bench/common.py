@@ -89,3 +89,12 @@ def files_reread(index_stderr: str) -> int:
     import re
     m = re.search(r"indexed ([\d,]+) files?, [\d,]+ unchanged", index_stderr)
     return int(m.group(1).replace(",", "")) if m else -1
+
+
+def load_note() -> str:
+    """"; load average X at start" for a report's machine line ("" where /proc has none)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f"; load average {f.read().split()[0]} at start"
+    except OSError:
+        return ""

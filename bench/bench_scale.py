@@ -60,6 +60,8 @@ import common  # noqa: E402
 import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
 
+from lnkmem.status import disk_bytes  # noqa: E402  (what `status` reports: one measure)
+
 SECTION = "scale"
 PASSES = 3
 UPDATES = 10
@@ -79,20 +81,6 @@ def log(msg: str) -> None:
 def pooled(passes: list[list[float]], p: float) -> float:
     """p-th percentile over the queries of each query's median across passes, in ms."""
     return pct([statistics.median(xs) for xs in zip(*passes)], p) * 1000
-
-
-def disk_bytes(path: str) -> int:
-    """Bytes a file or folder takes on disk (allocated blocks, so a sparse map counts as used)."""
-    if os.path.isfile(path):
-        return os.stat(path).st_blocks * 512
-    total = 0
-    for d, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(d, f)).st_blocks * 512
-            except FileNotFoundError:
-                pass
-    return total
 
 
 def have_tantivy() -> Optional[str]:

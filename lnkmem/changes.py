@@ -17,6 +17,7 @@ import asyncio
 from typing import Iterable
 
 from lnkmem.bridges.place import Forbidden, check_relpath
+from lnkmem.mcp import LoopSignal
 
 NOTES_PATH = "memory/notes.md"
 SOURCES = ("home", "chats", "skills", "notes")
@@ -83,29 +84,11 @@ def known(store, ref: str) -> bool:
     return any(r == ref or r.startswith(ref + "/") for r in store.file_versions(ref))
 
 
-class _Done:
-    """What the index thread sets once a change is in: wakes a coroutine, holds no thread."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.future = loop.create_future()
-
-    def _set(self) -> None:
-        if not self.future.done():
-            self.future.set_result(True)
-
-    def set(self) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._set)
-        except RuntimeError:  # the service's loop has ended: no one waits any more
-            pass
-
-
 async def tell(memory, path: str, timeout: float = 30.0) -> bool:
     """Tell ``memory`` of a changed path; True once it is in the index, False
     after ``timeout`` (it is still indexed, later). Every control waiting at
     once is in the index thread's queue at once, so a burst is one pass."""
-    done = _Done(asyncio.get_running_loop())
+    done = LoopSignal(asyncio.get_running_loop())
     memory.changed_path(path, done)
     try:
         await asyncio.wait_for(asyncio.shield(done.future), timeout)

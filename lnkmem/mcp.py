@@ -86,8 +86,9 @@ def _valid_id(x) -> bool:
     return (isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)))
 
 
-class _Signal:
-    """A ``set()`` callable from any thread that resolves a future on the loop."""
+class LoopSignal:
+    """A ``set()`` callable from any thread (the index thread, say) that resolves
+    a future on the loop: a coroutine waits on it, and no thread is held."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -98,7 +99,10 @@ class _Signal:
             self.future.set_result(None)
 
     def set(self) -> None:
-        self.loop.call_soon_threadsafe(self._resolve)
+        try:
+            self.loop.call_soon_threadsafe(self._resolve)
+        except RuntimeError:  # the loop has ended: no one waits any more
+            pass
 
 
 async def until(pred: Callable[[], bool], timeout: float) -> bool:
@@ -445,7 +449,7 @@ class Session:
             async with notes_lock, threads:  # one thread of this memory waits on its notes, not many
                 result = await self._work(_run_tool, memory, name, typed, thread, room)
             if not result.get("isError"):
-                done = _Signal(loop)
+                done = LoopSignal(loop)
                 memory.changed("notes", wait=False, done=done)  # searchable right after
                 try:
                     await asyncio.wait_for(asyncio.shield(done.future), INDEXED_WAIT_S)

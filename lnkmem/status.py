@@ -26,9 +26,13 @@ def ignore_files(folder: str, limit: int = 200) -> list[str]:
     return found
 
 
-def _disk_bytes(folder: str) -> int:
+def disk_bytes(path: str) -> int:
+    """Bytes a file or folder takes on disk (allocated blocks: a sparse LMDB map
+    counts as what it uses, not its map size)."""
+    if os.path.isfile(path):
+        return os.stat(path).st_blocks * 512
     total = 0
-    for root, _, files in os.walk(folder):
+    for root, _, files in os.walk(path):
         for f in files:
             try:
                 total += os.stat(os.path.join(root, f)).st_blocks * 512
@@ -98,7 +102,7 @@ def gather_status(cfg) -> dict:
                 out["pending"] = {"changed": len(plan.todo), "removed": len(plan.removed)}
             finally:
                 store.close()
-        out["index_bytes"] = _disk_bytes(index_path)
+        out["index_bytes"] = disk_bytes(index_path)
     out["ignore_files"] = ignore_files(cfg.folder)
     out["skipped_by_default"] = DEFAULT_SKIPS
     return out

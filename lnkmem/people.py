@@ -10,6 +10,7 @@ The engine, numpy and tqdm are imported inside the commands.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -23,6 +24,20 @@ PROG = "lnk-lnkmem"
 NO_CUT_TOKENS = 1_000_000  # the spec's largest budget: a person's search is not cut
 LOCK_NAME = "build.lock"
 MERGE_SAY_S = 0.3
+
+
+@contextlib.contextmanager
+def _when_slow(say, name: str):
+    """Call ``say(name)`` if the block is still running after MERGE_SAY_S (a
+    phase named only when it takes a while)."""
+    timer = threading.Timer(MERGE_SAY_S, say, (name,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
 
 # --- paths -------------------------------------------------------------------------
 
@@ -215,24 +230,16 @@ class Run:
                 return False
             self.stoppable = False
             # named only when it takes a while: most passes find nothing to merge
-            say = threading.Timer(MERGE_SAY_S, self.bar.phase, ("merging",))
-            say.daemon = True
-            say.start()
-            try:
+            with _when_slow(self.bar.phase, "merging"):
                 return merge(*a, **kw)
-            finally:
-                say.cancel()
 
         commit = store.commit
 
         def writing(*a, **kw):  # a batch written (and the snapshot reloaded): named when slow
-            say = threading.Timer(MERGE_SAY_S, self.bar.rename, ("writing",))
-            say.daemon = True
-            say.start()
             try:
-                return commit(*a, **kw)
+                with _when_slow(self.bar.rename, "writing"):
+                    return commit(*a, **kw)
             finally:
-                say.cancel()
                 if self.bar.name == "writing":
                     self.bar.rename("reading")
 

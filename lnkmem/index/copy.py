@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Optional
 import msgspec
 import numpy as np
 
+from lnkmem.index import postings
 from lnkmem.index.store import FileRec, SegMeta, Store, _dec_file, _dec_passage, _dec_seg, _enc, _k
 
 FORMAT = "lnkmem-copy-2"  # -2: the copy names whose it is (``of``); a -1 copy is replaced
@@ -342,11 +343,12 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
             if not t or len(t) > MAX_TERM or (prev is not None and t <= prev):
                 raise _bad(f"{name}: its terms are not distinct, sorted and short")
             prev = t
-            if len(post) % 6:
+            k = postings.count(post)
+            if k is None:
                 raise _bad(f"{name}: a posting list has a broken length")
-            counts.append(len(post) // 6)
+            counts.append(k)
         if counts:  # all postings at once: each names passages of this segment, none twice
-            pp = np.concatenate([np.frombuffer(post, "<u4", k) for post, k in zip(s.postings, counts)])
+            pp = np.concatenate([postings.unpack(post)[0] for post in s.postings])
             order = np.sort(pids)
             at = np.minimum(np.searchsorted(order, pp), max(n - 1, 0))
             if len(pp) and (n == 0 or not (order[at] == pp).all()):
@@ -465,8 +467,8 @@ def _load_txn(store: Store, v: Verified, version: str) -> dict:
                 if not p:
                     continue
                 if order is not None:
-                    k = len(p) // 6
-                    p = remap(np.frombuffer(p, "<u4", k)).tobytes() + p[4 * k:]
+                    pp, tt = postings.unpack(p)
+                    p = postings.pack(remap(pp), tt)
                 items.append((sk + t, p))
             txn.cursor(db=store.postings).putmulti(items, append=True)
             pids = remap(np.frombuffer(s.pids, "<u4"))

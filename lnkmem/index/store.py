@@ -42,6 +42,7 @@ import msgspec
 import numpy as np
 
 from lnkmem.errors import DamagedIndex, ToolError
+from lnkmem.index import postings
 
 FORMAT = b"lnkmem-index-3"  # 3: whole identifiers as terms, files' modification times
 SOURCES = ("home", "chats", "skills", "notes")
@@ -601,9 +602,9 @@ class Store:
             v = txn.get(sk + t, db=self.postings)
             if v is None:
                 continue
-            n = len(v) // 6
-            pids.append(np.frombuffer(v, "<u4", n))
-            tfs.append(np.frombuffer(v, "<u2", n, 4 * n))
+            ps, ts = postings.unpack(v)
+            pids.append(ps)
+            tfs.append(ts)
         if not pids:
             return np.empty(0, np.uint32), np.empty(0, np.uint16)
         if len(pids) == 1:
@@ -736,11 +737,11 @@ class Store:
                 pid_arr = np.asarray(p_pids, "<u4")
                 order = np.lexsort((pid_arr, r))
                 r, pid_arr = r[order], pid_arr[order]
-                tf_arr = np.minimum(np.asarray(p_tfs, np.int64)[order], 65535).astype("<u2")
+                tf_arr = np.asarray(p_tfs, np.int64)[order]
                 bounds = np.flatnonzero(np.diff(r)) + 1
                 starts = np.concatenate(([0], bounds))
                 ends = np.concatenate((bounds, [len(r)]))
-                items = [(sk + names[r[a]].encode(), pid_arr[a:b].tobytes() + tf_arr[a:b].tobytes())
+                items = [(sk + names[r[a]].encode(), postings.pack(pid_arr[a:b], tf_arr[a:b]))
                          for a, b in zip(starts.tolist(), ends.tolist())]
                 # a new segment's keys sort after every other: appended, no old page touched
                 txn.cursor(db=self.postings).putmulti(items, append=True)
@@ -903,10 +904,10 @@ class Store:
             for s, _ in metas:
                 sk = _k(s)
                 for term, v in self.segment_postings(txn, sk):
-                    n = len(v) // 6
                     ps, ts = grouped.setdefault(term, ([], []))
-                    ps.append(np.frombuffer(v, "<u4", n).copy())
-                    ts.append(np.frombuffer(v, "<u2", n, 4 * n).copy())
+                    p, t = postings.unpack(v)
+                    ps.append(p.copy())
+                    ts.append(t.copy())
                 cur = txn.cursor(db=self.postings)  # drop the segment's postings
                 if cur.set_range(sk):
                     while cur.key()[:4] == sk:
@@ -921,7 +922,7 @@ class Store:
                 if not keep.all():
                     p, t = p[keep], t[keep]
                 if len(p):
-                    items.append((nk + term, p.astype("<u4").tobytes() + t.astype("<u2").tobytes()))
+                    items.append((nk + term, postings.pack(p, t)))
             txn.cursor(db=self.postings).putmulti(items, append=True)
             all_p, all_l, all_r, gone = [], [], [], []
             for s, m in metas:

@@ -3,6 +3,8 @@
 The only module that knows their layout: the store writes them with :func:`pack`
 and reads them with :func:`unpack`; the copy checks them with :func:`count`.
 Today: every passage id as u32 LE, then every term frequency as u16 LE.
+:func:`pack` takes the pids of one list strictly ascending (a writer that
+concatenates lists, as a merge does, sorts them first).
 """
 
 from __future__ import annotations

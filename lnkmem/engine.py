@@ -163,9 +163,15 @@ class Memory:
             n = clean_tmp(self.layout.tmpdir, getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
             if n:
                 log.info("removed %d temp files left by a process that was killed", n)
+        t = time.monotonic()
         store = Store.open(self.layout.index_path)
         if store.rebuilt_because:
             log.warning("index was damaged (%s); rebuilding", store.rebuilt_because)
+        elif store.opened_as == "checked":
+            log.info("index opened in %.2fs: not closed cleanly, so read whole and its tables cross-checked",
+                     time.monotonic() - t)
+        elif store.opened_as == "sealed":
+            log.info("index opened in %.2fs: closed cleanly, not checked again", time.monotonic() - t)
         store.on_damage = self._damaged
         store.on_alloc = self._forget_vectors
         return store

@@ -252,8 +252,8 @@ class Run:
             del store.maybe_merge, store.commit  # the class's own again
             self.stoppable = False
         # what became of the files read: indexed, binary, or unreadable
-        recs = store.all_files()
         processed = [indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)]]
+        recs = store.file_recs(processed)  # those read only: a restart reads no other record
         for ref in processed:
             rec = recs.get(ref)
             if rec is None:

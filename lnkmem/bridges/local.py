@@ -21,7 +21,7 @@ import stat as st
 from typing import Iterable, Optional
 
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
-from lnkmem.ignore import Ignorer
+from lnkmem.ignore import NAMES as IGNORE_NAMES, Ignorer
 
 O_PATH = getattr(os, "O_PATH", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -105,6 +105,7 @@ class LocalPlace:
         self.root = os.path.abspath(root)
         self.real = os.path.realpath(self.root)
         self.exclude = {os.path.realpath(e) for e in exclude}
+        self._exclude_in = {os.path.dirname(e) for e in self.exclude}  # folders holding an excluded path
         self.skipped = 0
         # ignore files (§3.2 rev. 2; Home only): honoured by list, listdir, stat
         self.ignore = Ignorer(self.root) if ignore else None
@@ -130,7 +131,11 @@ class LocalPlace:
         return rel
 
     def _open(self, rel: str, flags: int) -> int:
-        """A descriptor of ``rel`` (already clean) that lies inside the root.
+        return self._open_where(rel, flags)[0]
+
+    def _open_where(self, rel: str, flags: int) -> tuple[int, str]:
+        """A descriptor of ``rel`` (already clean) that lies inside the root, and
+        where it lies (checked).
 
         Opened beneath the root where the kernel allows it; whatever the kernel,
         the descriptor's own path is checked before it is handed out, so a link
@@ -175,7 +180,7 @@ class LocalPlace:
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, where
 
     def _fstat(self, rel: str) -> os.stat_result:
         fd = self._open(rel, META_FLAGS)
@@ -203,31 +208,40 @@ class LocalPlace:
         self._walk(rel0, out, seen, stack)
         return out
 
-    def _entries(self, fd: int, rel: str) -> list[tuple[str, Optional[os.stat_result]]]:
+    def _entries(self, fd: int, rel: str, here: Optional[str] = None,
+                 hidden: Optional[set] = None) -> list[tuple[str, Optional[os.stat_result]]]:
         """(name, its own stat; None for a link) of each entry of an open folder
-        that may be served: hidden names left out, names no ref can spell (not
-        UTF-8, a backslash) skipped and counted, excluded folders left out."""
-        here = _fd_path(fd) or os.path.join(self.real, rel)
+        (``here``: where it lies, checked) that may be served: hidden names left
+        out, names no ref can spell (not UTF-8, a backslash) skipped and counted,
+        excluded folders left out. ``hidden``: the ignore files' names found are added to it."""
+        if here is None:
+            here = _fd_path(fd) or os.path.join(self.real, rel)
+        excl = here in self._exclude_in  # else no name here is excluded: no path built per entry
         out = []
         with os.scandir(fd) as it:  # its entries stat through ``fd``: used while it is open
             for d in it:
-                if d.name.startswith("."):
+                name = d.name
+                if name[0] == ".":
+                    if hidden is not None and name in IGNORE_NAMES:
+                        hidden.add(name)
                     continue
-                if not nameable(d.name):  # no ref can name it
+                if not (name.isascii() and "\\" not in name or nameable(name)):  # no ref can name it
                     self._skip("name not UTF-8")
                     continue
                 try:
                     if d.is_symlink():
-                        out.append((d.name, None))
-                    elif os.path.join(here, d.name) not in self.exclude:
-                        out.append((d.name, d.stat(follow_symlinks=False)))
+                        out.append((name, None))
+                    elif not excl or os.path.join(here, name) not in self.exclude:
+                        out.append((name, d.stat(follow_symlinks=False)))
                 except OSError:
                     self._skip("unreadable")
         return out
 
-    def _walk(self, rel: str, out: list[Entry], seen: set, stack=None) -> None:
+    def _walk(self, rel: str, out: list[Entry], seen: set, stack=None, enter: bool = False) -> None:
+        """Files below ``rel`` into ``out``; ``stack``: the ignore levels in force in its
+        parent (``enter``) or in it."""
         try:
-            fd = self._open(rel, DIR_FLAGS)
+            fd, here = self._open_where(rel, DIR_FLAGS)
         except (NotFound, Forbidden):
             self._skip("unreadable")
             return
@@ -236,28 +250,35 @@ class LocalPlace:
             if (s.st_dev, s.st_ino) in seen:
                 return
             seen.add((s.st_dev, s.st_ino))
-            found = self._entries(fd, rel)
+            hidden: set = set()
+            found = self._entries(fd, rel, here, hidden)
         except OSError:
             self._skip("unreadable")
             return
         finally:
             os.close(fd)
+        ignore = self.ignore
+        if enter and ignore and hidden:  # its own ignore files, read only where the folder has one
+            stack = stack + ignore.level(rel, os.path.join(self.real, rel))
+        S_ISDIR, S_ISREG = st.S_ISDIR, st.S_ISREG
         for name, s in found:
             path = f"{rel}/{name}" if rel else name
             try:
                 if s is None:
                     s = self._fstat(path)  # a link: followed only inside the root
-                full = os.path.join(self.real, path)
-                if self.ignore and self.ignore.skip(stack, path, st.S_ISDIR(s.st_mode), full):
+                is_dir = S_ISDIR(s.st_mode)
+                # the full path only for a folder: the ignore rules need it there, a file's is never built
+                full = os.path.join(self.real, path) if is_dir and ignore else ""
+                if ignore and ignore.skip(stack, path, is_dir, full):
                     self._skip("ignored")
                     continue
-                if st.S_ISDIR(s.st_mode):
-                    self._walk(path, out, seen, stack + self.ignore.level(path, full) if self.ignore else None)
-                elif st.S_ISREG(s.st_mode):
+                if is_dir:
+                    self._walk(path, out, seen, stack, True)
+                elif S_ISREG(s.st_mode):
                     if s.st_size > MAX_FILE:
                         self._skip("too big")
                         continue
-                    out.append(Entry(path, s.st_size, version_of(s)))
+                    out.append(Entry(path, s.st_size, f"{s.st_mtime_ns:x}-{s.st_size:x}-{s.st_ino:x}"))
             except Forbidden:
                 continue  # a link leaving the root (or into an excluded folder)
             except (OSError, NotFound):

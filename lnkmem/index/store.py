@@ -73,8 +73,16 @@ class SegMeta(msgspec.Struct, array_like=True):
     refs: list[str]  # one per pid
 
 
+class _FileHead(msgspec.Struct, array_like=True):
+    """A FileRec's first fields only (the rest of its array is skipped, not built)."""
+
+    version: str
+    size: int
+
+
 _enc = msgspec.msgpack.Encoder()
 _dec_file = msgspec.msgpack.Decoder(FileRec)
+_dec_head = msgspec.msgpack.Decoder(_FileHead)
 _dec_passage = msgspec.msgpack.Decoder(Passage)
 _dec_seg = msgspec.msgpack.Decoder(SegMeta)
 
@@ -115,11 +123,12 @@ def _meta(page: bytes, n: int) -> Optional[tuple[int, int, int, list[tuple[int, 
     return f[9], f[25], f[26], dbs
 
 
-def check_file(data: str) -> None:
+def check_file(data: str) -> Optional[int]:
     """Raise DamagedIndex unless ``data`` (a data.mdb) is whole by its own header:
-    both meta pages sound, and the file as long as the pages the current one uses."""
+    both meta pages sound, and the file as long as the pages the current one uses.
+    Returns the last committed transaction's id (None where the header cannot be read)."""
     if not _CHECKABLE:
-        return
+        return None
     fd = os.open(data, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     try:
         size = os.fstat(fd).st_size
@@ -135,7 +144,7 @@ def check_file(data: str) -> None:
             raise DamagedIndex("data.mdb: the second meta page is not LMDB's")
     finally:
         os.close(fd)
-    _, last, _, dbs = max(m0, m1, key=lambda m: m[2])
+    _, last, txnid, dbs = max(m0, m1, key=lambda m: m[2])
     if size < (last + 1) * psize:
         raise DamagedIndex(f"data.mdb holds {size} bytes but its index uses {(last + 1) * psize}")
     for depth, branch, leaf, overflow, root in dbs:
@@ -143,6 +152,7 @@ def check_file(data: str) -> None:
             continue
         if root > last or root < 2 or depth > 64 or branch + leaf + overflow > last + 1:
             raise DamagedIndex("data.mdb: a table's root lies outside the file")
+    return txnid
 
 
 _DEEP_CHECK = r"""
@@ -189,12 +199,14 @@ def deep_check(path: str) -> None:
         raise DamagedIndex(f"reading the whole index failed: {why}")
 
 
-SEAL = "sealed"  # beside data.mdb: its size, mtime and inode when it was last closed whole
+SEAL = "sealed"  # beside data.mdb: its size, mtime, inode and last transaction when it was last closed whole
 
 
-def _stamp(data: str) -> str:
+def _stamp(data: str, txnid: Optional[int]) -> str:
+    """What the seal says of ``data``: a file changed in any of these since (a write,
+    a copy, a restore, a transaction by a process that did not close) is checked whole."""
     st_ = os.stat(data)
-    return f"{FORMAT.decode()} {st_.st_size} {st_.st_mtime_ns} {st_.st_ino}"
+    return f"{FORMAT.decode()} {st_.st_size} {st_.st_mtime_ns} {st_.st_ino} {txnid}"
 
 
 # LMDB's errors that say its file is damaged (not a full disk, not a full map)
@@ -329,9 +341,17 @@ class Store:
             os.unlink(seal)  # from now on the file may change
         except OSError:
             sealed = None
+        # "new": no file yet; "sealed": closed whole and untouched since, so neither every
+        # page nor the files/segments agreement is checked again (restart O(change));
+        # "checked": not closed whole (a killed process: its seal was removed at its open)
+        # or touched since: every page read in a child, and the tables cross-checked
+        self.opened_as = "new"
         if os.path.lexists(data):
-            check_file(data)
-            if sealed != _stamp(data):  # not closed whole, or touched since: read it all first
+            txnid = check_file(data)  # whatever the seal says: a torn or truncated file never maps
+            if sealed is not None and sealed == _stamp(data, txnid):
+                self.opened_as = "sealed"
+            else:
+                self.opened_as = "checked"
                 deep_check(self.path)
             size = max(size, os.path.getsize(data) * 2)
         self.env = lmdb.open(
@@ -357,7 +377,7 @@ class Store:
             elif fmt != FORMAT:
                 raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
         self.psize = self.env.stat()["psize"]
-        self.snapshot = self._load()
+        self.snapshot = self._load(check=self.opened_as != "sealed")
 
     @classmethod
     def open(cls, path: str) -> "Store":
@@ -371,6 +391,7 @@ class Store:
             return store
 
     rebuilt_because: Optional[str] = None
+    opened_as = "new"  # "new", "sealed" (closed whole: not checked again) or "checked" (see _open)
     on_commit = None  # called after every change that is committed
     on_damage = None  # called (once) when the index is found damaged while serving
     on_alloc = None  # called with the ids a commit gave new passages (ids are reused)
@@ -403,7 +424,9 @@ class Store:
         if self.on_commit is not None:
             self.on_commit()
 
-    def _load(self) -> Snapshot:
+    def _load(self, check: bool = True) -> Snapshot:
+        """The snapshot read from ``segments`` and ``dead``; with ``check``, every file
+        record is read too and must name exactly the live passages (DamagedIndex)."""
         with self.env.begin() as txn:
             gen = int(txn.get(b"gen", db=self.meta))
             next_pid = int(txn.get(b"next_pid", db=self.meta))
@@ -440,14 +463,14 @@ class Store:
                 p = int.from_bytes(k, "big")
                 if p < cap:
                     alive[p] = False
-            # every live passage belongs to exactly one file record, and back
-            owned: list[int] = []  # every file's ids, checked at once (one gather, not one per file)
-            for _, v in txn.cursor(db=self.files):
-                owned.extend(_dec_file.decode(v).pids)
-            if owned and not alive[np.asarray(owned, np.int64)].all():
-                raise DamagedIndex("a file names passages that are not live")
-            if len(owned) != int(alive.sum()):
-                raise DamagedIndex("live passages and files disagree")
+            if check:  # every live passage belongs to exactly one file record, and back
+                owned: list[int] = []  # every file's ids, checked at once (one gather, not one per file)
+                for _, v in txn.cursor(db=self.files):
+                    owned.extend(_dec_file.decode(v).pids)
+                if owned and not alive[np.asarray(owned, np.int64)].all():
+                    raise DamagedIndex("a file names passages that are not live")
+                if len(owned) != int(alive.sum()):
+                    raise DamagedIndex("live passages and files disagree")
         live = int(alive.sum())
         return Snapshot(gen, doclen, alive, src, refid, refs, live, float(doclen[alive].sum(dtype=np.float64)),
                         seg_of, segs)
@@ -540,11 +563,12 @@ class Store:
             self.env.close()
             if whole:
                 try:
+                    stamp = _stamp(self.data, check_file(self.data))
                     tmp = os.path.join(self.path, SEAL + ".tmp")
                     with open(tmp, "w") as f:
-                        f.write(_stamp(self.data))
+                        f.write(stamp)
                     os.replace(tmp, os.path.join(self.path, SEAL))
-                except OSError:
+                except (OSError, DamagedIndex):
                     pass
 
     # --- reading ---------------------------------------------------------
@@ -554,7 +578,7 @@ class Store:
         with self.env.begin() as txn:
             return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
 
-    def _files_under(self, prefix: str):
+    def _files_under(self, prefix: str, dec=_dec_file):
         """(ref, FileRec) of every file whose ref starts with ``prefix``."""
         p = prefix.encode()
         with self.env.begin() as txn:
@@ -563,11 +587,23 @@ class Store:
                 for k, v in cur:
                     if not k.startswith(p):
                         break
-                    yield k.decode(), _dec_file.decode(v)
+                    yield k.decode(), dec.decode(v)
 
     @_guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
-        return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix)}
+        # only each record's head: a file's passage ids are not built (every restart's plan)
+        return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix, _dec_head)}
+
+    @_guarded
+    def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:
+        """The records of ``refs`` that the index holds (one lookup each)."""
+        out = {}
+        with self.env.begin() as txn:
+            for ref in refs:
+                v = txn.get(ref.encode(), db=self.files)
+                if v is not None:
+                    out[ref] = _dec_file.decode(v)
+        return out
 
     @_guarded
     def refs_of_kind(self, prefix: str, kind: str) -> set[str]:

@@ -402,9 +402,8 @@ class Memory:
         self.progress = (0, plan.total)
         try:
             done = indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
-        finally:
-            if plan.total:
-                memtrim.trim()  # the batches' peak goes back to the system
+        finally:  # the batches' peak goes back to the system (and the floor for later changes is set)
+            self._trim_if_grown(force=bool(plan.total))
         if failed:
             raise failed[0]  # the caller retries later
         return done
@@ -413,8 +412,19 @@ class Memory:
         plan = indexer.plan(self.store, self.places, only=ref)
         if plan.total:
             indexer.build(self.store, self.places, plan, self.tmpdir)
-            if plan.total > 50:
-                memtrim.trim()
+            self._trim_if_grown(force=plan.total > 50)
+
+    _anon_floor = 0  # bytes of anonymous memory held after the last trim
+
+    def _trim_if_grown(self, force: bool = False) -> None:
+        """Give the heap back when a change's work left it larger (a merge in the change's
+        path: at 1x RssAnon stayed at 273 MiB after one, 75 MiB once trimmed). A trim costs
+        20-70 ms on a fragmented heap, so not after every one-file change: only past a slack."""
+        anon = _anon_bytes()
+        if force or (anon is not None and anon > self._anon_floor + TRIM_SLACK):
+            memtrim.trim()
+            self._anon_floor = _anon_bytes() or 0
+            log.debug("heap trimmed: %d -> %d MiB not backed by a file", (anon or 0) >> 20, self._anon_floor >> 20)
 
     def changed_path(self, path: str, done) -> None:
         """A `changed` control's path as Link names it (§5.6, lnkmem.changes);
@@ -690,6 +700,19 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # another user's: alive
     return True
+
+
+TRIM_SLACK = 32 << 20
+
+
+def _anon_bytes() -> Optional[int]:
+    """This process's resident memory not backed by a file (no /proc: None)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            v = f.read().split()
+        return (int(v[1]) - int(v[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:

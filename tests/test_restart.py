@@ -161,3 +161,32 @@ def test_serve_memory_does_not_grow_with_each_change(tmp_path):
         # 50 changes of a 300-file index: a snapshot or buffer copied per change and kept
         # would show as MiBs; the allocator's noise is well under the bound
         assert grew < 6 * 1024, (before, after)
+
+
+def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
+    """top() orders tied passages by their ref, then by id, as a full
+    sort would; it sorts only the tied passages' refs, so a new snapshot (every change)
+    costs a search nothing more (the MCP tail after changes)."""
+    import random
+
+    import numpy as np
+
+    from lnkmem.index.search import top
+    from lnkmem.index.store import Snapshot
+    rnd = random.Random(5)
+    for _ in range(40):
+        n = rnd.randrange(5, 400)
+        refs = [f"home/{rnd.choice('abcxyz')}{i}.md" for i in range(rnd.randrange(1, 30))]
+        refid = np.array([rnd.randrange(len(refs)) for _ in range(n)], np.int32)
+        snap = Snapshot(1, np.ones(n, np.float32), np.ones(n, bool), np.zeros(n, np.uint8), refid, refs, n, float(n))
+        cand = np.array(sorted(rnd.sample(range(n), rnd.randrange(1, n))), np.int64)
+        sc = np.array([rnd.choice([1.0, 2.0, 2.5]) for _ in cand], np.float32)
+        want = rnd.randrange(1, 30)
+        got, _ = top(snap, cand, sc, want)
+
+        def key(i):
+            r = int(refid[cand[i]])
+            return (-float(sc[i]), r < 0, refs[r] if r >= 0 else "", int(cand[i]))
+
+        expect = [int(cand[i]) for i in sorted(range(len(cand)), key=key)[:want]]
+        assert got.tolist() == expect

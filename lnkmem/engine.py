@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
-from lnkmem import changes, memtrim
+from lnkmem import memtrim
 from lnkmem.config import AgentConfig
 from lnkmem.index import indexer
 from lnkmem.index.store import Store
@@ -171,7 +171,8 @@ class Memory:
             log.info("index opened in %.2fs: not closed cleanly, so read whole and its tables cross-checked",
                      time.monotonic() - t)
         elif store.opened_as == "sealed":
-            log.info("index opened in %.2fs: closed cleanly, not checked again", time.monotonic() - t)
+            log.info("index opened in %.2fs: closed cleanly, not checked again%s", time.monotonic() - t,
+                     "; its snapshot as saved at that close" if store.snapshot_from == "saved" else "")
         store.on_damage = self._damaged
         store.on_alloc = self._forget_vectors
         return store
@@ -232,6 +233,7 @@ class Memory:
             pass
 
     def _run(self) -> None:
+        from lnkmem import changes  # (asyncio through mcp: not for `index`, which never runs this)
         try:
             self.store = self.open_store()
             self.fresh = self.store.snapshot.live == 0

@@ -190,3 +190,73 @@ def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
 
         expect = [int(cand[i]) for i in sorted(range(len(cand)), key=key)[:want]]
         assert got.tolist() == expect
+
+
+# --- the snapshot saved at a clean close ---------------------------------------------
+
+def _commits(st, rng, n):
+    from tests.test_snapshot import SOURCES, _file
+
+    from lnkmem.index.store import Batch
+    for k in range(n):
+        files = [_file(rng, f"{rng.choice(SOURCES)}/f{rng.randint(0, 40)}.md", f"v{k}-{i}") for i in range(rng.randint(1, 4))]
+        files = list({f.ref: f for f in files}.values())
+        st.commit(Batch(files=files))
+        if k % 7 == 6 and st.snapshot.segs:
+            st.merge(sorted(st.snapshot.segs)[:3])
+
+
+def test_a_clean_close_saves_the_snapshot_and_a_restart_reads_it_as_the_tables_would(tmp_path):
+    import random
+
+    from tests.test_snapshot import _same
+
+    from lnkmem.index.store import Store
+    rng = random.Random(3)
+    path = str(tmp_path / "index")
+    st = Store.open(path)
+    _commits(st, rng, 30)
+    st.close()
+    st = Store.open(path)
+    try:
+        assert (st.opened_as, st.snapshot_from) == ("sealed", "saved")
+        _same(st.snapshot, st._load(check=True))
+        _commits(st, rng, 10)  # extended from the saved one as from a loaded one
+        _same(st.snapshot, st._load(check=True))
+    finally:
+        st.close()
+
+
+def test_a_saved_snapshot_of_an_older_close_is_never_used(tmp_path):
+    import random
+    import shutil
+
+    from tests.test_snapshot import _same
+
+    from lnkmem.index.store import SNAP, Store
+    rng = random.Random(4)
+    path = str(tmp_path / "index")
+    st = Store.open(path)
+    _commits(st, rng, 10)
+    st.close()
+    shutil.copy(os.path.join(path, SNAP), tmp_path / "old")
+    st = Store.open(path)
+    _commits(st, rng, 5)
+    st.close()
+    shutil.copy(tmp_path / "old", os.path.join(path, SNAP))  # the one before the last close
+    st = Store.open(path)
+    try:
+        assert (st.opened_as, st.snapshot_from) == ("sealed", "tables")
+        _same(st.snapshot, st._load(check=True))
+    finally:
+        st.close()
+    # killed (no seal): the saved snapshot is not used either, whatever it says
+    st = Store.open(path)
+    _commits(st, rng, 3)
+    st.env.close()  # as a killed process leaves it: no seal, no new snapshot file
+    st = Store.open(path)
+    try:
+        assert (st.opened_as, st.snapshot_from) == ("checked", "tables")
+        _same(st.snapshot, st._load(check=True))
+    finally:
+        st.close()

@@ -73,6 +73,21 @@ class SegMeta(msgspec.Struct, array_like=True):
     refs: list[str]  # one per pid
 
 
+class _SavedSnapshot(msgspec.Struct, array_like=True):
+    """A snapshot as saved at a clean close (``snapshot`` beside data.mdb, after the seal's stamp)."""
+
+    gen: int
+    live: int
+    total_len: float
+    segs: list[tuple[int, int]]
+    refs: list[str]
+    doclen: bytes
+    alive: bytes
+    src: bytes
+    refid: bytes
+    seg_of: bytes
+
+
 class _FileHead(msgspec.Struct, array_like=True):
     """A FileRec's first fields only (the rest of its array is skipped, not built)."""
 
@@ -83,6 +98,7 @@ class _FileHead(msgspec.Struct, array_like=True):
 _enc = msgspec.msgpack.Encoder()
 _dec_file = msgspec.msgpack.Decoder(FileRec)
 _dec_head = msgspec.msgpack.Decoder(_FileHead)
+_dec_snap = msgspec.msgpack.Decoder(_SavedSnapshot)
 _dec_passage = msgspec.msgpack.Decoder(Passage)
 _dec_seg = msgspec.msgpack.Decoder(SegMeta)
 
@@ -200,6 +216,7 @@ def deep_check(path: str) -> None:
 
 
 SEAL = "sealed"  # beside data.mdb: its size, mtime, inode and last transaction when it was last closed whole
+SNAP = "snapshot"  # beside it: the snapshot at that close, after the same stamp (used only when both agree)
 
 
 def _stamp(data: str, txnid: Optional[int]) -> str:
@@ -377,7 +394,9 @@ class Store:
             elif fmt != FORMAT:
                 raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
         self.psize = self.env.stat()["psize"]
-        self.snapshot = self._load(check=self.opened_as != "sealed")
+        saved = self._saved_snapshot(sealed) if self.opened_as == "sealed" else None
+        self.snapshot = saved if saved is not None else self._load(check=self.opened_as != "sealed")
+        self.snapshot_from = "saved" if saved is not None else "tables"
 
     @classmethod
     def open(cls, path: str) -> "Store":
@@ -392,6 +411,7 @@ class Store:
 
     rebuilt_because: Optional[str] = None
     opened_as = "new"  # "new", "sealed" (closed whole: not checked again) or "checked" (see _open)
+    snapshot_from = "tables"  # or "saved": the snapshot saved at the last clean close
     on_commit = None  # called after every change that is committed
     on_damage = None  # called (once) when the index is found damaged while serving
     on_alloc = None  # called with the ids a commit gave new passages (ids are reused)
@@ -551,19 +571,67 @@ class Store:
             self.snapshot = self._load()
         return self.snapshot
 
+    def _saved_snapshot(self, sealed: str) -> Optional[Snapshot]:
+        """The snapshot saved at the last clean close, when it is of the index as sealed
+        (same stamp: no transaction since) and the generation it names; else None."""
+        try:
+            with open(os.path.join(self.path, SNAP), "rb") as f:
+                raw = f.read()
+            head, _, body = raw.partition(b"\n")
+            if head.decode() != sealed:
+                return None
+            d = _dec_snap.decode(body)
+            with self.env.begin() as txn:
+                if int(txn.get(b"gen", db=self.meta)) != d.gen:
+                    return None
+            n = len(d.alive)
+            arrays = [np.frombuffer(b, t).copy() for b, t in
+                      ((d.doclen, "<f4"), (d.alive, "?"), (d.src, "u1"), (d.refid, "<i4"), (d.seg_of, "<i4"))]
+            if any(len(a) != n for a in arrays):
+                return None
+            doclen, alive, src, refid, seg_of = arrays
+            if len(refid) and (refid.max() >= len(d.refs) or refid.min() < -1):
+                return None
+            return Snapshot(d.gen, doclen.astype(np.float32), alive, src, refid, d.refs, d.live, d.total_len,
+                            seg_of, dict(d.segs))
+        except (OSError, ValueError, UnicodeDecodeError, msgspec.DecodeError, TypeError, lmdb.Error):
+            return None
+
+    def _snapshot_bytes(self) -> Optional[bytes]:
+        """The published snapshot, encoded for the next open, when it is the index's
+        (no other process committed since it was made); None otherwise."""
+        snap = self.snapshot
+        if snap.seg_of is None or snap.segs is None:
+            return None
+        with self.env.begin() as txn:
+            if int(txn.get(b"gen", db=self.meta)) != snap.gen:
+                return None
+        return _enc.encode(_SavedSnapshot(
+            snap.gen, snap.live, snap.total_len, list(snap.segs.items()), snap.refs,
+            snap.doclen.astype("<f4").tobytes(), snap.alive.tobytes(), snap.src.tobytes(),
+            snap.refid.astype("<i4").tobytes(), snap.seg_of.astype("<i4").tobytes()))
+
     def close(self) -> None:
-        """Close; an index closed whole is sealed, so the next open need not read it all."""
+        """Close; an index closed whole is sealed, so the next open need not read it all,
+        and its snapshot is saved beside it, so the next open need not rebuild it."""
         with self.write_lock:
             whole = self.damaged is None
+            saved = None
             try:
                 if whole:
                     self.env.sync(True)
+                    saved = self._snapshot_bytes()
             except lmdb.Error:
                 whole = False
             self.env.close()
             if whole:
                 try:
                     stamp = _stamp(self.data, check_file(self.data))
+                    if saved is not None:  # first: a kill before the seal leaves it unused
+                        tmp = os.path.join(self.path, SNAP + ".tmp")
+                        with open(tmp, "wb") as f:
+                            f.write(stamp.encode() + b"\n" + saved)
+                        os.replace(tmp, os.path.join(self.path, SNAP))
                     tmp = os.path.join(self.path, SEAL + ".tmp")
                     with open(tmp, "w") as f:
                         f.write(stamp)
@@ -1061,7 +1129,7 @@ def _vector_rows(pids: list[int], rows: list[bytes], dim: int) -> tuple[np.ndarr
 
 def wipe(path: str) -> None:
     """Remove an index environment (only its own files)."""
-    for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp"):
+    for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp", SNAP, SNAP + ".tmp"):
         try:
             os.unlink(os.path.join(path, name))
         except FileNotFoundError:

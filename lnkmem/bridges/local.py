@@ -261,6 +261,8 @@ class LocalPlace:
         if enter and ignore and hidden:  # its own ignore files, read only where the folder has one
             stack = stack + ignore.level(rel, os.path.join(self.real, rel))
         S_ISDIR, S_ISREG = st.S_ISDIR, st.S_ISREG
+        # only folder rules in force (the defaults, most trees): no file here can be ignored
+        file_rules = ignore is not None and any(not r.dir_only for _, rules in stack for r in rules)
         for name, s in found:
             path = f"{rel}/{name}" if rel else name
             try:
@@ -269,7 +271,7 @@ class LocalPlace:
                 is_dir = S_ISDIR(s.st_mode)
                 # the full path only for a folder: the ignore rules need it there, a file's is never built
                 full = os.path.join(self.real, path) if is_dir and ignore else ""
-                if ignore and ignore.skip(stack, path, is_dir, full):
+                if (is_dir or file_rules) and ignore and ignore.skip(stack, path, is_dir, full):
                     self._skip("ignored")
                     continue
                 if is_dir:

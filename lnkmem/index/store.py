@@ -16,7 +16,9 @@ files becomes one new segment in one write transaction, and the passages it
 replaces are marked dead, filtered at search time and dropped when segments
 are merged. Every change is one LMDB transaction, so a process killed at any
 moment leaves the index at the state before or after a batch; :meth:`open`
-checks that the tables agree and raises :class:`DamagedIndex` when not.
+checks that the tables agree and raises :class:`DamagedIndex` when not, unless
+the index was closed whole and is untouched since (its seal): then the snapshot
+saved at that close is read instead (a restart is O(change), not O(index)).
 
 The few numbers BM25 needs per passage (length, source, ref) are held in
 memory as numpy arrays, read at open from ``segments`` (cross-checked with

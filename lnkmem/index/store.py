@@ -1021,6 +1021,7 @@ class Store:
                     # a fresh read transaction (an old one pins the pages commits free meanwhile),
                     # each cursor at the term it stands on
                     txn.abort()
+                    _release_map(self.data)
                     txn = self.env.begin()
                     curs = [txn.cursor(db=self.postings) for _ in segs]
                     for t_, j, _ in heap:
@@ -1030,6 +1031,7 @@ class Store:
                 self._step(lambda: self._put_postings(segs, items))
         finally:
             txn.abort()
+            _release_map(self.data)
 
     def _put_postings(self, segs: list[int], items: list) -> None:
         with self.env.begin(write=True) as txn:
@@ -1270,6 +1272,39 @@ def _dead_of(mask: np.ndarray, pids: np.ndarray) -> np.ndarray:
     out = np.zeros(len(pids), bool)
     out[inside] = mask[pids[inside]]
     return out
+
+
+def _release_map(data: str) -> None:
+    """Let go of the pages of LMDB's map (``data``) this process has touched: a merge reads
+    every posting of its segments through the map, and each page read stays resident in
+    this process (its RSS) until the kernel wants it back. MADV_DONTNEED on the shared,
+    read-only file mapping only unmaps them: the next read maps the page cache's page again.
+    Linux only; best effort."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        real = os.path.realpath(data)
+        spans = []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip("\n").endswith(" " + real):
+                    a, b = line.split(None, 1)[0].split("-")
+                    spans.append((int(a, 16), int(b, 16)))
+        if not spans:
+            return
+        global _madvise
+        if _madvise is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _madvise = libc.madvise
+        for a, b in spans:
+            _madvise(a, b - a, 4)  # MADV_DONTNEED
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+_madvise = None
 
 
 def _tier(n: int, floor: int, factor: int) -> int:

@@ -328,3 +328,55 @@ def test_the_merger_thread_merges_in_the_background_and_stops_with_the_store(tmp
     finally:
         st.close()
     assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
+
+
+def test_a_serving_memory_merges_on_its_own_thread_and_a_change_never_waits_for_it(tmp_path):
+    """Memory: one-file changes make small segments; the merger thread merges them while
+    changes go on, each searchable at once; stopping the memory stops the merger."""
+    from lnkmem.config import from_args
+    from lnkmem.engine import Memory
+    from tests.helpers import Home
+    h = Home(tmp_path / "h")
+    h.write("a.md", "Albatross glides.\n")
+    mem = Memory(from_args(*h.args(), {})).start(watch=False)
+    try:
+        assert mem.ready.wait(30)
+        assert any(t.name == "lnkmem-merge" for t in threading.enumerate())
+        for i in range(12):
+            h.write(f"n{i}.md", f"Note {i} about zq{i}x.\n")
+            t = time.perf_counter()
+            assert mem.changed(f"home/n{i}.md")
+            hits, _ = mem.rank(f"zq{i}x", 5)
+            assert hits and time.perf_counter() - t < 5
+        deadline = time.monotonic() + 20
+        while len(mem.store.snapshot.segs) >= Store.MERGE_FACTOR and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(mem.store.snapshot.segs) < Store.MERGE_FACTOR  # merged in the background
+        for i in range(12):
+            assert mem.rank(f"zq{i}x", 5)[0]
+    finally:
+        mem.stop()
+    assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
+
+
+def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
+    rng = random.Random(8)
+    path = str(tmp_path / "index")
+    st = Store.open(path)
+    try:
+        for i in range(4):
+            st.commit(Batch(files=[_file(rng, f"home/m{i}-{j}.md", "v1", 6) for j in range(20)]))
+        queries = [" ".join(rng.sample(VOCAB, 2)) for _ in range(8)]
+        want = _answers(st, queries)
+        used = (st.env.info()["last_pgno"] + 1) * st.psize
+        st.env.set_mapsize(used)  # full at the first page the merge needs
+        st.STEP_BYTES = 2000
+        steps = []
+        assert st.merge(sorted(st.snapshot.segs), should_stop=lambda: steps.append(1) and False)
+        assert st.env.info()["map_size"] > used
+        assert len(st.snapshot.segs) == 1 and len(steps) > 3
+        assert _answers(st, queries) == want
+        _same(st.snapshot, st._load())
+        _postings_match_text(st)
+    finally:
+        st.close()

@@ -1016,17 +1016,18 @@ class Store:
                 if size >= self.STEP_BYTES:
                     if stop():
                         raise _Abandoned()
+                    # no read transaction open across a write step: a full map is grown there (a
+                    # remap), and an old reader would pin the pages commits free meanwhile
+                    txn.abort()
                     self._step(lambda: self._put_postings(segs, items))
                     items, size = [], 0
-                    # a fresh read transaction (an old one pins the pages commits free meanwhile),
-                    # each cursor at the term it stands on
-                    txn.abort()
                     _release_map(self.data)
-                    txn = self.env.begin()
+                    txn = self.env.begin()  # each cursor again at the term it stands on
                     curs = [txn.cursor(db=self.postings) for _ in segs]
                     for t_, j, _ in heap:
                         if not curs[j].set_key(keys[j] + t_):
                             raise _Abandoned()  # the segment went away meanwhile
+            txn.abort()
             if items:
                 self._step(lambda: self._put_postings(segs, items))
         finally:

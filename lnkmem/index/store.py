@@ -1108,8 +1108,10 @@ class Store:
                 return False
 
         while self._step(some):
+            _release_map(self.data)  # the leaf pages it walked
             if stop():
                 return
+        _release_map(self.data)
 
     @_guarded
     def sweep(self) -> list[int]:

@@ -1170,13 +1170,16 @@ class Store:
 
     def maybe_merge(self, factor: Optional[int] = None) -> bool:
         """Merge what the policy (:meth:`merge_plan`) asks for: on the merger thread when
-        one runs (this returns at once), else here, until it asks for nothing."""
+        one runs (this returns at once), else here, until it asks for nothing; nothing
+        while another thread's merge is under way (a change never waits behind a merge)."""
         m = self._merger
         if m is not None and m.is_alive():
             self._merger_wake.set()
             return False
         merged = False
         while True:
+            if self._merge_lock.locked():
+                return merged  # a merge under way (another thread's): never wait behind it
             plan = self.merge_plan(factor)
             if not plan or not self.merge(plan):
                 return merged

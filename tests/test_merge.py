@@ -293,6 +293,7 @@ def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_p
                         [({"zebra": 1, "w1": 1}, 2)])
             t = time.perf_counter()
             st.commit(Batch(files=[f]))
+            assert st.maybe_merge() is False  # what a build does after its commit: no wait either
             hits = search.bm25(st, "zebra", 5)
             took = time.perf_counter() - t
             assert m.is_alive()  # the merge still runs

@@ -958,6 +958,12 @@ class Store:
                 mask = np.zeros(top + 1, bool)
                 mask[dead] = True
                 self._deadmask = mask
+                # the segments holding none of them: their postings are copied as they are stored
+                snap = self.snapshot
+                self._clean = frozenset()
+                if snap.seg_of is not None and snap.gen == int(txn.get(b"gen", db=self.meta)):
+                    d = dead[dead < len(snap.seg_of)]
+                    self._clean = frozenset(segs) - set(np.unique(snap.seg_of[d]).tolist())
                 self._merging = frozenset(segs)  # a commit no longer drops them when wholly dead
                 return new
 
@@ -969,6 +975,7 @@ class Store:
         nk = _k(new)
         dead = self._deadmask
         keys = [_k(s) for s in segs]
+        clean = [s in self._clean for s in segs]
         heap: list = []  # (term, segment index, stored value): each segment's next term
         txn = self.env.begin()
         try:
@@ -995,11 +1002,12 @@ class Store:
                     parts.append(w)
                     advance(j)
                 if len(parts) == 1:  # the stored value as it is, unless it names the dead
-                    p, t = postings.unpack(v)
-                    drop = _dead_of(dead, p)
-                    if drop.any():
-                        keep = ~drop
-                        v = postings.pack(p[keep], t[keep]) if keep.any() else None
+                    if not clean[i]:
+                        p, t = postings.unpack(v)
+                        drop = _dead_of(dead, p)
+                        if drop.any():
+                            keep = ~drop
+                            v = postings.pack(p[keep], t[keep]) if keep.any() else None
                 else:  # each segment's list ascends and no id lies in two segments: one sort
                     got = [postings.unpack(w) for w in parts]
                     p = np.concatenate([g[0] for g in got])

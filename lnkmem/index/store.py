@@ -896,7 +896,7 @@ class Store:
             return False
         stop = should_stop or (lambda: False)
         with self._merge_lock:
-            self.sweep()
+            self._sweep()
             if len(segs) < 2 and not self._has_dead(segs):
                 return False
             new = self._merge_begin(segs)
@@ -1124,7 +1124,12 @@ class Store:
     @_guarded
     def sweep(self) -> list[int]:
         """Delete the postings of segments not listed (a merge killed or stopped between its
-        steps), but a merge's still under way in a live process; returns the segments swept."""
+        steps), but a merge's still under way in another live process; returns the segments
+        swept. Waits for a merge of this process under way."""
+        with self._merge_lock:
+            return self._sweep()
+
+    def _sweep(self) -> list[int]:
         with self.env.begin() as txn:
             listed = {int.from_bytes(k, "big") for k in txn.cursor(db=self.segments).iternext(values=False)}
             cur = txn.cursor(db=self.postings)
@@ -1185,6 +1190,11 @@ class Store:
             self._merger_wake.set()
             return False
         merged = False
+        if not self._swept and self._merge_lock.acquire(blocking=False):
+            try:
+                self._sweep()  # what a merge killed before this open left, even when nothing is to merge
+            finally:
+                self._merge_lock.release()
         while True:
             if self._merge_lock.locked():
                 return merged  # a merge under way (another thread's): never wait behind it
@@ -1217,6 +1227,10 @@ class Store:
     def _merger_loop(self) -> None:
         import logging
         stop, wake = self._merger_stop, self._merger_wake
+        try:
+            self.sweep()  # what a merge killed before this open left
+        except Exception as e:
+            logging.getLogger("lnkmem").warning("sweeping merge leftovers failed: %s", e)
         while not stop.is_set():
             wake.wait()
             wake.clear()

@@ -7,11 +7,12 @@ part in its own process:
 
 - ``lnk-lnkmem index`` on a fresh state: wall time, peak RSS (the child's ru_maxrss),
   segments left, ``data.mdb`` size;
-- a merge of every segment of that index (``Store.merge``): its time, the process's
+- a merge of every segment of a build's index (built again, its end-of-build merges left
+  out, as code before tiered merging had none at these scales; ``Store.merge``): its time, the process's
   peak RSS (VmHWM: LMDB's mapped pages it touched included) and the peak of its
   anonymous memory (RssAnon, sampled every 20 ms: what the merge itself holds),
   both above the process before the merge, and ``data.mdb`` after;
-- on a fresh index again, a merge of every segment started on a thread, and while
+- on such an index again, a merge of every segment started on a thread, and while
   it runs ten one-file changes (a Home file gets a new word; timed from the write
   until ``bm25`` finds it, through ``indexer.plan``/``build``): their latencies and
   the merge's time. The files are put back afterwards.
@@ -150,7 +151,18 @@ def w_during(a: dict) -> None:
              "segments": len(segs), "started_s": t_start})
 
 
-WORKERS = {"merge": w_merge, "during": w_during}
+def w_unmerged(a: dict) -> None:
+    """``lnk-lnkmem index`` with its end-of-build merges left out: the segments of a build,
+    for the merge of every segment to merge (code that merges at the end of a build, by
+    tiers, would leave one)."""
+    from lnkmem import cli
+    from lnkmem.index.store import Store
+    Store.maybe_merge = lambda self, *args, **kw: False
+    rc = cli.main(["index", a["home"], a["state"], a["agent"]])
+    _answer({"rc": rc})
+
+
+WORKERS = {"merge": w_merge, "during": w_during, "unmerged": w_unmerged}
 
 
 def child(kind: str, env: dict, **kw) -> dict:
@@ -181,9 +193,12 @@ def one_scale(out: str, scale: float, seed: int, root: str) -> dict:
     log(f"[{scale:g}] index ...")
     r["index"] = fresh_index(home, state, agent, env)
     log(f"[{scale:g}] index: {r['index']}")
+    shutil.rmtree(state, ignore_errors=True)
+    child("unmerged", env, home=home, state=state, agent=agent)
     r["merge"] = child("merge", env, state=state)
     log(f"[{scale:g}] merge of every segment: {r['merge']}")
-    r["index2"] = fresh_index(home, state, agent, env)
+    shutil.rmtree(state, ignore_errors=True)
+    child("unmerged", env, home=home, state=state, agent=agent)
     rng = random.Random(seed)
     names = sorted(os.path.relpath(os.path.join(d, f), home) for d, _, fs in os.walk(home) for f in fs
                    if f.endswith(".md"))

@@ -996,10 +996,12 @@ class Store:
             while heap:
                 term, i, v = heapq.heappop(heap)
                 parts = [v]
+                dirty = not clean[i]
                 advance(i)
                 while heap and heap[0][0] == term:
                     _, j, w = heapq.heappop(heap)
                     parts.append(w)
+                    dirty = dirty or not clean[j]
                     advance(j)
                 if len(parts) == 1:  # the stored value as it is, unless it names the dead
                     if not clean[i]:
@@ -1012,9 +1014,10 @@ class Store:
                     got = [postings.unpack(w) for w in parts]
                     p = np.concatenate([g[0] for g in got])
                     t = np.concatenate([g[1] for g in got])
-                    drop = _dead_of(dead, p)
-                    if drop.any():
-                        p, t = p[~drop], t[~drop]
+                    if dirty:
+                        drop = _dead_of(dead, p)
+                        if drop.any():
+                            p, t = p[~drop], t[~drop]
                     order = np.argsort(p, kind="stable")
                     v = postings.pack(p[order], t[order]) if len(p) else None
                 if v is None:

@@ -450,7 +450,7 @@ def w_profile(a: dict) -> None:
             return inner
         S._commit = wrap("commit (one transaction)", S._commit)
         S._load = wrap("snapshot reload", S._load)
-        S._merge = wrap("merge", S._merge)
+        S.merge = wrap("merge", S.merge)
         t0 = time.perf_counter()
         cli.main(argv)
         res["wall_s"] = time.perf_counter() - t0

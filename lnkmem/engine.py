@@ -147,6 +147,8 @@ class Memory:
         self._stop.set()
         self._embed_wake.set()
         self._queue.put(("", None))
+        if self.store:
+            self.store.stop_merger()  # a merge under way stops at its next step
         if self._thread:
             self._thread.join(timeout=10)
         if self.store:
@@ -210,6 +212,7 @@ class Memory:
         if self.layout.replica is not None:
             self._attach()
         store.on_commit = on_commit
+        store.start_merger()
         try:
             self.refresh_all()
         finally:
@@ -243,6 +246,7 @@ class Memory:
             if self.layout.replica is not None:
                 self._attach()
             self.store.on_commit = self._committed
+            self.store.start_merger()  # merges off this thread: a change never waits behind one
             if self.writeback is not None:
                 self.writeback.start()
             if self.layout.replica is not None:

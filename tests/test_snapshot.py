@@ -63,7 +63,7 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                 segs = list(st.snapshot.segs)
                 st.merge(rng.sample(segs, rng.randint(1, len(segs))))
             elif op < 0.17:
-                st.maybe_merge(max_segments=6, keep=3)
+                st.maybe_merge(factor=3)
             else:
                 files, removed = [], []
                 for _ in range(rng.choice((1, 1, 1, 2, 5))):

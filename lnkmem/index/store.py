@@ -338,6 +338,7 @@ class Store:
     def __init__(self, path: str):
         self.path = path
         self.write_lock = threading.Lock()
+        self._merge_lock = threading.Lock()  # one merge at a time (each step takes write_lock)
         try:
             self._open()
         except BaseException:
@@ -616,6 +617,7 @@ class Store:
     def close(self) -> None:
         """Close; an index closed whole is sealed, so the next open need not read it all,
         and its snapshot is saved beside it, so the next open need not rebuild it."""
+        self.stop_merger()  # a merge under way stops at its next step (what it wrote: swept later)
         with self.write_lock:
             whole = self.damaged is None
             saved = None
@@ -794,7 +796,7 @@ class Store:
                     alive[killed] = False
                     for s in np.unique(seg_of[killed]).tolist():
                         members = np.flatnonzero(seg_of == s)
-                        if s >= 0 and not alive[members].any():  # wholly dead: drop it now
+                        if s >= 0 and s not in self._merging and not alive[members].any():  # wholly dead: drop it now
                             self._drop_segment(txn, s, members)
                             seg_of[members] = -1
                             dropped.append(s)
@@ -965,6 +967,26 @@ class Store:
         return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
 
     # --- merging ---------------------------------------------------------
+    #
+    # A merge streams (docs/SCALE-NOTES.md item 2): a k-way merge by term over the merged
+    # segments' postings (each segment's keys are term-sorted), one term in memory at a
+    # time, written under a new segment id in write transactions of about STEP_BYTES;
+    # a segment not listed in ``segments`` is invisible to readers, so those writes change
+    # nothing anyone sees. The last transaction lists the new segment and unlists the old
+    # ones, dropping the passages that were dead when the merge began; the old segments'
+    # postings are deleted after it, again in bounded transactions. The write lock is held
+    # per step, so commits go on beside a merge; a passage a commit kills meanwhile stays
+    # dead-marked in the new segment (the next merge drops it). A process killed between
+    # steps leaves only postings of a segment not listed: :meth:`sweep` deletes them.
+
+    MERGE_FACTOR = 8  # a tier of segments is merged when it holds this many
+    TIER_FLOOR = 16  # passages: smaller segments are all in the lowest tier
+    DEAD_SHARE = 0.5  # a segment with more dead passages than this share is merged alone
+    STEP_BYTES = 4 << 20  # postings written (or keys deleted, x64 B) per write transaction of a merge
+
+    _merger: Optional[threading.Thread] = None
+    _swept = False
+    _merging: frozenset = frozenset()  # segments a merge of this process is reading: commits keep them
 
     @_guarded
     def segment_sizes(self) -> dict[int, int]:
@@ -972,91 +994,368 @@ class Store:
             return {int.from_bytes(k, "big"): len(v) for k, v in txn.cursor(db=self.segments)}
 
     @_guarded
-    def merge(self, segs: list[int]) -> None:
-        """Merge segments into one, dropping dead passages from them."""
-        if len(segs) < 2 and not self._has_dead():
-            return
+    def merge(self, segs: list[int], should_stop=None) -> bool:
+        """Merge segments into one, dropping their dead passages; False when nothing was
+        merged (stopped by ``should_stop``, or a segment went away meanwhile)."""
+        segs = sorted(set(int(s) for s in segs))
+        if not segs:
+            return False
+        stop = should_stop or (lambda: False)
+        with self._merge_lock:
+            self._sweep()
+            if len(segs) < 2 and not self._has_dead(segs):
+                return False
+            new = self._merge_begin(segs)
+            if new is None:
+                return False
+            try:
+                self._merge_postings(segs, new, stop)
+                done = self._step(lambda: self._merge_end(segs, new))
+            except _Abandoned:
+                done = None
+            finally:
+                self._merging = frozenset()
+            if done is None:  # stopped, or the segments changed under it: its postings are garbage
+                if not stop():
+                    self._delete_segment_postings(new, stop)
+                    self._step(lambda: self._unregister(new))
+                return False
+            for s in segs:  # unlisted now: nobody reads these any more
+                if stop():
+                    break  # left for the next sweep
+                self._delete_segment_postings(s, stop)
+        self._changed()
+        return True
+
+    def _step(self, fn):
+        """One write step of a merge, under the write lock; a full map grows and the step alone
+        runs again."""
         with self.write_lock:
-            snap = self.snapshot
+            self._guard()
             while True:
                 try:
-                    done = self._merge(segs)
-                    break
+                    return fn()
                 except lmdb.MapFullError:
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
-            # the merged segments' part replaced; read anew only after another process wrote
-            fresh = snap.seg_of is not None and done[1] == snap.gen + 1
-            self.snapshot = self._merged(snap, segs, *done) if fresh else self._load()
-        self._changed()
 
-    def _has_dead(self) -> bool:
-        with self.env.begin() as txn:
-            return txn.stat(self.dead)["entries"] > 0
+    def _has_dead(self, segs: list[int]) -> bool:
+        snap = self.snapshot
+        if snap.seg_of is None:
+            with self.env.begin() as txn:
+                return txn.stat(self.dead)["entries"] > 0
+        n = min(len(snap.seg_of), len(snap.alive))
+        return bool((np.isin(snap.seg_of[:n], segs) & ~snap.alive[:n]).any())
 
-    def _merge(self, segs: list[int]) -> tuple[int, int, np.ndarray, np.ndarray]:
-        """One transaction; returns (the new segment, the generation, the ids it holds,
-        the dead ids dropped from the merged segments)."""
+    def _merge_begin(self, segs: list[int]) -> Optional[int]:
+        """Take the new segment's id (registered in ``meta`` as a merge of this process's);
+        None when a segment to merge is no longer listed."""
+
+        def begin():
+            with self.env.begin(write=True) as txn:
+                if any(txn.get(_k(s), db=self.segments) is None for s in segs):
+                    return None
+                new = int(txn.get(b"next_seg", db=self.meta))
+                txn.put(b"next_seg", str(new + 1).encode(), db=self.meta)
+                txn.put(_MERGING + _k(new), str(os.getpid()).encode(), db=self.meta)
+                # the passages dead now are dropped by this merge: a mask by id (one gather a term)
+                dead = np.fromiter((int.from_bytes(k, "big") for k in
+                                    txn.cursor(db=self.dead).iternext(values=False)), np.int64)
+                top = max(int(dead.max()) if len(dead) else 0, int(txn.get(b"next_pid", db=self.meta)))
+                mask = np.zeros(top + 1, bool)
+                mask[dead] = True
+                self._deadmask = mask
+                # the segments holding none of them: their postings are copied as they are stored
+                snap = self.snapshot
+                self._clean = frozenset()
+                if snap.seg_of is not None and snap.gen == int(txn.get(b"gen", db=self.meta)):
+                    d = dead[dead < len(snap.seg_of)]
+                    self._clean = frozenset(segs) - set(np.unique(snap.seg_of[d]).tolist())
+                self._merging = frozenset(segs)  # a commit no longer drops them when wholly dead
+                return new
+
+        return self._step(begin)
+
+    def _merge_postings(self, segs: list[int], new: int, stop) -> None:
+        """Write the merged segments' live postings under ``new``, term by term, in steps."""
+        import heapq
+        nk = _k(new)
+        dead = self._deadmask
+        keys = [_k(s) for s in segs]
+        clean = [s in self._clean for s in segs]
+        heap: list = []  # (term, segment index, stored value): each segment's next term
+        txn = self.env.begin()
+        try:
+            curs = [txn.cursor(db=self.postings) for _ in segs]
+
+            def advance(i: int, first: bool = False) -> None:
+                c = curs[i]
+                ok = c.set_range(keys[i]) if first else c.next()
+                if ok:
+                    k = c.key()
+                    if k[:4] == keys[i]:
+                        heapq.heappush(heap, (bytes(k[4:]), i, c.value()))
+
+            for i in range(len(segs)):
+                advance(i, True)
+            items: list[tuple[bytes, bytes]] = []
+            size = 0
+            while heap:
+                term, i, v = heapq.heappop(heap)
+                parts = [v]
+                dirty = not clean[i]
+                advance(i)
+                while heap and heap[0][0] == term:
+                    _, j, w = heapq.heappop(heap)
+                    parts.append(w)
+                    dirty = dirty or not clean[j]
+                    advance(j)
+                if len(parts) == 1:  # the stored value as it is, unless it names the dead
+                    if not clean[i]:
+                        p, t = postings.unpack(v)
+                        drop = _dead_of(dead, p)
+                        if drop.any():
+                            keep = ~drop
+                            v = postings.pack(p[keep], t[keep]) if keep.any() else None
+                else:  # each segment's list ascends and no id lies in two segments: one sort
+                    got = [postings.unpack(w) for w in parts]
+                    p = np.concatenate([g[0] for g in got])
+                    t = np.concatenate([g[1] for g in got])
+                    if dirty:
+                        drop = _dead_of(dead, p)
+                        if drop.any():
+                            p, t = p[~drop], t[~drop]
+                    order = np.argsort(p, kind="stable")
+                    v = postings.pack(p[order], t[order]) if len(p) else None
+                if v is None:
+                    continue
+                items.append((nk + term, v))
+                size += len(v) + len(term) + 4
+                if size >= self.STEP_BYTES:
+                    if stop():
+                        raise _Abandoned()
+                    # no read transaction open across a write step: a full map is grown there (a
+                    # remap), and an old reader would pin the pages commits free meanwhile
+                    txn.abort()
+                    self._step(lambda: self._put_postings(segs, items))
+                    items, size = [], 0
+                    _release_map(self.data)
+                    txn = self.env.begin()  # each cursor again at the term it stands on
+                    curs = [txn.cursor(db=self.postings) for _ in segs]
+                    for t_, j, _ in heap:
+                        if not curs[j].set_key(keys[j] + t_):
+                            raise _Abandoned()  # the segment went away meanwhile
+            txn.abort()
+            if items:
+                self._step(lambda: self._put_postings(segs, items))
+        finally:
+            txn.abort()
+            _release_map(self.data)
+
+    def _put_postings(self, segs: list[int], items: list) -> None:
         with self.env.begin(write=True) as txn:
-            new = int(txn.get(b"next_seg", db=self.meta))
-            nk = _k(new)
-            metas = [(s, _dec_seg.decode(txn.get(_k(s), db=self.segments))) for s in segs]
-            # the dead as a mask by id: one gather per term, not a search of the whole set
-            dead = np.fromiter((int.from_bytes(k, "big") for k, _ in txn.cursor(db=self.dead)), np.int64)
-            top = max([int(dead.max()) if len(dead) else 0] +
-                      [int(np.frombuffer(m.pids, "<u4").max()) for _, m in metas if len(m.pids)])
-            deadmask = np.zeros(top + 1, bool)
-            deadmask[dead] = True
-            grouped: dict[bytes, tuple[list, list]] = {}
-            for s, _ in metas:
-                sk = _k(s)
-                for term, v in self.segment_postings(txn, sk):
-                    ps, ts = grouped.setdefault(term, ([], []))
-                    p, t = postings.unpack(v)
-                    ps.append(p.copy())
-                    ts.append(t.copy())
-                cur = txn.cursor(db=self.postings)  # drop the segment's postings
-                if cur.set_range(sk):
-                    while cur.key()[:4] == sk:
-                        if not cur.delete():
-                            break
-            items = []
-            for term in sorted(grouped):
-                ps, ts = grouped[term]
-                p = np.concatenate(ps) if len(ps) > 1 else ps[0]
-                t = np.concatenate(ts) if len(ts) > 1 else ts[0]
-                keep = ~deadmask[p]
-                if not keep.all():
-                    p, t = p[keep], t[keep]
-                if len(p):
-                    items.append((nk + term, postings.pack(p, t)))
-            txn.cursor(db=self.postings).putmulti(items, append=True)
+            if any(txn.get(_k(s), db=self.segments) is None for s in segs):
+                raise _Abandoned()  # dropped by a commit (all dead) or replaced by a copy
+            txn.cursor(db=self.postings).putmulti(items)
+
+    def _merge_end(self, segs: list[int], new: int) -> Optional[tuple]:
+        """The last transaction: list the new segment, unlist the merged ones, drop the ids
+        dead when the merge began; then the snapshot. None when a segment went away."""
+        dead = self._deadmask
+        snap = self.snapshot
+        with self.env.begin(write=True) as txn:
+            raw = [txn.get(_k(s), db=self.segments) for s in segs]
+            if any(v is None for v in raw):
+                return None
             all_p, all_l, all_r, gone = [], [], [], []
-            for s, m in metas:
+            intern: dict[str, str] = {}
+            for s, v in zip(segs, raw):
+                m = _dec_seg.decode(v)
                 p = np.frombuffer(m.pids, "<u4")
                 ln = np.frombuffer(m.lens, "<u4")
-                d = deadmask[p]
+                d = _dead_of(dead, p)
+                refs = [intern.setdefault(r, r) for r in m.refs]
                 if d.any():
                     keep = np.flatnonzero(~d)
                     all_p.append(p[keep])
                     all_l.append(ln[keep])
-                    all_r.extend(m.refs[i] for i in keep.tolist())
+                    all_r.extend(refs[i] for i in keep.tolist())
                     for q in p[d].tolist():
                         txn.delete(_k(q), db=self.dead)
                         txn.delete(_k(q), db=self.vectors)
+                        txn.delete(_k(q), db=self.vec_pending)
                     gone.append(p[d])
                 else:
                     all_p.append(p)
                     all_l.append(ln)
-                    all_r.extend(m.refs)
+                    all_r.extend(refs)
                 txn.delete(_k(s), db=self.segments)
             kept = np.concatenate(all_p).astype(np.int64) if all_p else np.empty(0, np.int64)
             if len(kept):
                 meta = SegMeta(kept.astype("<u4").tobytes(), np.concatenate(all_l).astype("<u4").tobytes(), all_r)
-                txn.put(nk, _enc.encode(meta), db=self.segments)
-            txn.put(b"next_seg", str(new + 1).encode(), db=self.meta)
-            gen = int(txn.get(b"gen", db=self.meta)) + 1
+                txn.put(_k(new), _enc.encode(meta), db=self.segments)
+            txn.delete(_MERGING + _k(new), db=self.meta)
+            was = int(txn.get(b"gen", db=self.meta))
+            gen = was + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
-            return new, gen, kept, (np.concatenate(gone).astype(np.int64) if gone else np.empty(0, np.int64))
+        gone_a = np.concatenate(gone).astype(np.int64) if gone else np.empty(0, np.int64)
+        # the merged segments' part replaced; read anew only after another process wrote
+        fresh = snap.seg_of is not None and was == snap.gen
+        self.snapshot = self._merged(snap, segs, new, gen, kept, gone_a) if fresh else self._load()
+        return new, gen
+
+    def _unregister(self, new: int) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.delete(_MERGING + _k(new), db=self.meta)
+
+    def _delete_segment_postings(self, seg: int, stop=lambda: False) -> None:
+        """Delete the postings stored under ``seg`` (not listed), a bounded number a transaction."""
+        sk = _k(seg)
+        per = max(self.STEP_BYTES // 64, 16)
+
+        def some() -> bool:
+            with self.env.begin(write=True) as txn:
+                cur = txn.cursor(db=self.postings)
+                n = 0
+                if cur.set_range(sk):
+                    while n < per and cur.key()[:4] == sk:
+                        if not cur.delete():
+                            return False
+                        n += 1
+                    return n == per
+                return False
+
+        while self._step(some):
+            _release_map(self.data)  # the leaf pages it walked
+            if stop():
+                return
+        _release_map(self.data)
+
+    @_guarded
+    def sweep(self) -> list[int]:
+        """Delete the postings of segments not listed (a merge killed or stopped between its
+        steps), but a merge's still under way in another live process; returns the segments
+        swept. Waits for a merge of this process under way."""
+        with self._merge_lock:
+            return self._sweep()
+
+    def _sweep(self) -> list[int]:
+        with self.env.begin() as txn:
+            listed = {int.from_bytes(k, "big") for k in txn.cursor(db=self.segments).iternext(values=False)}
+            cur = txn.cursor(db=self.postings)
+            found, s = [], 0
+            while cur.set_range(_k(s)):  # one seek a segment, not a read of every key
+                s = int.from_bytes(cur.key()[:4], "big")
+                if s not in listed:
+                    owner = txn.get(_MERGING + _k(s), db=self.meta)
+                    if owner is None or not _live_elsewhere(owner):
+                        found.append(s)
+                s += 1
+            stale = [bytes(k) for k in txn.cursor(db=self.meta).iternext(values=False)
+                     if bytes(k).startswith(_MERGING) and int.from_bytes(bytes(k)[len(_MERGING):], "big") not in listed
+                     and not _live_elsewhere(txn.get(k, db=self.meta))]
+        for s in found:
+            self._delete_segment_postings(s)
+        if stale:
+            def forget():
+                with self.env.begin(write=True) as txn:
+                    for k in stale:
+                        txn.delete(k, db=self.meta)
+            self._step(forget)
+        self._swept = True
+        return found
+
+    def merge_plan(self, factor: Optional[int] = None) -> list[int]:
+        """The segments to merge next, or []: log-structured tiers by size (in passages,
+        from the snapshot), the lowest tier holding ``factor`` segments first, all of that
+        tier together; else a segment more than DEAD_SHARE dead, alone. A merge never
+        rewrites segments of a larger tier than its own, so a few live changes never
+        make a merge of most of the index."""
+        factor = factor or self.MERGE_FACTOR
+        snap = self.refresh()
+        sizes = snap.segs if snap.segs is not None else self.segment_sizes()
+        tiers: dict[int, list[int]] = {}
+        for s, n in sizes.items():
+            tiers.setdefault(_tier(n, self.TIER_FLOOR, factor), []).append(s)
+        for t in sorted(tiers):
+            if len(tiers[t]) >= factor:
+                return sorted(tiers[t])
+        if snap.seg_of is not None and sizes:
+            n = min(len(snap.seg_of), len(snap.alive))
+            of = snap.seg_of[:n][~snap.alive[:n]]
+            of = of[of >= 0]
+            if len(of):
+                dead = np.bincount(of)
+                for s in sorted(sizes):
+                    if s < len(dead) and dead[s] > self.DEAD_SHARE * sizes[s]:
+                        return [s]
+        return []
+
+    def maybe_merge(self, factor: Optional[int] = None) -> bool:
+        """Merge what the policy (:meth:`merge_plan`) asks for: on the merger thread when
+        one runs (this returns at once), else here, until it asks for nothing; nothing
+        while another thread's merge is under way (a change never waits behind a merge)."""
+        m = self._merger
+        if m is not None and m.is_alive():
+            self._merger_wake.set()
+            return False
+        merged = False
+        if not self._swept and self._merge_lock.acquire(blocking=False):
+            try:
+                self._sweep()  # what a merge killed before this open left, even when nothing is to merge
+            finally:
+                self._merge_lock.release()
+        while True:
+            if self._merge_lock.locked():
+                return merged  # a merge under way (another thread's): never wait behind it
+            plan = self.merge_plan(factor)
+            if not plan or not self.merge(plan):
+                return merged
+            merged = True
+
+    def start_merger(self) -> None:
+        """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it."""
+        if self._merger is not None and self._merger.is_alive():
+            return
+        self._merger_stop = threading.Event()
+        self._merger_wake = threading.Event()
+        self._merger_wake.set()  # a first look: what the index holds may want a merge already
+        self._merger = threading.Thread(target=self._merger_loop, name="lnkmem-merge", daemon=True)
+        self._merger.start()
+
+    def stop_merger(self, timeout: float = 30.0) -> None:
+        """Stop the merger thread (a merge under way stops at its next step) and wait for it."""
+        m = self._merger
+        if m is None:
+            return
+        self._merger_stop.set()
+        self._merger_wake.set()
+        if m is not threading.current_thread():
+            m.join(timeout)
+        self._merger = None
+
+    def _merger_loop(self) -> None:
+        import logging
+        stop, wake = self._merger_stop, self._merger_wake
+        try:
+            self.sweep()  # what a merge killed before this open left
+        except Exception as e:
+            logging.getLogger("lnkmem").warning("sweeping merge leftovers failed: %s", e)
+        while not stop.is_set():
+            wake.wait()
+            wake.clear()
+            while not stop.is_set():
+                try:
+                    plan = self.merge_plan()
+                    if not plan or not self.merge(plan, stop.is_set):
+                        break
+                except DamagedIndex:
+                    return  # the engine rebuilds the index, and merges on its own
+                except Exception as e:  # the disk, say: the next wake tries again
+                    if self.damaged is not None:
+                        return
+                    logging.getLogger("lnkmem").warning("merging failed: %s", e)
+                    stop.wait(5.0)
+                    break
 
     def _merged(self, old: Snapshot, segs: list[int], new: int, gen: int, kept: np.ndarray,
                 gone: np.ndarray) -> Snapshot:
@@ -1092,16 +1391,84 @@ class Store:
 
     REFS_SLACK = 1024  # refs no segment names, kept until a merge finds more than this (and the named)
 
-    def maybe_merge(self, max_segments: int = 24, keep: int = 8) -> bool:
-        """Tiered merging: when there are too many segments, merge the smallest
-        (sizes in passages, from the snapshot: no segment record read)."""
-        snap = self.refresh()
-        sizes = snap.segs if snap.segs is not None else self.segment_sizes()
-        if len(sizes) <= max_segments:
-            return False
-        small = sorted(sizes, key=lambda s: sizes[s])[: len(sizes) - keep + 1]
-        self.merge(small)
-        return True
+
+_MERGING = b"merging/"  # meta: merging/<segment> -> the pid of the process writing that merge
+
+
+class _Abandoned(Exception):
+    """A merge given up between its steps (stopped, or its segments changed under it)."""
+
+
+def _dead_of(mask: np.ndarray, pids: np.ndarray) -> np.ndarray:
+    """Which of ``pids`` the dead mask (by id) marks; ids beyond it are not dead."""
+    if not len(pids):
+        return np.zeros(0, bool)
+    if int(pids.max()) < len(mask):
+        return mask[pids]
+    inside = pids < len(mask)
+    out = np.zeros(len(pids), bool)
+    out[inside] = mask[pids[inside]]
+    return out
+
+
+def _release_map(data: str) -> None:
+    """Let go of the pages of LMDB's map (``data``) this process has touched: a merge reads
+    every posting of its segments through the map, and each page read stays resident in
+    this process (its RSS) until the kernel wants it back. MADV_DONTNEED on the shared,
+    read-only file mapping only unmaps them: the next read maps the page cache's page again.
+    Linux only; best effort."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        real = os.path.realpath(data)
+        spans = []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip("\n").endswith(" " + real):
+                    a, b = line.split(None, 1)[0].split("-")
+                    spans.append((int(a, 16), int(b, 16)))
+        if not spans:
+            return
+        global _madvise
+        if _madvise is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _madvise = libc.madvise
+        for a, b in spans:
+            _madvise(a, b - a, 4)  # MADV_DONTNEED
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+_madvise = None
+
+
+def _tier(n: int, floor: int, factor: int) -> int:
+    """A segment's tier by its size in passages: 0 below ``floor``, then one a power of ``factor``."""
+    t = 0
+    while n >= floor * factor:
+        n //= factor
+        t += 1
+    return t
+
+
+def _live_elsewhere(owner) -> bool:
+    """Whether a merge registered by process ``owner`` (its pid) may still be writing:
+    another process, alive (this process's merges are one at a time, under its lock)."""
+    try:
+        pid = int(owner)
+    except (TypeError, ValueError):
+        return False
+    if pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
 
 
 def quantize_rows(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,383 @@
+"""Merges stream, step by step, beside commits (issue 12; docs/SCALE-NOTES.md item 2).
+
+A merge writes the new segment's postings in bounded write transactions, unlisted
+(invisible) until its last one; commits go on between its steps; a passage killed
+meanwhile stays dead-marked in the new segment; a merge killed at any step leaves an
+index that opens and answers exactly as before, and only garbage the next merge sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from lnkmem.index import postings, search
+from lnkmem.index.store import Batch, NewFile, Passage, Store, _k
+from tests.helpers import ROOT, base_env
+from tests.test_snapshot import _same
+
+VOCAB = [f"w{i}" for i in range(60)]
+SOURCES = ("home", "chats", "skills", "notes")
+
+
+def _file(rng, ref, version, n=None):
+    n = n or rng.randint(1, 6)
+    ps, counts = [], []
+    for i in range(n):
+        words = rng.choices(VOCAB, k=rng.randint(1, 10))
+        c: dict = {}
+        for w in words:
+            c[w] = c.get(w, 0) + 1
+        ps.append(Passage(ref, i + 1, i + 1, " ".join(words)))
+        counts.append((c, len(words)))
+    return NewFile(ref, version, 10, "text", ps, counts)
+
+
+def _postings_match_text(st: Store) -> None:
+    """Every term's live postings are exactly the live passages holding it, with their counts;
+    every stored posting lies in a listed segment and names only that segment's ids."""
+    snap = st.snapshot
+    live = np.flatnonzero(snap.alive)
+    want: dict[str, dict[int, int]] = {}
+    for p, rec in zip(live.tolist(), st.passages_of(live.tolist())):
+        assert rec is not None, p
+        for w in rec.text.split():
+            want.setdefault(w, {})
+            want[w][p] = want[w].get(p, 0) + 1
+    with st.env.begin() as txn:
+        listed = {int.from_bytes(k, "big") for k in st.segment_keys(txn)}
+        for k, v in txn.cursor(db=st.postings):
+            s = int.from_bytes(k[:4], "big")
+            assert s in listed, f"postings of segment {s}, not listed"
+            p, _ = postings.unpack(v)
+            assert len(p) and (np.diff(p.astype(np.int64)) > 0).all()
+            assert (snap.seg_of[p] == s).all()
+        for w in VOCAB:
+            p, t = st.postings_of(txn, w)
+            keep = snap.alive[p]
+            got = dict(zip(p[keep].tolist(), t[keep].tolist()))
+            assert got == want.get(w, {}), w
+
+
+def _random_batch(rng, st, refs, version):
+    files, removed = [], []
+    for _ in range(rng.choice((1, 1, 2, 4))):
+        if refs and rng.random() < 0.3:
+            removed.append(rng.choice(sorted(refs)))
+        else:
+            version[0] += 1
+            files.append(_file(rng, f"{rng.choice(SOURCES)}/f{rng.randint(0, 40)}.md", f"v{version[0]}"))
+    removed = [r for r in dict.fromkeys(removed) if r not in {f.ref for f in files}]
+    files = list({f.ref: f for f in files}.values())
+    st.commit(Batch(files=files, removed=removed))
+    for r in removed:
+        refs.discard(r)
+    refs.update(f.ref for f in files)
+
+
+def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp_path):
+    """Merges of a few hundred bytes a step, with commits (rewrites, removals, id reuse) run
+    between the steps: the snapshot equals a fresh load at every step, searches rank as on a
+    fresh load, and every term's postings are those of the live passages' text."""
+    rng = random.Random(5)
+    st = Store.open(str(tmp_path / "index"))
+    st.STEP_BYTES = 300
+    refs: set = set()
+    version = [0]
+    steps = 0
+    try:
+        def between():
+            nonlocal steps
+            steps += 1
+            _same(st.snapshot, st._load())
+            if rng.random() < 0.5:
+                _random_batch(rng, st, refs, version)
+                _same(st.snapshot, st._load())
+            return False
+
+        for step in range(120):
+            op = rng.random()
+            if op < 0.15 and len(st.snapshot.segs or ()) > 1:
+                segs = list(st.snapshot.segs)
+                st.merge(rng.sample(segs, rng.randint(2, len(segs))), should_stop=between)
+            elif op < 0.2:
+                st.maybe_merge(factor=3)
+            else:
+                _random_batch(rng, st, refs, version)
+            _same(st.snapshot, st._load())
+            if step % 10 == 0:
+                _postings_match_text(st)
+                q = " ".join(rng.sample(VOCAB, 3))
+                got, _ = search.words(st, q, 10)
+                kept = st.snapshot
+                st.snapshot = st._load()
+                again, _ = search.words(st, q, 10)
+                st.snapshot = kept
+                assert [p for p, _ in got] == [p for p, _ in again]
+        _postings_match_text(st)
+        assert steps > 20  # merges did run in many steps, with commits between them
+        assert st.sweep() == []  # no unlisted postings left behind
+        assert st.snapshot.live == sum(len(r.pids) for r in st.all_files().values())
+    finally:
+        st.close()
+
+
+def test_a_passage_killed_during_a_merge_stays_dead_marked_and_the_next_merge_drops_it(tmp_path):
+    st = Store.open(str(tmp_path / "index"))
+    st.STEP_BYTES = 200
+    rng = random.Random(2)
+    try:
+        st.commit(Batch(files=[_file(rng, "home/a.md", "v1", 5), _file(rng, "home/x.md", "v1", 5)]))
+        st.commit(Batch(files=[_file(rng, "home/b.md", "v1", 5)]))
+        st.commit(Batch(files=[_file(rng, "home/c.md", "v1", 5)]))
+        a = st.all_files()["home/a.md"].pids
+        st.commit(Batch(removed=["home/a.md"]))  # dead before the merge: dropped by it
+        b = st.all_files()["home/b.md"].pids + st.all_files()["home/c.md"].pids
+        killed = []
+
+        def between():
+            if not killed:
+                st.commit(Batch(removed=["home/b.md", "home/c.md"]))  # dead during the merge
+                killed.append(1)
+            return False
+
+        assert st.merge(sorted(st.snapshot.segs), should_stop=between)
+        assert killed
+        snap = st.snapshot
+        assert len(snap.segs) == 1
+        (new,) = snap.segs
+        assert (snap.seg_of[a] == -1).all()  # a's ids free: no segment, no dead mark
+        assert (snap.seg_of[b] == new).all() and not snap.alive[b].any()
+        with st.env.begin() as txn:
+            marks = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=st.dead)}
+        assert marks == set(b)
+        _same(snap, st._load())
+        _postings_match_text(st)
+        assert st.merge_plan() == [new]  # more than half of it dead: merged alone
+        assert st.maybe_merge()
+        with st.env.begin() as txn:
+            assert txn.stat(st.dead)["entries"] == 0
+        assert (st.snapshot.seg_of[b] == -1).all()
+        _same(st.snapshot, st._load())
+        _postings_match_text(st)
+    finally:
+        st.close()
+
+
+def test_the_policy_merges_segments_of_similar_size_only():
+    """Log-structured tiers: a few small segments after a build never make a merge of the
+    build's big segments."""
+    st = Store.__new__(Store)  # merge_plan reads only the snapshot's sizes
+
+    class Snap:
+        seg_of = None
+        alive = None
+
+    def plan(sizes, factor=8):
+        s = Snap()
+        s.segs = dict(enumerate(sizes, 1))
+        st.refresh = lambda: s
+        return st.merge_plan(factor)
+
+    build = [5000] * 7
+    assert plan(build + [3, 5, 2]) == []
+    assert plan(build + [3] * 8) == list(range(8, 16))  # the eight small ones, not the build's
+    assert plan([5000] * 8 + [3, 4]) == list(range(1, 9))
+    assert plan([40000, 5000, 5000, 300, 200, 3]) == []
+
+
+KILL_CHILD = r"""
+import sys, time, json
+from lnkmem.index.store import Store
+st = Store.open(sys.argv[1])
+st.STEP_BYTES = int(sys.argv[2])
+def step():
+    print("step", flush=True)
+    time.sleep(0.002)
+    return False
+st.merge(sorted(st.snapshot.segs), should_stop=step)
+print("done", flush=True)
+st.close()
+"""
+
+
+def _answers(st: Store, queries):
+    return [[(p, round(s, 4)) for p, s in search.words(st, q, 20)[0]] for q in queries]
+
+
+def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp_path):
+    """SIGKILL of a real process merging, at random moments of its steps (postings written,
+    the switch, the old postings deleted): the index opens and answers exactly as before; the
+    next merge sweeps what the killed one left and completes."""
+    rng = random.Random(9)
+    path = str(tmp_path / "index")
+    st = Store.open(path)
+    for i in range(8):
+        st.commit(Batch(files=[_file(rng, f"home/f{i}-{j}.md", "v1", 6) for j in range(6)]))
+    st.commit(Batch(removed=[f"home/f{i}-0.md" for i in range(8)]))
+    queries = [" ".join(rng.sample(VOCAB, 2)) for _ in range(12)]
+    want = _answers(st, queries)
+    live = st.snapshot.live
+    st.close()
+    env = base_env()
+    env["PYTHONPATH"] = str(ROOT)
+    outcomes = set()
+    for round_ in range(6):
+        p = subprocess.Popen([sys.executable, "-c", KILL_CHILD, path, "400"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+        at = rng.randint(1, 60)
+        seen = 0
+        for line in p.stdout:
+            if line.startswith(b"step"):
+                seen += 1
+                if seen >= at:
+                    time.sleep(rng.random() * 0.004)
+                    p.send_signal(signal.SIGKILL)
+                    break
+            if line.startswith(b"done"):
+                break
+        p.wait(timeout=60)
+        outcomes.add(p.returncode)
+        st = Store.open(path)
+        try:
+            assert st.rebuilt_because is None
+            assert st.snapshot.live == live
+            assert _answers(st, queries) == want
+            st.sweep()
+            _postings_match_text(st)
+        finally:
+            st.close()
+    assert -signal.SIGKILL in outcomes
+    st = Store.open(path)
+    try:
+        st.merge(sorted(st.snapshot.segs))
+        assert len(st.snapshot.segs) == 1
+        assert _answers(st, queries) == want
+        assert st.sweep() == []
+        _postings_match_text(st)
+    finally:
+        st.close()
+
+
+def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_path):
+    rng = random.Random(4)
+    st = Store.open(str(tmp_path / "index"))
+    st.STEP_BYTES = 200
+    try:
+        for i in range(6):
+            st.commit(Batch(files=[_file(rng, f"home/g{i}-{j}.md", "v1", 6) for j in range(8)]))
+        release = threading.Event()
+        steps = []
+
+        def slow():  # a merge that takes as long as the test wants
+            steps.append(1)
+            release.wait(10)
+            return False
+
+        m = threading.Thread(target=st.merge, args=(sorted(st.snapshot.segs),), kwargs={"should_stop": slow})
+        m.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not steps and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert steps, "the merge did not start"
+            f = NewFile("notes/new.md", "v1", 10, "text", [Passage("notes/new.md", 1, 1, "zebra w1")],
+                        [({"zebra": 1, "w1": 1}, 2)])
+            t = time.perf_counter()
+            st.commit(Batch(files=[f]))
+            assert st.maybe_merge() is False  # what a build does after its commit: no wait either
+            hits = search.bm25(st, "zebra", 5)
+            took = time.perf_counter() - t
+            assert m.is_alive()  # the merge still runs
+            assert [st.snapshot.refs[st.snapshot.refid[p]] for p, _ in hits] == ["notes/new.md"]
+            assert took < 1.0
+        finally:
+            release.set()
+            m.join(30)
+        assert len(st.snapshot.segs) == 2  # the merged one and the commit's
+        _same(st.snapshot, st._load())
+        _postings_match_text(st)
+    finally:
+        st.close()
+
+
+def test_the_merger_thread_merges_in_the_background_and_stops_with_the_store(tmp_path):
+    rng = random.Random(6)
+    st = Store.open(str(tmp_path / "index"))
+    try:
+        st.start_merger()
+        for i in range(9):
+            st.commit(Batch(files=[_file(rng, f"home/h{i}.md", "v1", 3)]))
+            assert st.maybe_merge() is False  # only wakes the merger
+        deadline = time.monotonic() + 20
+        while len(st.snapshot.segs) > 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(st.snapshot.segs) < 8
+        _same(st.snapshot, st._load())
+        st.stop_merger()  # the old segments' postings may be still under deletion: stopped, then swept
+        assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
+        st.sweep()
+        _postings_match_text(st)
+    finally:
+        st.close()
+    assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
+
+
+def test_a_serving_memory_merges_on_its_own_thread_and_a_change_never_waits_for_it(tmp_path):
+    """Memory: one-file changes make small segments; the merger thread merges them while
+    changes go on, each searchable at once; stopping the memory stops the merger."""
+    from lnkmem.config import from_args
+    from lnkmem.engine import Memory
+    from tests.helpers import Home
+    h = Home(tmp_path / "h")
+    h.write("a.md", "Albatross glides.\n")
+    mem = Memory(from_args(*h.args(), {})).start(watch=False)
+    try:
+        assert mem.ready.wait(30)
+        assert any(t.name == "lnkmem-merge" for t in threading.enumerate())
+        for i in range(12):
+            h.write(f"n{i}.md", f"Note {i} about zq{i}x.\n")
+            t = time.perf_counter()
+            assert mem.changed(f"home/n{i}.md")
+            hits, _ = mem.rank(f"zq{i}x", 5)
+            assert hits and time.perf_counter() - t < 5
+        deadline = time.monotonic() + 20
+        while len(mem.store.snapshot.segs) >= Store.MERGE_FACTOR and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(mem.store.snapshot.segs) < Store.MERGE_FACTOR  # merged in the background
+        for i in range(12):
+            assert mem.rank(f"zq{i}x", 5)[0]
+    finally:
+        mem.stop()
+    assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
+
+
+def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
+    rng = random.Random(8)
+    path = str(tmp_path / "index")
+    st = Store.open(path)
+    try:
+        for i in range(4):
+            st.commit(Batch(files=[_file(rng, f"home/m{i}-{j}.md", "v1", 6) for j in range(20)]))
+        queries = [" ".join(rng.sample(VOCAB, 2)) for _ in range(8)]
+        want = _answers(st, queries)
+        used = (st.env.info()["last_pgno"] + 1) * st.psize
+        st.env.set_mapsize(used)  # full at the first page the merge needs
+        st.STEP_BYTES = 2000
+        steps = []
+        assert st.merge(sorted(st.snapshot.segs), should_stop=lambda: steps.append(1) and False)
+        assert st.env.info()["map_size"] > used
+        assert len(st.snapshot.segs) == 1 and len(steps) > 3
+        assert _answers(st, queries) == want
+        _same(st.snapshot, st._load())
+        _postings_match_text(st)
+    finally:
+        st.close()

@@ -249,6 +249,59 @@ def _guarded(method):
     return run
 
 
+class _CoveringEnv:
+    """An LMDB environment whose write transactions leave data.mdb as long as the pages
+    it says it uses. LMDB itself may not: a page allocated and freed again in one
+    transaction (deletions do it) is never written, so the file can end a page or more
+    short of ``last_pgno``. Those pages are free and never read, but the checks above
+    (:func:`check_file`, ``Store._guard``) cannot tell such a file from a truncated one,
+    so after each commit the file is extended (zeros, never shortened) to cover them.
+    Everything else is the environment's own."""
+
+    __slots__ = ("_env", "_data")
+
+    def __init__(self, env, data: str):
+        self._env = env
+        self._data = data
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def begin(self, *a, write: bool = False, **kw):
+        txn = self._env.begin(*a, write=write, **kw)
+        return _CoveringTxn(txn, self) if write else txn
+
+    def cover(self) -> None:
+        need = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        try:
+            if os.stat(self._data).st_size < need:
+                fd = os.open(self._data, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+                try:  # grows only: never O_TRUNC, never shorter
+                    if os.fstat(fd).st_size < need:
+                        os.ftruncate(fd, need)
+                finally:
+                    os.close(fd)
+        except OSError:
+            pass  # the file is gone or not ours to extend: the checks will say so
+
+
+class _CoveringTxn:
+    __slots__ = ("_txn", "_env")
+
+    def __init__(self, txn, env: _CoveringEnv):
+        self._txn = txn
+        self._env = env
+
+    def __enter__(self):
+        return self._txn.__enter__()
+
+    def __exit__(self, *exc):
+        out = self._txn.__exit__(*exc)
+        if exc[0] is None:
+            self._env.cover()
+        return out
+
+
 def _k(n: int) -> bytes:
     return n.to_bytes(4, "big")
 
@@ -374,9 +427,9 @@ class Store:
                 self.opened_as = "checked"
                 deep_check(self.path)
             size = max(size, os.path.getsize(data) * 2)
-        self.env = lmdb.open(
+        self.env = _CoveringEnv(lmdb.open(
             self.path, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
-        )
+        ), data)
         self.meta = self.env.open_db(b"meta")
         self.files = self.env.open_db(b"files")
         self.passages = self.env.open_db(b"passages")

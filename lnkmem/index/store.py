@@ -1396,11 +1396,13 @@ class Store:
         while not stop.is_set():
             wake.wait()
             wake.clear()
+            merged = False
             while not stop.is_set():
                 try:
                     plan = self.merge_plan()
                     if not plan or not self.merge(plan, stop.is_set):
                         break
+                    merged = True
                 except DamagedIndex:
                     return  # the engine rebuilds the index, and merges on its own
                 except Exception as e:  # the disk, say: the next wake tries again
@@ -1409,6 +1411,9 @@ class Store:
                     logging.getLogger("lnkmem").warning("merging failed: %s", e)
                     stop.wait(5.0)
                     break
+            if merged:  # what the merge's columns took, handed back (glibc keeps freed heap otherwise)
+                from lnkmem import memtrim
+                memtrim.trim()
 
     def _merged(self, old: Snapshot, segs: list[int], new: int, gen: int, kept: np.ndarray,
                 gone: np.ndarray) -> Snapshot:

@@ -6,8 +6,9 @@ bench_scale.py). Builds a fresh index with ``lnk-lnkmem index`` (or measures the
 one at ``--state``), then prints: ``data.mdb`` size, the pages each table uses
 (LMDB's own stat: the file also holds freed pages), the passage text it holds
 (UTF-8 bytes of every passage's text), their ratio, in-process ``bm25`` p50 / p99
-over the corpus queries (3 passes, median per query) and ``passages_of`` of 10
-hits (the snippets of one answer).
+over the corpus queries (3 passes, median per query; ``--no-cache``: no decoded
+list kept between searches) and ``passages_of`` of 10 hits (the snippets of one
+answer).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ import corpus  # noqa: E402
 MB = 1_000_000
 
 
-def measure(state: str, queries: list[str]) -> dict:
+def measure(state: str, queries: list[str], cache: bool = True) -> dict:
     from lnkmem.index.search import bm25
     from lnkmem.index.store import Store
     path = os.path.join(state, "index")
     st = Store.open(path)
+    if not cache and hasattr(st, "decoded"):
+        st.decoded.CACHE_BYTES = 0  # every list decoded at every search
     r: dict = {"data_mdb": os.path.getsize(os.path.join(path, "data.mdb"))}
     psize = st.env.stat()["psize"]
     used = {}
@@ -85,6 +88,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "out", "scale"))
     ap.add_argument("--state", help="measure this state's index instead of building one")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--no-cache", action="store_true", help="decode every posting list at every search")
     a = ap.parse_args()
     base = os.path.join(a.out, f"{a.scale:g}")
     corpus.generate(base, a.scale, a.seed, log=lambda m: print(m, file=sys.stderr))
@@ -101,7 +105,7 @@ def main() -> int:
         subprocess.run([prog, "index", os.path.join(base, "home"), state, os.path.join(base, "agent")],
                        check=True, env=env, stdout=subprocess.DEVNULL)
         build = time.perf_counter() - t0
-    r = measure(state, queries)
+    r = measure(state, queries, not a.no_cache)
     r["build_s"] = build
     tops = r.pop("tops")
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}, indent=1))

@@ -319,3 +319,14 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
         with pytest.raises(copyfmt.CopyDamaged, match=why):
             _verify(_reseal(files, kind, old, obj))
         assert time.perf_counter() - t0 < 2, why
+
+
+def test_decoded_lists_are_kept_within_their_bound():
+    d = postings.Decoded()
+    d.CACHE_BYTES = 100_000
+    for i in range(100):
+        v = postings.pack(np.arange(1000) * 3 + i, np.ones(1000))
+        got = d.put(b"seg%d" % i, postings.unpack(v))
+        assert not got[0].flags.writeable  # a search never changes a list it shares
+    assert d.size <= d.CACHE_BYTES and 0 < len(d.lists) < 100
+    assert d.get(b"seg0") is None and d.get(b"seg99") is not None  # the least recently used went first

@@ -32,6 +32,8 @@ size). tfs are held in [1, 65535].
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Optional
 
 import numpy as np
@@ -351,3 +353,40 @@ def check(v) -> Optional[str]:
     if not (np.maximum.reduceat(t, starts) == hdr["maxtf"]).all():
         return "a posting list's largest tfs disagree with its headers"
     return None
+
+
+class Decoded:
+    """Lists decoded, the least recently used dropped past :data:`CACHE_BYTES`
+    (arrays plus :data:`ENTRY` a list): a segment's lists never change (a merge
+    writes a new segment under a new key), so a term searched again is not decoded
+    again. Its arrays are read-only."""
+
+    CACHE_BYTES = 16 << 20
+    ENTRY = 256  # bytes of a cached list beside its arrays (key, tuple, array headers)
+
+    def __init__(self):
+        self.lists: OrderedDict = OrderedDict()
+        self.size = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: bytes):
+        with self.lock:
+            got = self.lists.get(key)
+            if got is not None:
+                self.lists.move_to_end(key)
+            return got
+
+    def put(self, key: bytes, pair: tuple[np.ndarray, np.ndarray]):
+        if not self.CACHE_BYTES:
+            return pair
+        for a in pair:
+            a.flags.writeable = False
+        n = pair[0].nbytes + pair[1].nbytes + self.ENTRY
+        with self.lock:
+            if key not in self.lists:
+                self.lists[key] = pair
+                self.size += n
+                while self.size > self.CACHE_BYTES and self.lists:
+                    _, (p, t) = self.lists.popitem(last=False)
+                    self.size -= p.nbytes + t.nbytes + self.ENTRY
+        return pair

@@ -310,6 +310,7 @@ class Store:
     def __init__(self, path: str):
         self.path = path
         self.write_lock = threading.Lock()
+        self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
         try:
             self._open()
         except BaseException:
@@ -603,10 +604,13 @@ class Store:
         t = term.encode()
         pids, tfs = [], []
         for sk in segs if segs is not None else self.segment_keys(txn):
-            v = txn.get(sk + t, db=self.postings)
-            if v is None:
-                continue
-            ps, ts = postings.unpack(v)
+            got = self.decoded.get(sk + t)
+            if got is None:
+                v = txn.get(sk + t, db=self.postings)
+                if v is None:
+                    continue
+                got = self.decoded.put(sk + t, postings.unpack(v))
+            ps, ts = got
             pids.append(ps)
             tfs.append(ts)
         if not pids:

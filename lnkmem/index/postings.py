@@ -21,13 +21,16 @@ shorter):
   its tf is 1.
 
 Widths are 0-8, 10, 12, 14, 16, 20, 24, 28 or 32 bits (a width is rounded up to
-the next of these), so that a run is made of whole 64-bit-or-less *units*: 8
+the next of these), so that a run is made of whole *units* of at most 64 bits: 8
 values of up to 8 bits, 4 of 10-16, 2 of 20-32 (a run is padded with zeros to a
-whole unit). A list decodes with a few numpy calls per distinct width (one
-gather of an 8-byte word per unit, shifts and a mask), never a Python loop per
-posting or per block; lists of up to :data:`SMALL` postings, most lists, are
-packed and read with Python integers (faster than numpy's fixed cost at that
-size). tfs are held in [1, 65535].
+whole unit; a full block's run of width w is 16·w bytes). A list decodes as a
+(blocks, 128) array in a dozen numpy calls whatever its widths: each value's
+bit offset, one gather of the unaligned 64-bit word holding it, a shift and a
+mask, a cumulative sum back from each block's last pid -- never a Python loop
+per posting or per block. Lists of up to :data:`SMALL` postings are read, and
+lists of one block packed, with Python integers (numpy's fixed cost is more at
+that size). tfs are held in [1, 65535]. :class:`Decoded` keeps decoded lists for
+searches (a segment's lists never change).
 """
 
 from __future__ import annotations

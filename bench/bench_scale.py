@@ -563,8 +563,9 @@ WORKERS = {"ours": w_ours, "fts5-build": w_fts5_build, "fts5-query": w_fts5_quer
 
 def _zdict(env):
     """The passages' deflate dictionary of an index (lnkmem.index.textpack), or None."""
+    meta = env.open_db(b"meta", create=False)  # before the transaction: py-lmdb opens it in one of its own
     with env.begin() as txn:
-        return txn.get(b"zdict", db=env.open_db(b"meta", create=False))
+        return txn.get(b"zdict", db=meta)
 
 
 def export_passages(state: str, path: str) -> tuple[int, int, dict[str, list[int]], dict[str, int]]:

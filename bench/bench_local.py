@@ -253,9 +253,11 @@ def read_index(state: str) -> tuple[list[tuple[int, str]], int, int, int]:
         meta = env.open_db(b"meta", create=False)
         out = []
         nbytes = nfiles = 0
+        from lnkmem.index import textpack
         with env.begin() as txn:
+            zdict = txn.get(b"zdict", db=meta)
             for k, v in txn.cursor(db=passages):
-                out.append((int.from_bytes(k, "big"), msgspec.msgpack.decode(v)[3]))
+                out.append((int.from_bytes(k, "big"), msgspec.msgpack.decode(textpack.unpack(v, zdict))[3]))
             for _, v in txn.cursor(db=files):
                 rec = msgspec.msgpack.decode(v)  # [version, size, pids, kind]
                 nbytes += rec[1]

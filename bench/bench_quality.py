@@ -52,6 +52,7 @@ import eval_data as ed  # noqa: E402
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
 from lnkmem.index import indexer  # noqa: E402
 from lnkmem.index import search as S  # noqa: E402
+from lnkmem.index import textpack  # noqa: E402
 from lnkmem.index.store import Store, _dec_passage  # noqa: E402
 
 SECTION = "quality"
@@ -118,8 +119,9 @@ def corpus_home(tmp: str, seed: int = SEED) -> str:
 
 def passages(store: Store):
     with store.env.begin() as txn:
+        zdict = txn.get(b"zdict", db=store.meta)
         for _, v in txn.cursor(db=store.passages):
-            yield _dec_passage.decode(v)
+            yield _dec_passage.decode(textpack.unpack(v, zdict))
 
 
 def make_set(tmp: str, seed: int = SEED) -> list[dict]:

@@ -60,6 +60,7 @@ import common  # noqa: E402
 import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
 
+from lnkmem.index import textpack  # noqa: E402
 from lnkmem.status import disk_bytes  # noqa: E402  (what `status` reports: one measure)
 
 SECTION = "scale"
@@ -560,6 +561,13 @@ WORKERS = {"ours": w_ours, "fts5-build": w_fts5_build, "fts5-query": w_fts5_quer
 # --- one scale -----------------------------------------------------------------------------
 
 
+def _zdict(env):
+    """The passages' deflate dictionary of an index (lnkmem.index.textpack), or None."""
+    meta = env.open_db(b"meta", create=False)  # before the transaction: py-lmdb opens it in one of its own
+    with env.begin() as txn:
+        return txn.get(b"zdict", db=meta)
+
+
 def export_passages(state: str, path: str) -> tuple[int, int, dict[str, list[int]], dict[str, int]]:
     """Our passages as JSONL ({"id", "f", "t"}); (passages, text bytes of files, ref -> pids, ref -> file no)."""
     import lmdb
@@ -568,6 +576,7 @@ def export_passages(state: str, path: str) -> tuple[int, int, dict[str, list[int
     try:
         files = env.open_db(b"files", create=False)
         passages = env.open_db(b"passages", create=False)
+        zdict = _zdict(env)
         of_ref, fno, file_of = {}, {}, {}
         nbytes = n = 0
         with env.begin() as txn:
@@ -582,7 +591,7 @@ def export_passages(state: str, path: str) -> tuple[int, int, dict[str, list[int
             with open(path, "w", encoding="utf-8") as f:
                 for k, v in txn.cursor(db=passages):
                     pid = int.from_bytes(k, "big")
-                    f.write(json.dumps({"id": pid, "f": file_of.get(pid, -1), "t": msgspec.msgpack.decode(v)[3]},
+                    f.write(json.dumps({"id": pid, "f": file_of.get(pid, -1), "t": msgspec.msgpack.decode(textpack.unpack(v, zdict))[3]},
                                        ensure_ascii=False) + "\n")
                     n += 1
         return n, nbytes, of_ref, fno
@@ -597,11 +606,13 @@ def new_passages(state: str, refs: list[str]) -> dict[str, list[tuple[int, str]]
     try:
         files = env.open_db(b"files", create=False)
         passages = env.open_db(b"passages", create=False)
+        zdict = _zdict(env)
         out = {}
         with env.begin() as txn:
             for ref in refs:
                 pids = msgspec.msgpack.decode(txn.get(ref.encode(), db=files))[2]
-                out[ref] = [(p, msgspec.msgpack.decode(txn.get(p.to_bytes(4, "big"), db=passages))[3]) for p in pids]
+                out[ref] = [(p, msgspec.msgpack.decode(textpack.unpack(txn.get(p.to_bytes(4, "big"), db=passages), zdict))[3])
+                            for p in pids]
         return out
     finally:
         env.close()

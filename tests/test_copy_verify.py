@@ -22,6 +22,7 @@ import pytest
 
 from lnkmem.bridges.place import NotFound
 from lnkmem.index import copy as copyfmt
+from lnkmem.index import textpack
 from tests.bridges import KEY, OTHER_KEY, Bridges
 from tests.helpers import Home, Many, until
 
@@ -218,13 +219,17 @@ def test_refs_leaving_their_source_are_never_served(bridges, tmp_path):
     m = manifest(bridges)
     files = copy_files(bridges)
     bad = "home/../../../../etc/passwd"
+    table = unpack(files[m["table"]])
+    zdict = table[5] if len(table) > 5 else None  # the passages' dictionary (textpack)
+
+    def moved(p: bytes) -> bytes:
+        return textpack.Packer(zdict).pack(msgspec.msgpack.encode([bad] + msgspec.msgpack.decode(textpack.unpack(p, zdict))[1:]))
     for i, name in enumerate(m["segments"]):
         seg = unpack(files[name])
         if "home/docs/plan.md" in seg[2]:
             seg[2] = [bad if r == "home/docs/plan.md" else r for r in seg[2]]
-            seg[5] = [msgspec.msgpack.encode([bad] + msgspec.msgpack.decode(p)[1:]) if p else p for p in seg[5]]
+            seg[5] = [moved(p) if p else p for p in seg[5]]
             m["segments"][i] = put(bridges, "seg", seg)
-    table = unpack(files[m["table"]])
     table[0] = [[bad if r == "home/docs/plan.md" else r, rec] for r, rec in table[0]]
     m["table"] = put(bridges, "table", table)
     set_manifest(bridges, m)

@@ -4,9 +4,11 @@ A copy is a set of immutable, content-addressed files plus one manifest:
 
 ``manifest.json``        which files make this version (its bridge version is
                          the copy's version)
-``seg-<hash>.bin``       one index segment: its passages, lengths and postings
+``seg-<hash>.bin``       one index segment: its passages, lengths and postings,
+                         as the index stores them (postings.py, textpack.py)
 ``table-<hash>.bin``     the file table (ref -> version, size, passages), dead
-                         passages, the next passage id, the model
+                         passages, the next passage id, the model, the
+                         passages' deflate dictionary
 ``vec-<hash>.bin``       a chunk of passage embeddings (int8 + scale)
 
 Files are written before the manifest that names them, and never changed, so
@@ -34,10 +36,10 @@ from typing import Callable, Iterable, Optional
 import msgspec
 import numpy as np
 
-from lnkmem.index import postings
+from lnkmem.index import postings, textpack
 from lnkmem.index.store import FileRec, SegMeta, Store, _dec_file, _dec_passage, _dec_seg, _enc, _k
 
-FORMAT = "lnkmem-copy-2"  # -2: the copy names whose it is (``of``); a -1 copy is replaced
+FORMAT = "lnkmem-copy-3"  # -3: compressed postings and passages (issue 12); an older copy is replaced
 MANIFEST = "manifest.json"
 
 # bounds on what a copy may make the engine hold (§7.2: never trusted to size an allocation)
@@ -48,6 +50,7 @@ SLACK = 1 << 20
 MAX_FILES = 100_000  # files one manifest may name
 MAX_DIM = 16384
 MAX_TERM = 1024
+POSTINGS_PER_BYTE = 8  # postings a segment may claim per byte of it (real ones: about 1)
 SPARSE = 4  # ids beyond SPARSE x passages + DENSE_SLACK are renumbered at load
 DENSE_SLACK = 1 << 16
 _NAME = re.compile(r"(seg|table|vec)-[0-9a-f]{40}\.bin")
@@ -82,6 +85,7 @@ class _Table(msgspec.Struct, array_like=True):
     next_pid: int
     model: Optional[str]
     of: Optional[str] = None
+    zdict: Optional[bytes] = None  # the passages' deflate dictionary (textpack)
 
 
 class _Vectors(msgspec.Struct, array_like=True):
@@ -181,7 +185,8 @@ def export(store: Store, state: CopyState, of: Optional[str] = None) -> Export:
             segs[seg] = name
         files = [(k.decode(), bytes(v)) for k, v in txn.cursor(db=store.files)]
         dead = b"".join(bytes(k) for k, _ in txn.cursor(db=store.dead))
-        table = _pack(_Table(files, dead, int(txn.get(b"next_pid", db=store.meta)), model, of))
+        zdict = txn.get(b"zdict", db=store.meta)
+        table = _pack(_Table(files, dead, int(txn.get(b"next_pid", db=store.meta)), model, of, zdict))
         tname = _name("table", table)
         if tname != state.table:
             blobs[tname] = table
@@ -316,6 +321,8 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
         raise _bad(f"the copy's table is not this memory's (it says it is of {table.of!r})")
     if table.model != manifest.model:
         raise _bad("the table and the manifest name different models")
+    if table.zdict is not None and not 0 < len(table.zdict) <= textpack.DICT_SIZE:
+        raise _bad("the table's passage dictionary is not one the engine makes")
     ok_refs: dict[str, bool] = {}
 
     def check_ref(r: str, where: str) -> None:
@@ -328,7 +335,8 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
     segs = []
     ref_of: dict[int, str] = {}
     for name in manifest.segments:
-        s = _decode(_blob(fetch, name), _Segment, name)
+        raw = _blob(fetch, name)
+        s = _decode(raw, _Segment, name)
         pids = _u4(s.pids, name)
         n = len(pids)
         if len(s.lens) != 4 * n or len(s.refs) != n or len(s.passages) != n or len(s.terms) != len(s.postings):
@@ -339,6 +347,7 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
             check_ref(r, name)
         prev = None
         counts = []
+        room = POSTINGS_PER_BYTE * len(raw)  # what the lists may claim in all, before any is decoded
         for t, post in zip(s.terms, s.postings):
             if not t or len(t) > MAX_TERM or (prev is not None and t <= prev):
                 raise _bad(f"{name}: its terms are not distinct, sorted and short")
@@ -346,6 +355,12 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
             k = postings.count(post)
             if k is None:
                 raise _bad(f"{name}: a posting list has a broken length")
+            if k > n or k > room:
+                raise _bad(f"{name}: a posting list claims more postings than the segment holds")
+            room -= k
+            why = postings.check(post)
+            if why is not None:
+                raise _bad(f"{name}: {why}")
             counts.append(k)
         if counts:  # all postings at once: each names passages of this segment, none twice
             pp = np.concatenate([postings.unpack(post)[0] for post in s.postings])
@@ -356,13 +371,18 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
             key = np.repeat(np.arange(len(counts), dtype=np.int64), counts) * (1 << 32) + pp
             if not _distinct(key):
                 raise _bad(f"{name}: a posting names a passage twice")
+        text_room = RATIO * len(raw) + SLACK  # the passages' bytes decompressed, in all
         for i, (pid, blob) in enumerate(zip(pids.tolist(), s.passages)):
             if pid in ref_of:
                 raise _bad(f"{name}: passage {pid} is in two segments")
             ref_of[pid] = s.refs[i]
             if blob:
                 try:
-                    p = _dec_passage.decode(blob)
+                    one = textpack.unpack(blob, table.zdict, max(text_room, 1))
+                    text_room -= len(one)
+                    p = _dec_passage.decode(one)
+                except ValueError as e:
+                    raise _bad(f"{name}: passage {pid} is not understood ({e})") from None
                 except msgspec.DecodeError:
                     raise _bad(f"{name}: passage {pid} is not understood") from None
                 if p.ref != s.refs[i]:
@@ -506,6 +526,10 @@ def _load_txn(store: Store, v: Verified, version: str) -> dict:
             txn.put(b"model", manifest.model.encode(), db=store.meta)
         else:
             txn.delete(b"model", db=store.meta)
+        if table.zdict:  # the copy's passages are deflated with its dictionary
+            txn.put(b"zdict", table.zdict, db=store.meta)
+        else:
+            txn.delete(b"zdict", db=store.meta)
         next_pid = len(order) + 1 if order is not None else table.next_pid
         txn.put(b"next_seg", str(next_seg).encode(), db=store.meta)
         txn.put(b"next_pid", str(next_pid).encode(), db=store.meta)

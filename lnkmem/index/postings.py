@@ -1,35 +1,395 @@
 """One term's postings in one segment, as the bytes stored under its key.
 
 The only module that knows their layout: the store writes them with :func:`pack`
-and reads them with :func:`unpack`; the copy checks them with :func:`count`.
-Today: every passage id as u32 LE, then every term frequency as u16 LE.
-:func:`pack` takes the pids of one list strictly ascending (a writer that
-concatenates lists, as a merge does, sorts them first).
+and reads them with :func:`unpack`; the copy checks them with :func:`count` and
+:func:`check`; :func:`max_tf` reads a list's largest tf from its headers alone
+(with the shortest passage, an upper bound of the list's BM25 scores).
+:func:`pack` takes the distinct pids of one list, ascending or not (a list that
+is not, as a merge's concatenation of segments may be, is sorted first), and
+:func:`unpack` gives them ascending.
+
+Layout (little-endian), n postings in blocks of :data:`BLOCK` (the last may be
+shorter):
+
+- n, a varint (LEB128); an empty list is that one byte;
+- one 7-byte header per block: its last pid (u32), its largest tf (u16), the bit
+  width of its pid gaps (u8);
+- then each block's body: its pid gaps, ``p[i+1] - p[i] - 1`` for each but its
+  last posting (whose pid is the header's) and 0 for that one, then its tfs less
+  one (as wide as the header's largest tf less one needs): each a bit-packed
+  run, LSB first. So a list of one posting is its count and header alone when
+  its tf is 1.
+
+Widths are 0-8, 10, 12, 14, 16, 20, 24, 28 or 32 bits (a width is rounded up to
+the next of these), so that a run is made of whole *units* of at most 64 bits: 8
+values of up to 8 bits, 4 of 10-16, 2 of 20-32 (a run is padded with zeros to a
+whole unit; a full block's run of width w is 16·w bytes). A list decodes as a
+(blocks, 128) array in a dozen numpy calls whatever its widths: each value's
+bit offset, one gather of the unaligned 64-bit word holding it, a shift and a
+mask, a cumulative sum back from each block's last pid -- never a Python loop
+per posting or per block. Lists of up to :data:`SMALL` postings are read, and
+lists of one block packed, with Python integers (numpy's fixed cost is more at
+that size). tfs are held in [1, 65535]. :class:`Decoded` keeps decoded lists for
+searches (a segment's lists never change).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Optional
 
 import numpy as np
 
-_WIDTH = 6  # bytes a posting: u32 pid + u16 tf
+BLOCK = 128
+SMALL = 12  # lists this short are read with Python integers (numpy's fixed cost is more)
+_HDR = np.dtype([("last", "<u4"), ("maxtf", "<u2"), ("w", "u1")])
+_HS = _HDR.itemsize  # 7
+_EMPTY = (np.empty(0, np.uint32), np.empty(0, np.uint16))
+# bit width needed -> width used; width used -> values a unit
+_ROUND = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 10, 12, 12, 14, 14, 16, 16,
+                   20, 20, 20, 20, 24, 24, 24, 24, 28, 28, 28, 28, 32, 32, 32, 32], np.int64)
+_ROUND_L = _ROUND.tolist()
+_UNIT = np.zeros(33, np.int64)
+_UNIT[1:9], _UNIT[9:17], _UNIT[17:] = 8, 4, 2
+_UNIT[[9, 11, 13, 15, 17, 18, 19, 21, 22, 23, 25, 26, 27, 29, 30, 31]] = 0  # widths never used
+_UNIT_L = _UNIT.tolist()
+_VALID = np.zeros(256, bool)  # a width byte that names a width used
+_VALID[np.unique(_ROUND)] = True
+_WT = np.concatenate(([-1], _ROUND[np.frexp(np.arange(65535, dtype=np.float64))[1]]))  # largest tf -> tf width
 
 
-def pack(pids: np.ndarray, tfs: np.ndarray) -> bytes:
-    """The stored form of (pids, tfs); tfs above 65535 are held at 65535."""
-    t = np.minimum(np.asarray(tfs, np.int64), 65535) if len(tfs) and int(np.max(tfs)) > 65535 else tfs
-    return np.asarray(pids, "<u4").tobytes() + np.asarray(t, "<u2").tobytes()
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
-def unpack(v) -> tuple[np.ndarray, np.ndarray]:
-    """(pids u32, tfs u16) of a stored value (read-only views where it can)."""
-    n = len(v) // _WIDTH
-    return np.frombuffer(v, "<u4", n), np.frombuffer(v, "<u2", n, 4 * n)
+def _read_varint(v) -> tuple[int, int]:
+    """(value, bytes used); (-1, 0) when broken or longer than 5 bytes."""
+    n = shift = 0
+    for i in range(min(len(v), 5)):
+        b = v[i]
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, i + 1
+        shift += 7
+    return -1, 0
+
+
+def _run_bytes(n: int, w: int) -> int:
+    """Bytes of a run of n values w bits wide (whole units)."""
+    g = _UNIT_L[w]
+    return (n + g - 1) // g * (g * w >> 3) if w else 0
+
+
+def _bits(values, w: int) -> bytes:
+    if not w:
+        return b""
+    acc = 0
+    for i, x in enumerate(values):
+        acc |= x << (i * w)
+    return acc.to_bytes(_run_bytes(len(values), w), "little")
+
+
+def _bitlen(x: np.ndarray) -> np.ndarray:
+    """bit_length of each value (0 <= x < 2**53)."""
+    return np.frexp(x.astype(np.float64))[1].astype(np.int64)
+
+
+def pack(pids, tfs) -> bytes:
+    """The stored form of (pids, tfs); tfs are held in [1, 65535]."""
+    n = len(pids)
+    if n == 0:
+        return b"\x00"
+    if n <= BLOCK:  # one block: Python integers
+        p = pids.tolist() if isinstance(pids, np.ndarray) else [int(x) for x in pids]
+        t = tfs.tolist() if isinstance(tfs, np.ndarray) else [int(x) for x in tfs]
+        if min(t) < 1 or max(t) > 65535:
+            t = [min(max(x, 1), 65535) for x in t]
+        if any(a >= b for a, b in zip(p, p[1:])):
+            order = sorted(range(n), key=p.__getitem__)
+            p, t = [p[i] for i in order], [t[i] for i in order]
+        gaps = [b - a - 1 for a, b in zip(p, p[1:])] + [0]
+        wp = _ROUND_L[max(gaps).bit_length()]
+        mt = max(t)
+        wt = _ROUND_L[(mt - 1).bit_length()]
+        return (_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
+                + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
+    p = np.asarray(pids, np.int64)
+    t = np.clip(np.asarray(tfs, np.int64), 1, 65535)
+    if not (p[1:] > p[:-1]).all():
+        order = np.argsort(p, kind="stable")
+        p, t = p[order], t[order]
+    return _pack_np(p, t)
+
+
+def _shape(n: int, wp: np.ndarray, wt: np.ndarray):
+    """(postings a block, gap run offsets, tf run offsets, body size), offsets from
+    the body's start. A full block's run of width w is 16·w bytes (128 values)."""
+    nb = len(wp)
+    m = np.full(nb, BLOCK, np.int64)
+    k = n - BLOCK * (nb - 1)
+    m[-1] = k
+    gb, tb = wp * (BLOCK // 8), wt * (BLOCK // 8)
+    if k < BLOCK:
+        gb[-1], tb[-1] = _run_bytes(k, int(wp[-1])), _run_bytes(k, int(wt[-1]))
+    size = gb + tb
+    ends = np.cumsum(size)
+    go = ends - size
+    return m, go, go + gb, int(ends[-1])
+
+
+def _groups(m: np.ndarray, w: np.ndarray):
+    """(blocks, width, values a block): full blocks by width, the last alone when short."""
+    nb = len(m)
+    full = nb if m[-1] == BLOCK else nb - 1
+    out = []
+    if full:
+        wf = w[:full]
+        first = int(wf[0])
+        if (wf == first).all():
+            out.append((np.arange(full), first, BLOCK))
+        else:
+            for x in np.unique(wf).tolist():
+                out.append((np.flatnonzero(wf == x), x, BLOCK))
+    if full < nb:
+        out.append((np.array([nb - 1]), int(w[-1]), int(m[-1])))
+    return out
+
+
+def _put(out: np.ndarray, vals: np.ndarray, m, offs, w: np.ndarray) -> None:
+    """Pack ``vals`` (BLOCK a block, the last m[-1]; padded to whole blocks) into
+    ``out`` at each block's run offset."""
+    for blocks, x, cnt in _groups(m, w):
+        if not x:
+            continue
+        g = _UNIT_L[x]
+        units = (cnt + g - 1) // g
+        ub = g * x >> 3
+        v = vals[blocks[:, None] * BLOCK + np.arange(units * g)].astype(np.uint64).reshape(-1, g)
+        word = np.bitwise_or.reduce(v << (np.arange(g, dtype=np.uint64) * np.uint64(x)), axis=1)
+        rows = word.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :ub].reshape(len(blocks), units * ub)
+        out[offs[blocks][:, None] + np.arange(units * ub)] = rows
+
+
+def _pack_np(p: np.ndarray, t: np.ndarray) -> bytes:
+    n = len(p)
+    nb = (n + BLOCK - 1) // BLOCK
+    starts = np.arange(nb, dtype=np.int64) * BLOCK
+    g = np.zeros(nb * BLOCK, np.int64)
+    g[:n - 1] = np.diff(p) - 1
+    m = np.minimum(starts + BLOCK, n) - starts
+    g[starts + m - 1] = 0  # a block's last pid is in its header
+    tt = np.zeros(nb * BLOCK, np.int64)
+    tt[:n] = t - 1
+    wp = _ROUND[_bitlen(np.maximum.reduceat(g[:n], starts))]
+    maxtf = np.maximum.reduceat(t, starts)
+    wt = _ROUND[_bitlen(maxtf - 1)]
+    m, go, to, size = _shape(n, wp, wt)
+    body = np.zeros(size, np.uint8)
+    _put(body, g, m, go, wp)
+    _put(body, tt, m, to, wt)
+    hdr = np.empty(nb, _HDR)
+    hdr["last"], hdr["maxtf"], hdr["w"] = p[starts + m - 1], maxtf, wp
+    return _varint(n) + hdr.tobytes() + body.tobytes()
+
+
+def _layout(v):
+    """(n, body offset, headers, tf widths, shape) of a stored value, or None when
+    its lengths are broken. Work bounded by len(v)."""
+    n, used = _read_varint(v)
+    if n < 0:
+        return None
+    if n == 0:
+        return (0, used, None, None, None) if len(v) == used else None
+    nb = (n + BLOCK - 1) // BLOCK
+    if used + nb * _HS > len(v):
+        return None
+    hdr = np.frombuffer(v, _HDR, nb, used)
+    wp = hdr["w"].astype(np.int64)
+    wt = _WT[hdr["maxtf"]]  # -1 for a largest tf of 0
+    if not _VALID[wp].all() or wt.min() < 0:
+        return None
+    shape = _shape(n, wp, wt)
+    body = used + nb * _HS
+    if body + shape[3] != len(v):
+        return None
+    return n, body, hdr, wt, shape
 
 
 def count(v) -> Optional[int]:
-    """How many postings a stored value holds, or None when its length is broken."""
-    if len(v) % _WIDTH:
+    """How many postings a stored value holds, or None when its lengths are broken."""
+    lay = _layout(v)
+    return None if lay is None else lay[0]
+
+
+def max_tf(v) -> int:
+    """The largest tf of a stored value (0 when empty), from its headers alone."""
+    n, used = _read_varint(v)
+    if n <= 0:
+        return 0
+    nb = (n + BLOCK - 1) // BLOCK
+    if nb == 1:
+        return int.from_bytes(v[used + 4:used + 6], "little")
+    return int(np.frombuffer(v, _HDR, nb, used)["maxtf"].max())
+
+
+def _window(v, at: int) -> np.ndarray:
+    """An unaligned little-endian 64-bit word at every byte of ``v[at:]``, with slack
+    enough for a short last block read as a full one."""
+    buf = bytes(v[at:]) + bytes(_SLACK)
+    return np.ndarray((len(buf) - 7,), "<u8", buf, 0, (1,))
+
+
+_SLACK = BLOCK * 32 // 8 + 8
+_MASK = np.array([(1 << w) - 1 for w in range(33)], np.uint64)
+_J = np.arange(BLOCK, dtype=np.int64)
+
+
+def _runs(win: np.ndarray, first: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(blocks, BLOCK) values: block b's run starts at byte ``first[b]``, ``w[b]`` bits a value."""
+    bit = (first * 8)[:, None] + _J * w[:, None]
+    word = np.take(win, bit >> 3) >> (bit & 7).astype(np.uint64)  # take: a strided view's [] is 10x slower
+    return (word & _MASK[w][:, None]).astype(np.int64)
+
+
+def unpack(v) -> tuple[np.ndarray, np.ndarray]:
+    """(pids u32, tfs u16) of a stored value, pids ascending; ValueError when its
+    lengths are broken."""
+    n, used = _read_varint(v)
+    if n == 0 and len(v) == 1:
+        return _EMPTY
+    if 0 < n <= SMALL:
+        o = used + _HS
+        if len(v) < o:
+            raise ValueError("a posting list has a broken length")
+        last = int.from_bytes(v[used:used + 4], "little")
+        mt = int.from_bytes(v[used + 4:used + 6], "little")
+        wp = v[used + 6]
+        wt = _ROUND_L[(mt - 1).bit_length()] if mt >= 1 else 0
+        if mt < 1 or wp > 32 or _ROUND_L[wp] != wp:
+            raise ValueError("a posting list has a broken length")
+        gb, tb = _run_bytes(n, wp), _run_bytes(n, wt)
+        if o + gb + tb != len(v):
+            raise ValueError("a posting list has a broken length")
+        gi = int.from_bytes(v[o:o + gb], "little")
+        ti = int.from_bytes(v[o + gb:o + gb + tb], "little")
+        mp, mk = (1 << wp) - 1, (1 << wt) - 1
+        p = last
+        ps = [p] * n
+        for j in range(n - 2, -1, -1):
+            p -= ((gi >> (j * wp)) & mp) + 1
+            ps[j] = p
+        return (np.array(ps, np.int64).astype(np.uint32),
+                np.array([((ti >> (j * wt)) & mk) + 1 for j in range(n)], np.uint16))
+    if 0 < n <= BLOCK:  # one block: its header read with Python integers, its runs with numpy
+        o = used + _HS
+        if len(v) < o:
+            raise ValueError("a posting list has a broken length")
+        last = int.from_bytes(v[used:used + 4], "little")
+        mt = int.from_bytes(v[used + 4:used + 6], "little")
+        wp = v[used + 6]
+        wt = _ROUND_L[(mt - 1).bit_length()] if mt >= 1 else 0
+        if mt < 1 or wp > 32 or _ROUND_L[wp] != wp:
+            raise ValueError("a posting list has a broken length")
+        gb, tb = _run_bytes(n, wp), _run_bytes(n, wt)
+        if o + gb + tb != len(v):
+            raise ValueError("a posting list has a broken length")
+        win = _window(v, o)
+        j = _J[:n]
+        if wp:
+            bit = j * wp
+            d = ((np.take(win, bit >> 3) >> (bit & 7).astype(np.uint64)) & np.uint64((1 << wp) - 1)).astype(np.int64)
+            d += 1
+            d[-1] = 0
+            pids = last - np.cumsum(d[::-1])[::-1]
+        else:
+            pids = np.arange(last - n + 1, last + 1, dtype=np.int64)
+        if wt:
+            bit = j * wt + 8 * gb
+            tfs = ((np.take(win, bit >> 3) >> (bit & 7).astype(np.uint64)) & np.uint64((1 << wt) - 1)).astype(np.int64)
+            tfs = np.minimum(tfs + 1, 65535).astype(np.uint16)
+        else:
+            tfs = np.ones(n, np.uint16)
+        return pids.astype(np.uint32), tfs
+    lay = _layout(v)
+    if lay is None:
+        raise ValueError("a posting list has a broken length")
+    return _decode(v, *lay)
+
+
+def _decode(v, n, body, hdr, wt, shape, full: bool = False):
+    """Every block at once, as a (blocks, BLOCK) array (the last block read as a
+    full one, its tail dropped): a gather of one 64-bit window per value."""
+    m, go, to, _ = shape
+    win = _window(v, body)
+    d = _runs(win, go, hdr["w"].astype(np.int64)) + 1
+    d[:, -1] = 0  # a block's last pid is its header's
+    d[-1, m[-1] - 1:] = 0
+    pids = hdr["last"].astype(np.int64)[:, None] - np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
+    tfs = np.minimum(_runs(win, to, wt) + 1, 65535)
+    pids, tfs = pids.ravel()[:n], tfs.ravel()[:n]
+    if full:
+        return pids, tfs
+    return pids.astype(np.uint32), tfs.astype(np.uint16)
+
+
+def check(v) -> Optional[str]:
+    """Why a stored value is not one :func:`pack` makes (ids within 32 bits and
+    ascending, each block's last pid and largest tf those of its header), or None.
+    Work and memory bounded by len(v)."""
+    lay = _layout(v)
+    if lay is None:
+        return "a posting list has a broken length"
+    n, _, hdr, _, shape = lay
+    if n == 0:
         return None
-    return len(v) // _WIDTH
+    p, t = _decode(v, *lay, full=True)
+    if int(p[0]) < 0 or (len(p) > 1 and not (np.diff(p) > 0).all()):
+        return "a posting list's ids do not ascend from 0"
+    m = shape[0]
+    starts = np.arange(len(m), dtype=np.int64) * BLOCK
+    if not (np.maximum.reduceat(t, starts) == hdr["maxtf"]).all():
+        return "a posting list's largest tfs disagree with its headers"
+    return None
+
+
+class Decoded:
+    """Lists decoded, the least recently used dropped past :data:`CACHE_BYTES`
+    (arrays plus :data:`ENTRY` a list): a segment's lists never change (a merge
+    writes a new segment under a new key), so a term searched again is not decoded
+    again. Its arrays are read-only."""
+
+    CACHE_BYTES = 16 << 20
+    ENTRY = 256  # bytes of a cached list beside its arrays (key, tuple, array headers)
+
+    def __init__(self):
+        self.lists: OrderedDict = OrderedDict()
+        self.size = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: bytes):
+        with self.lock:
+            got = self.lists.get(key)
+            if got is not None:
+                self.lists.move_to_end(key)
+            return got
+
+    def put(self, key: bytes, pair: tuple[np.ndarray, np.ndarray]):
+        if not self.CACHE_BYTES:
+            return pair
+        for a in pair:
+            a.flags.writeable = False
+        n = pair[0].nbytes + pair[1].nbytes + self.ENTRY
+        with self.lock:
+            if key not in self.lists:
+                self.lists[key] = pair
+                self.size += n
+                while self.size > self.CACHE_BYTES and self.lists:
+                    _, (p, t) = self.lists.popitem(last=False)
+                    self.size -= p.nbytes + t.nbytes + self.ENTRY
+        return pair

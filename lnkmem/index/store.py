@@ -2,10 +2,13 @@
 
 Layout (one LMDB environment, ``<state>/index/``), named databases:
 
-``meta``      format, generation, next passage id, next segment id, model
+``meta``      format, generation, next passage id, next segment id, model,
+              ``zdict`` (the passages' deflate dictionary, :mod:`textpack`)
 ``files``     ref -> FileRec: the version seen and the passages made of it
 ``passages``  pid (4 bytes, big-endian) -> Passage: ref, lines, text, thread...
-``postings``  segment (4 bytes BE) + term -> pids (u32 LE) + tfs (u16 LE)
+              (msgpack, deflated: :mod:`lnkmem.index.textpack`)
+``postings``  segment (4 bytes BE) + term -> pids and tfs in compressed blocks
+              (:mod:`lnkmem.index.postings`)
 ``segments``  segment -> SegMeta: its pids, their lengths and refs
 ``dead``      pid -> b"": passages replaced or deleted, still in a segment
 ``vectors``   pid -> int8 embedding + float32 scale (meta ``model``: whose)
@@ -44,9 +47,9 @@ import msgspec
 import numpy as np
 
 from lnkmem.errors import DamagedIndex, ToolError
-from lnkmem.index import postings
+from lnkmem.index import postings, textpack
 
-FORMAT = b"lnkmem-index-3"  # 3: whole identifiers as terms, files' modification times
+FORMAT = b"lnkmem-index-4"  # 4: postings in bit-packed blocks, passages deflated (issue 12)
 SOURCES = ("home", "chats", "skills", "notes")
 SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
 
@@ -392,6 +395,7 @@ class Store:
         self.path = path
         self.write_lock = threading.Lock()
         self._merge_lock = threading.Lock()  # one merge at a time (each step takes write_lock)
+        self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
         try:
             self._open()
         except BaseException:
@@ -746,10 +750,11 @@ class Store:
     @_guarded
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
         with self.env.begin() as txn:
+            zdict = txn.get(b"zdict", db=self.meta)
             out = []
             for p in pids:
                 v = txn.get(_k(int(p)), db=self.passages)
-                out.append(_dec_passage.decode(v) if v is not None else None)
+                out.append(_dec_passage.decode(textpack.unpack(v, zdict)) if v is not None else None)
             return out
 
     def segment_keys(self, txn) -> list[bytes]:
@@ -760,10 +765,13 @@ class Store:
         t = term.encode()
         pids, tfs = [], []
         for sk in segs if segs is not None else self.segment_keys(txn):
-            v = txn.get(sk + t, db=self.postings)
-            if v is None:
-                continue
-            ps, ts = postings.unpack(v)
+            got = self.decoded.get(sk + t)
+            if got is None:
+                v = txn.get(sk + t, db=self.postings)
+                if v is None:
+                    continue
+                got = self.decoded.put(sk + t, postings.unpack(v))
+            ps, ts = got
             pids.append(ps)
             tfs.append(ts)
         if not pids:
@@ -869,6 +877,7 @@ class Store:
             seg_lens: list[int] = []
             seg_refs: list[str] = []
             new_passages: list[tuple[bytes, bytes]] = []
+            raws: list[bytes] = []
             for f in batch.files:
                 pids = []
                 for passage, (counts, length) in zip(f.passages, f.counts):
@@ -878,7 +887,8 @@ class Store:
                         next_pid += 1
                     pids.append(pid)
                     allocated.append(pid)
-                    new_passages.append((_k(pid), _enc.encode(passage)))
+                    new_passages.append((_k(pid), b""))
+                    raws.append(_enc.encode(passage))
                     seg_pids.append(pid)
                     seg_lens.append(length)
                     seg_refs.append(f.ref)
@@ -886,6 +896,14 @@ class Store:
                     p_tfs.extend(counts.values())
                     p_pids.extend([pid] * len(counts))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
+            if raws:  # deflated, with the index's dictionary (made once, from the first big commit)
+                zdict = txn.get(b"zdict", db=self.meta)
+                if zdict is None:
+                    zdict = textpack.make_dict(raws)
+                    if zdict is not None:
+                        txn.put(b"zdict", zdict, db=self.meta)
+                packer = textpack.Packer(zdict)
+                new_passages = [(k, packer.pack(r)) for (k, _), r in zip(new_passages, raws)]
             # new ids only: appending packs the pages full; reused ones go in their place
             last = txn.cursor(db=self.passages)
             fresh = not new_passages or not last.last() or last.key() < new_passages[0][0]
@@ -964,9 +982,10 @@ class Store:
                 try:
                     with self.env.begin(write=True) as txn:
                         stored = []
+                        zdict = txn.get(b"zdict", db=self.meta)
                         for i, (pid, v) in enumerate(zip(pids, vecs)):
                             now = txn.get(_k(pid), db=self.passages)
-                            if now is None or (expect is not None and bytes(now) != expect[i]):
+                            if now is None or (expect is not None and textpack.unpack(now, zdict) != expect[i]):
                                 continue  # replaced meanwhile
                             txn.put(_k(pid), quantize(v), db=self.vectors)
                             txn.put(_k(pid), b"", db=self.vec_pending)

@@ -243,20 +243,24 @@ class _Build:
         self.store.commit(self.batch)
         self.batch, self.size, self.vocab = Batch(), 0, _Vocab()
 
+    def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:
+        """Index one file into the batch; the batch committed when full."""
+        nf = index_file(source, entry, places[source], tmpdir, self.vocab)
+        if nf is None:
+            self.batch.removed.append(ref_of(source, entry.path))
+        else:
+            self.batch.files.append(nf)
+            self.size += nf.size
+        if self.size >= BATCH_BYTES or len(self.batch.files) >= BATCH_FILES:
+            self.commit()
+
     def run(self, items, places, tmpdir: str, should_stop: Callable[[], bool]) -> bool:
         """Index ``items`` here; False when stopped."""
         for source, entry in items:
             if should_stop():
                 return False
-            nf = index_file(source, entry, places[source], tmpdir, self.vocab)
-            if nf is None:
-                self.batch.removed.append(ref_of(source, entry.path))
-            else:
-                self.batch.files.append(nf)
-                self.size += nf.size
+            self.add(source, entry, places, tmpdir)
             self.done += 1
-            if self.size >= BATCH_BYTES or len(self.batch.files) >= BATCH_FILES:
-                self.commit()
             self.report()
         return True
 
@@ -265,9 +269,10 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
           progress: Optional[ProgressFn] = None, should_stop: Callable[[], bool] = lambda: False) -> int:
     """Apply a plan; returns the number of files indexed.
 
-    A large plan's local files are read, cut and counted in a worker process
-    (:mod:`lnkmem.index.worker`, the second core) while this thread commits the
-    batches it sends; the rest, and everything of a small plan, here."""
+    A large plan's local files are read, cut and counted by a worker process
+    (:mod:`lnkmem.index.worker`, the second core) from the first on, and by
+    this thread from the last on between commits of the worker's batches;
+    everything of a small plan here."""
     b = _Build(store, the_plan.total, the_plan.removed, progress)
     todo = the_plan.todo
     w = None
@@ -277,15 +282,8 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
         if w is not None:
             todo = [x for x in todo if not worker.forkable(places[x[0]])]
     try:
-        going = b.run(todo, places, tmpdir, should_stop)
-        if going and w is not None:
-            if b.batch:
-                b.commit()
-            base = b.done
-            left = w.consume(store, lambda n: (setattr(b, "done", base + n), b.report()), should_stop)
-            b.done = base + w.taken
-            if left:  # the worker failed: the rest here
-                going = b.run(left, places, tmpdir, should_stop)
+        if b.run(todo, places, tmpdir, should_stop) and w is not None:
+            w.share_with(b, places, tmpdir, should_stop)
     finally:
         if w is not None:
             w.close()

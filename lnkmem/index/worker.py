@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import mmap
 import os
+import select
 import signal
 import struct
 import time
@@ -105,13 +107,19 @@ def share(places: Mapping[str, object], todo: list) -> list:
 
 
 class Worker:
-    """The parent's side: the child's pid and the read end of its pipe."""
+    """The parent's side: the child's pid, the read end of its pipe, and the two
+    words both see (``head``: the next entry the child takes, written by the
+    child; ``tail``: the lowest entry this thread took, written here)."""
 
-    def __init__(self, pid: int, fd: int, items: list):
+    def __init__(self, pid: int, fd: int, items: list, shm: mmap.mmap):
         self.pid = pid
+        self.fd = fd
         self.pipe = open(fd, "rb")
         self.items = items
-        self.taken = 0  # entries of ``items`` whose batch is committed
+        self.shm = shm
+        self.head = ctypes.c_int64.from_buffer(shm, 0)
+        self.tail = ctypes.c_int64.from_buffer(shm, 8)
+        self.taken = 0  # entries 0..taken-1 are the child's, committed
         self.exited = False
 
     def _recv(self) -> Optional[_Msg]:
@@ -127,27 +135,70 @@ class Worker:
         except msgspec.DecodeError:
             return None
 
-    def consume(self, store, progress: Callable[[int], None], should_stop: Callable[[], bool]) -> list:
-        """Commit the child's batches as they come; returns what is left to do
-        here ([] when the child went through all, or when stopped)."""
+    def share_with(self, b, places: Mapping[str, object], tmpdir: str, should_stop: Callable[[], bool]) -> bool:
+        """Index the child's entries together: the child from the first on, this
+        thread (``b``, an ``indexer._Build``) from the last on, committing the
+        child's batches as they come, until the two meet. When the child fails,
+        this thread does all it had not sent. False when stopped.
+
+        Each side writes its claim before it reads the other's: the child stops
+        at an entry this thread took; this thread indexes each entry it took and
+        stops after one the child had already taken. So every entry is indexed,
+        and at most the one where they meet twice (harmless: a commit of a file
+        replaces the one before)."""
+        n = len(self.items)
+        tail = n  # entries tail..n-1 are this thread's
+        base = b.done
+        running, meet = True, False
+        poll = select.poll()
+        poll.register(self.fd, select.POLLIN)
+
+        seen = 0  # entries the child has gone through (committed or not)
+
+        def report(k: int) -> None:  # done: the child's first k entries and this thread's
+            b.done = base + k + (n - tail) - max(0, k - tail)
+            b.report()
+
         while True:
             if should_stop():
-                return []
-            msg = self._recv()
-            if msg is None or msg.kind == ERROR:
+                report(self.taken)
+                return False
+            low = self.head.value if running else self.taken
+            claim = tail > low and (not meet or not running)
+            if running:
+                if poll.poll(0 if claim else 100):
+                    msg = self._recv()
+                    if msg is None or msg.kind == ERROR:  # the child died: the rest is this thread's
+                        running = False
+                        self.close()
+                    elif msg.kind == BATCH:
+                        files = [NewFile(f.ref, f.version, f.size, f.kind, f.passages, None, f.mtime,
+                                         msg.terms, f.tids, f.npost, f.tfs, f.lens) for f in msg.files]
+                        msg.files = []  # the batch's columns held once
+                        b.store.commit(Batch(files, msg.removed))
+                        del files
+                        self.taken = msg.done
+                    elif msg.kind == END:
+                        self.taken = msg.done
+                        running = False
+                        self.close()
+                    seen = max(seen, msg.done if msg is not None else 0)
+                    report(seen if running else self.taken)
+                    continue
+            if not claim:
+                if running:
+                    continue
                 break
-            if msg.kind == BATCH:
-                terms = msg.terms
-                files = [NewFile(f.ref, f.version, f.size, f.kind, f.passages, None, f.mtime,
-                                 terms, f.tids, f.npost, f.tfs, f.lens) for f in msg.files]
-                msg.files = []  # the batch's columns held once
-                store.commit(Batch(files, msg.removed))
-                del files
-                self.taken = msg.done
-            progress(msg.done)
-            if msg.kind == END:
-                return []
-        return self.items[self.taken:]
+            j = tail - 1
+            if running:
+                self.tail.value = j
+                if self.head.value > j:
+                    meet = True  # the child may have taken it too: this one is the last
+            b.add(*self.items[j], places, tmpdir)
+            tail = j
+            report(seen if running else self.taken)
+        b.done = base + n
+        return True
 
     def close(self) -> None:
         """Stop the child (at once: what it has not sent is dropped) and reap it."""
@@ -161,15 +212,19 @@ class Worker:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
                 pass
-        self.pipe.close()
+            self.pipe.close()
+            del self.head, self.tail
+            self.shm.close()
 
 
 def start(items: list, places: Mapping[str, object], tmpdir: str) -> Optional[Worker]:
     """Fork the worker for ``items``; None when it cannot (all is then done here)."""
     try:
+        shm = mmap.mmap(-1, 16)  # shared with the child: head, tail
         r, w = os.pipe()
     except OSError:
         return None
+    ctypes.c_int64.from_buffer(shm, 8).value = len(items)
     parent = os.getpid()
     try:
         pid = os.fork()
@@ -181,14 +236,14 @@ def start(items: list, places: Mapping[str, object], tmpdir: str) -> Optional[Wo
         code = 1
         try:
             os.close(r)
-            _child(w, parent, items, places, tmpdir)
+            _child(w, parent, items, places, tmpdir, shm)
             code = 0
         except BaseException:
             pass
         finally:
             os._exit(code)
     os.close(w)
-    return Worker(pid, r, items)
+    return Worker(pid, r, items, shm)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -230,19 +285,24 @@ def _send(w: int, msg: _Msg) -> None:
         view = view[os.write(w, view):]
 
 
-def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdir: str) -> None:
+def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdir: str, shm: mmap.mmap) -> None:
     _detach(w, parent)
     from lnkmem.index import indexer
-    done = 0
+    head = ctypes.c_int64.from_buffer(shm, 0)
+    tail = ctypes.c_int64.from_buffer(shm, 8)
+    done = 0  # entries 0..done-1 gone through
     try:
         vocab = indexer._Vocab()
         files: list[_File] = []
         removed: list[str] = []
         size = 0
         last = time.monotonic()
-        for source, entry in items:
+        for i, (source, entry) in enumerate(items):
+            head.value = i + 1  # taken; then: had the parent taken it first?
+            if i >= tail.value:
+                break
             nf = indexer.index_file(source, entry, places[source], tmpdir, vocab)
-            done += 1
+            done = i + 1
             if nf is None:
                 removed.append(indexer.ref_of(source, entry.path))
             else:

@@ -760,7 +760,7 @@ class Store:
                     m = mapped.get(id(terms))
                     if m is None:
                         m = mapped[id(terms)] = (terms, np.fromiter(
-                            (vocab.setdefault(t, len(vocab)) for t in terms), np.int64, len(terms)))
+                            (vocab.setdefault(t, len(vocab)) for t in terms), np.int32, len(terms)))
                     p_terms.append(m[1][tids])
                     p_tfs.append(tfs)
                     p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
@@ -775,14 +775,15 @@ class Store:
                 names = list(vocab)
                 order = sorted(range(len(names)), key=names.__getitem__)
                 names = [names[i] for i in order]
-                rank = np.empty(len(order), np.int64)  # batch vocab id -> its rank in key order
-                rank[order] = np.arange(len(order))
-                r = rank[np.concatenate(p_terms)] if p_terms else np.zeros(0, np.int64)
+                rank = np.empty(len(order), np.int32)  # batch vocab id -> its rank in key order
+                rank[order] = np.arange(len(order), dtype=np.int32)
+                r = rank[np.concatenate(p_terms)] if p_terms else np.zeros(0, np.int32)
+                del p_terms
                 pid_arr = np.concatenate(p_pids) if p_pids else np.zeros(0, np.uint32)
                 order = np.lexsort((pid_arr, r))
                 r, pid_arr = r[order], pid_arr[order]
                 tf_arr = (np.concatenate(p_tfs) if p_tfs else np.zeros(0, np.uint32))[order]
-                del p_terms, p_tfs, p_pids
+                del p_tfs, p_pids, order
                 bounds = np.flatnonzero(np.diff(r)) + 1
                 starts = np.concatenate(([0], bounds))
                 ends = np.concatenate((bounds, [len(r)]))

@@ -114,7 +114,7 @@ class Worker:
     def __init__(self, pid: int, fd: int, items: list, shm: mmap.mmap):
         self.pid = pid
         self.fd = fd
-        self.pipe = open(fd, "rb")
+        self.pipe = open(fd, "rb", buffering=0)
         self.items = items
         self.shm = shm
         self.head = ctypes.c_int64.from_buffer(shm, 0)
@@ -122,13 +122,25 @@ class Worker:
         self.taken = 0  # entries 0..taken-1 are the child's, committed
         self.exited = False
 
+    def _read(self, n: int) -> Optional[bytearray]:
+        """Exactly ``n`` bytes from the pipe (unbuffered: what poll says is all
+        there is); None at its end."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.pipe.readinto(view[got:])
+            if not k:
+                return None
+            got += k
+        return buf
+
     def _recv(self) -> Optional[_Msg]:
-        head = self.pipe.read(_HEAD.size)
-        if len(head) < _HEAD.size:
+        head = self._read(_HEAD.size)
+        if head is None:
             return None
-        n = _HEAD.unpack(head)[0]
-        body = self.pipe.read(n)
-        if len(body) < n:
+        body = self._read(_HEAD.unpack(head)[0])
+        if body is None:
             return None
         try:
             return _dec.decode(body)

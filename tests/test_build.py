@@ -223,3 +223,18 @@ def test_a_one_file_change_stays_in_the_thread_and_a_large_plan_goes_to_the_work
         assert worker.share(places, plan.todo) == []
     finally:
         store.close()
+
+
+def test_packing_a_commits_lists_at_once_gives_each_lists_bytes():
+    import numpy as np
+
+    from lnkmem.index import postings
+
+    rng = np.random.default_rng(5)
+    lens = rng.integers(1, 40, 300)
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    pids = np.concatenate([np.sort(rng.choice(10**6, n, replace=False)) for n in lens]).astype(np.uint32)
+    tfs = rng.integers(1, 70000, len(pids)).astype(np.uint32)  # some above u16: held at 65535
+    many = postings.pack_many(pids, tfs, starts.tolist(), ends.tolist())
+    assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]

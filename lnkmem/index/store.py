@@ -787,8 +787,12 @@ class Store:
                 bounds = np.flatnonzero(np.diff(r)) + 1
                 starts = np.concatenate(([0], bounds))
                 ends = np.concatenate((bounds, [len(r)]))
-                items = [(sk + names[r[a]].encode(), postings.pack(pid_arr[a:b], tf_arr[a:b]))
-                         for a, b in zip(starts.tolist(), ends.tolist())] if len(r) else []
+                if len(r):
+                    starts, ends = starts.tolist(), ends.tolist()
+                    items = list(zip([sk + names[k].encode() for k in r[starts].tolist()],
+                                     postings.pack_many(pid_arr, tf_arr, starts, ends)))
+                else:
+                    items = []
                 # a new segment's keys sort after every other: appended, no old page touched
                 txn.cursor(db=self.postings).putmulti(items, append=True)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),

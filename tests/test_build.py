@@ -238,3 +238,11 @@ def test_packing_a_commits_lists_at_once_gives_each_lists_bytes():
     tfs = rng.integers(1, 70000, len(pids)).astype(np.uint32)  # some above u16: held at 65535
     many = postings.pack_many(pids, tfs, starts.tolist(), ends.tolist())
     assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]
+
+
+def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
+    home.write("a.md", "alpha\n")
+    r = run_cli("index", *_flags(home), env={"LNKMEM_WORKER": "yes"})
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1 and "LNKMEM_WORKER" in err and "Traceback" not in err, err
+    assert not (home.state / "index").exists()

@@ -133,8 +133,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     handler.setFormatter(logging.Formatter("lnkmem: %(levelname)s: %(message)s"))
     level = os.environ.get("LNKMEM_LOG", "WARNING").upper() or "WARNING"
     batch = os.environ.get("LNKMEM_BATCH_FILES", "4000")
+    worker = os.environ.get("LNKMEM_WORKER", "")
     for bad, why in ((level not in ("DEBUG", "INFO", "WARNING", "ERROR"), "LNKMEM_LOG: expected debug, info, warning or error"),
-                     (not (batch.isdigit() and int(batch) > 0), "LNKMEM_BATCH_FILES: expected a whole number above 0")):
+                     (not (batch.isdigit() and int(batch) > 0), "LNKMEM_BATCH_FILES: expected a whole number above 0"),
+                     (worker not in ("", "0", "1"), "LNKMEM_WORKER: expected 0 (never) or 1 (always)")):
         if bad:  # read at import time by the modules that use them: checked here, once
             print(f"{PROG}: {why}", file=sys.stderr)
             return 2

@@ -29,7 +29,9 @@ def _tree(*roots) -> dict:
     return out
 
 
-def test_serve_confined(home, tmp_path):
+@pytest.mark.parametrize("worker", ["", "1"], ids=["auto", "worker"])
+def test_serve_confined(home, tmp_path, worker):
+    """(``worker``: the files read and counted in the forked worker of a large build.)"""
     assert bwrap, "bubblewrap (bwrap) must be installed: apt-get install -y bubblewrap"
     home.write("docs/a.md", "The lighthouse keeper logs the weather.\n")
     home.chat("o1", [{"role": "user", "text": "lighthouse at dawn"}])
@@ -49,6 +51,8 @@ def test_serve_confined(home, tmp_path):
     env = base_env()
     env["LNK_MEMORY_NOTES"] = str(home.notes)
     env.pop("PYTHONDONTWRITEBYTECODE")  # the engine itself must not write bytecode
+    if worker:
+        env["LNKMEM_WORKER"] = worker
     with Server(argv, env) as s:
         s.initialize()
         s.wait_indexed()

@@ -6,6 +6,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 
 from tests.helpers import PROGRAM, Server, base_env, refs, run_cli, until
 
@@ -112,10 +114,12 @@ def _answers(home) -> list[str]:
     return [run_cli("search", *home.args(), q, "--limit", "20").stdout.decode() for q in QUERIES]
 
 
-def test_sigkill_while_indexing_never_leaves_a_wrong_index(home, tmp_path):
+@pytest.mark.parametrize("worker", ["0", "1"], ids=["in-thread", "worker"])
+def test_sigkill_while_indexing_never_leaves_a_wrong_index(home, tmp_path, worker):
     _corpus(home)
     env = base_env()
     env["LNKMEM_BATCH_FILES"] = "5"
+    env["LNKMEM_WORKER"] = worker  # the files read and counted here, or in the forked worker
     rng = random.Random(11)
     for k in range(12):
         p = subprocess.Popen([PROGRAM, "index", *home.args()], env=env,
@@ -146,14 +150,15 @@ def test_damaged_index_is_rebuilt(home):
         assert refs(s.search("sturgeon")) == ["home/a.md"]
 
 
-def test_documents_converted_with_lnk_documents(home):
+@pytest.mark.parametrize("worker", ["", "1"], ids=["auto", "worker"])
+def test_documents_converted_with_lnk_documents(home, worker):
     from fakes.lnk_documents import make_docx, make_pdf
     from tests.helpers import ROOT
     (home.folder / "report.pdf").write_bytes(make_pdf("The albatross census counted 412 birds."))
     (home.folder / "memo.docx").write_bytes(make_docx("Budget memo: the heron survey needs funds."))
     (home.folder / "page.html").write_text("<html><body><h1>Puffins</h1><p>Puffins nest in burrows.</p></body></html>")
     (home.folder / "broken.pdf").write_bytes(b"%PDF-1.4 not really a pdf at all")
-    env = {"PATH": f"{ROOT / 'fakes' / 'bin'}:{os.environ['PATH']}"}
+    env = {"PATH": f"{ROOT / 'fakes' / 'bin'}:{os.environ['PATH']}", "LNKMEM_WORKER": worker}
     with Server.start(home, env=env) as s:
         s.wait_indexed()
         assert refs(s.search("albatross census")) == ["home/report.pdf"]

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import re
 import time
+from array import array
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
-from lnkmem.index import analyze, chats, documents
+from lnkmem.index import analyze, chats, documents, worker
 from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
 
@@ -164,8 +165,40 @@ def file_time(place, entry: Entry, version: str) -> Optional[str]:
     return None
 
 
-def index_file(source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFile]:
-    """Read and cut one file; None when it vanished or cannot be read."""
+class _Vocab(dict):
+    """term -> its id among the terms of one batch, given in order of first sight;
+    ``names``: the terms by id (what a file's ``tids`` index)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __missing__(self, term: str) -> int:
+        i = len(self.names)
+        self.names.append(term)
+        self[term] = i
+        return i
+
+
+def _columns(counts: list[tuple[dict, int]], vocab: _Vocab) -> tuple[array, array, array, array]:
+    """A file's postings as flat u32 columns (tids, npost, tfs, lens): the term
+    counts of its passages are dropped once their file is counted, so a batch
+    holds four compact arrays a file, not a dict a passage."""
+    tids, npost, tfs, lens = array("I"), array("I"), array("I"), array("I")
+    get = vocab.__getitem__
+    for c, n in counts:
+        tids.extend(map(get, c))
+        tfs.extend(c.values())
+        npost.append(len(c))
+        lens.append(n)
+    return tids, npost, tfs, lens
+
+
+def index_file(source: str, entry: Entry, place, tmpdir: str, vocab: Optional[_Vocab] = None) -> Optional[NewFile]:
+    """Read and cut one file; None when it vanished or cannot be read. Its term
+    ids are ``vocab``'s (the batch's) when given, else its own."""
     try:
         data, version = place.read(entry.path)
     except (NotFound, Forbidden, OSError):
@@ -179,39 +212,82 @@ def index_file(source: str, entry: Entry, place, tmpdir: str) -> Optional[NewFil
     if kind == "binary":
         passages = []
     version = version if version else entry.version
-    return NewFile(ref, version, len(data), kind, passages, _counts(ref, passages), file_time(place, entry, version))
+    if vocab is None:
+        vocab = _Vocab()
+    tids, npost, tfs, lens = _columns(_counts(ref, passages), vocab)
+    return NewFile(ref, version, len(data), kind, passages, None, file_time(place, entry, version),
+                   vocab.names, tids, npost, tfs, lens)
 
 
 ProgressFn = Callable[[int, int], None]
 
 
+class _Build:
+    """The batches of one build made in this thread: files read and counted
+    here, committed every BATCH_BYTES or BATCH_FILES."""
+
+    def __init__(self, store: Store, total: int, removed: list[str], progress: Optional[ProgressFn]):
+        self.store, self.total, self.progress = store, total, progress
+        self.batch = Batch(removed=list(removed))
+        self.done = len(removed)
+        self.size = 0
+        self.vocab = _Vocab()
+        self.last_report = 0.0
+
+    def report(self, force: bool = False) -> None:
+        if self.progress and (force or time.monotonic() - self.last_report > 0.1):
+            self.last_report = time.monotonic()
+            self.progress(self.done, self.total)
+
+    def commit(self) -> None:
+        self.store.commit(self.batch)
+        self.batch, self.size, self.vocab = Batch(), 0, _Vocab()
+
+    def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:
+        """Index one file into the batch; the batch committed when full."""
+        nf = index_file(source, entry, places[source], tmpdir, self.vocab)
+        if nf is None:
+            self.batch.removed.append(ref_of(source, entry.path))
+        else:
+            self.batch.files.append(nf)
+            self.size += nf.size
+        if self.size >= BATCH_BYTES or len(self.batch.files) >= BATCH_FILES:
+            self.commit()
+
+    def run(self, items, places, tmpdir: str, should_stop: Callable[[], bool]) -> bool:
+        """Index ``items`` here; False when stopped."""
+        for source, entry in items:
+            if should_stop():
+                return False
+            self.add(source, entry, places, tmpdir)
+            self.done += 1
+            self.report()
+        return True
+
+
 def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: str,
           progress: Optional[ProgressFn] = None, should_stop: Callable[[], bool] = lambda: False) -> int:
-    """Apply a plan; returns the number of files indexed."""
-    total = the_plan.total
-    done = 0
-    batch = Batch(removed=list(the_plan.removed))
-    done += len(batch.removed)
-    size = 0
-    last_report = 0.0
-    for source, entry in the_plan.todo:
-        if should_stop():
-            break
-        nf = index_file(source, entry, places[source], tmpdir)
-        if nf is None:
-            batch.removed.append(ref_of(source, entry.path))
-        else:
-            batch.files.append(nf)
-            size += nf.size
-        done += 1
-        if size >= BATCH_BYTES or len(batch.files) >= BATCH_FILES:
-            store.commit(batch)
-            batch, size = Batch(), 0
-        if progress and time.monotonic() - last_report > 0.1:
-            last_report = time.monotonic()
-            progress(done, total)
-    store.commit(batch)
+    """Apply a plan; returns the number of files indexed.
+
+    A large plan's local files are read, cut and counted by a worker process
+    (:mod:`lnkmem.index.worker`, the second core) from the first on, and by
+    this thread from the last on between commits of the worker's batches;
+    everything of a small plan here."""
+    b = _Build(store, the_plan.total, the_plan.removed, progress)
+    todo = the_plan.todo
+    w = None
+    far = worker.share(places, todo)
+    if far:
+        w = worker.start(far, places, tmpdir)
+        if w is not None:
+            todo = [x for x in todo if not worker.forkable(places[x[0]])]
+    try:
+        if b.run(todo, places, tmpdir, should_stop) and w is not None:
+            w.share_with(b, places, tmpdir, should_stop)
+    finally:
+        if w is not None:
+            w.close()
+    b.commit()
     store.maybe_merge()  # once, at the end: merging during a bulk build rewrites the same postings again and again
-    if progress:
-        progress(done, total)
-    return done
+    b.report(force=True)
+    return b.done

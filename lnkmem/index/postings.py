@@ -127,6 +127,31 @@ def pack(pids, tfs) -> bytes:
     return _pack_np(p, t)
 
 
+def pack_many(pids: np.ndarray, tfs: np.ndarray, starts: list[int], ends: list[int]) -> list[bytes]:
+    """:func:`pack` of many lists at once (a commit's): list i is
+    ``pids[starts[i]:ends[i]]`` with its tfs, its pids ascending and distinct.
+    The columns are made Python integers once; a list of one block is packed
+    from slices of them, a longer one with numpy."""
+    tfs = np.clip(np.asarray(tfs, np.int64), 1, 65535)
+    pl, tl = np.asarray(pids).tolist(), tfs.tolist()
+    out = []
+    for a, b in zip(starts, ends):
+        n = b - a
+        if n == 0:
+            out.append(b"\x00")
+        elif n <= BLOCK:
+            p, t = pl[a:b], tl[a:b]
+            gaps = [y - x - 1 for x, y in zip(p, p[1:])] + [0]
+            wp = _ROUND_L[max(gaps).bit_length()]
+            mt = max(t)
+            wt = _ROUND_L[(mt - 1).bit_length()]
+            out.append(_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
+                       + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
+        else:
+            out.append(_pack_np(np.asarray(pids[a:b], np.int64), tfs[a:b]))
+    return out
+
+
 def _shape(n: int, wp: np.ndarray, wt: np.ndarray):
     """(postings a block, gap run offsets, tf run offsets, body size), offsets from
     the body's start. A full block's run of width w is 16·w bytes (128 values)."""

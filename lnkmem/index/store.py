@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import lmdb
 import msgspec
@@ -362,13 +362,42 @@ class _Delta:
 
 @dataclass
 class NewFile:
+    """One file (re)indexed: its passages and their postings.
+
+    The postings come as flat columns, made when the file is counted
+    (``indexer.index_file``): ``tids`` (an index into ``terms``, a list that
+    the files of one batch may share), ``tfs``, and ``npost`` (how many of
+    them each passage has, in passage order), with ``lens`` (each passage's
+    length). ``counts`` ((term -> tf, length) per passage) is taken instead
+    when given: the columns are then made from it by :meth:`columns`."""
+
     ref: str
     version: str
     size: int
     kind: str
     passages: list[Passage]
-    counts: list[tuple[dict, int]]  # (term -> tf, length) per passage
+    counts: Optional[list[tuple[dict, int]]] = None
     mtime: Optional[str] = None
+    terms: Optional[list[str]] = None
+    tids: Any = None  # u32 columns: array('I'), bytes or numpy arrays
+    npost: Any = None
+    tfs: Any = None
+    lens: Any = None
+
+    def columns(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(terms, tids, npost, tfs, lens) as numpy arrays."""
+        if self.counts is not None:
+            vocab: dict[str, int] = {}
+            tids, npost, tfs, lens = [], [], [], []
+            for c, n in self.counts:
+                tids.extend(vocab.setdefault(t, len(vocab)) for t in c)
+                tfs.extend(c.values())
+                npost.append(len(c))
+                lens.append(n)
+            return (list(vocab), np.asarray(tids, np.uint32), np.asarray(npost, np.uint32),
+                    np.asarray(tfs, np.uint32), np.asarray(lens, np.uint32))
+        return (self.terms or [], *(np.frombuffer(x, np.uint32) if not isinstance(x, np.ndarray) else x
+                                    for x in (self.tids, self.npost, self.tfs, self.lens)))
 
 
 @dataclass
@@ -868,34 +897,46 @@ class Store:
                 next_pid = int(used[-1]) + 2 if len(used) else 1  # the highest ids free: made again
                 ids = iter(free[free < next_pid].tolist())
             allocated: list[int] = []
-            # postings of the whole batch as flat columns (C-speed extends), then
-            # grouped by term with one sort
-            p_terms: list[str] = []
-            p_tfs: list[int] = []
-            p_pids: list[int] = []
+            # postings of the batch: each file's columns (made when it was counted),
+            # its term ids mapped into one vocabulary of the batch, then grouped by
+            # term with one sort
+            vocab: dict[str, int] = {}
+            mapped: dict[int, tuple[list, np.ndarray]] = {}  # id(terms) -> (terms, their vocab ids)
+            p_terms: list[np.ndarray] = []
+            p_tfs: list[np.ndarray] = []
+            p_pids: list[np.ndarray] = []
             seg_pids: list[int] = []
             seg_lens: list[int] = []
             seg_refs: list[str] = []
             new_passages: list[tuple[bytes, bytes]] = []
             raws: list[bytes] = []
             for f in batch.files:
+                terms, tids, npost, tfs, lens = f.columns()
+                if len(lens) != len(f.passages) or int(npost.sum()) != len(tids) or len(tfs) != len(tids):
+                    raise ValueError(f"postings of {f.ref!r} do not match its passages")
                 pids = []
-                for passage, (counts, length) in zip(f.passages, f.counts):
+                for passage in f.passages:
                     pid = next(ids, None)  # ascending: a file's ids ascend with its lines
                     if pid is None:
                         pid = next_pid
                         next_pid += 1
                     pids.append(pid)
-                    allocated.append(pid)
                     new_passages.append((_k(pid), b""))
                     raws.append(_enc.encode(passage))
-                    seg_pids.append(pid)
-                    seg_lens.append(length)
-                    seg_refs.append(f.ref)
-                    p_terms.extend(counts.keys())
-                    p_tfs.extend(counts.values())
-                    p_pids.extend([pid] * len(counts))
+                allocated.extend(pids)
+                seg_pids.extend(pids)
+                seg_lens.extend(lens.tolist())
+                seg_refs.extend([f.ref] * len(pids))
+                if len(tids):
+                    m = mapped.get(id(terms))
+                    if m is None:
+                        m = mapped[id(terms)] = (terms, np.fromiter(
+                            (vocab.setdefault(t, len(vocab)) for t in terms), np.int32, len(terms)))
+                    p_terms.append(m[1][tids])
+                    p_tfs.append(tfs)
+                    p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
+            mapped.clear()
             if raws:  # deflated, with the index's dictionary (made once, from the first big commit)
                 zdict = txn.get(b"zdict", db=self.meta)
                 if zdict is None:
@@ -910,18 +951,27 @@ class Store:
             txn.cursor(db=self.passages).putmulti(new_passages, append=fresh)
             if seg_pids:
                 sk = _k(seg)
-                names = sorted(dict.fromkeys(p_terms))
-                ids = {t: i for i, t in enumerate(names)}  # term -> its rank in key order
-                r = np.fromiter(map(ids.__getitem__, p_terms), np.int64, len(p_terms))
-                pid_arr = np.asarray(p_pids, "<u4")
+                names = list(vocab)
+                order = sorted(range(len(names)), key=names.__getitem__)
+                names = [names[i] for i in order]
+                rank = np.empty(len(order), np.int32)  # batch vocab id -> its rank in key order
+                rank[order] = np.arange(len(order), dtype=np.int32)
+                r = rank[np.concatenate(p_terms)] if p_terms else np.zeros(0, np.int32)
+                del p_terms
+                pid_arr = np.concatenate(p_pids) if p_pids else np.zeros(0, np.uint32)
                 order = np.lexsort((pid_arr, r))
                 r, pid_arr = r[order], pid_arr[order]
-                tf_arr = np.asarray(p_tfs, np.int64)[order]
+                tf_arr = (np.concatenate(p_tfs) if p_tfs else np.zeros(0, np.uint32))[order]
+                del p_tfs, p_pids, order
                 bounds = np.flatnonzero(np.diff(r)) + 1
                 starts = np.concatenate(([0], bounds))
                 ends = np.concatenate((bounds, [len(r)]))
-                items = [(sk + names[r[a]].encode(), postings.pack(pid_arr[a:b], tf_arr[a:b]))
-                         for a, b in zip(starts.tolist(), ends.tolist())]
+                if len(r):
+                    starts, ends = starts.tolist(), ends.tolist()
+                    items = list(zip([sk + names[k].encode() for k in r[starts].tolist()],
+                                     postings.pack_many(pid_arr, tf_arr, starts, ends)))
+                else:
+                    items = []
                 # a new segment's keys sort after every other: appended, no old page touched
                 txn.cursor(db=self.postings).putmulti(items, append=True)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),

@@ -1,0 +1,337 @@
+"""The second core of a build: local files read, cut and counted in a forked process.
+
+:func:`start` forks a child that goes through its share of a plan with the
+very place objects of the parent (the same roots, the same checks: every
+open stays beneath its root), counts each file into flat u32 columns
+(``indexer._columns``) and sends each batch down a pipe as one msgpack
+message: the batch's terms once, then per file its passages and four byte
+strings (term ids, postings per passage, tfs, lengths). The parent commits a
+batch while the child counts the next one; the pipe holds at most the batch
+being written, so memory stays at about two batches.
+
+The child never touches the index, so a kill of either process leaves the
+index as the parent's last commit made it. It dies with the thread that
+forked it (``PR_SET_PDEATHSIG``), and of a broken pipe at its next message;
+it ignores Ctrl-C and SIGTERM (the parent stops it: a kill, its batch
+unread); it holds no descriptor of the parent but its pipe (standard streams
+on /dev/null), so no pipe of the parent waits on it. When the child fails
+(killed, out of memory, an error), the parent indexes what the child had not
+sent, in its own thread.
+
+Forking (not spawning a new interpreter) keeps the start at a few ms and
+shares the place objects and the stem memo as they are; the child runs
+only the reading and counting code (no lock of another thread's, no LMDB,
+no numpy) and leaves with ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import mmap
+import os
+import select
+import signal
+import struct
+import time
+from typing import Callable, Mapping, Optional
+
+import msgspec
+
+from lnkmem.index.store import Batch, NewFile, Passage
+
+# a plan is split off to the worker from this much (bytes, or files) of local
+# files; below it (one changed file, a few) everything stays in the thread
+WORKER_BYTES = 1 << 20
+WORKER_FILES = 200
+_HEAD = struct.Struct("<Q")
+PROGRESS, BATCH, ERROR, END = 0, 1, 2, 3
+
+
+class _File(msgspec.Struct, array_like=True):
+    ref: str
+    version: str
+    size: int
+    kind: str
+    mtime: Optional[str]
+    passages: list[Passage]
+    tids: bytes
+    npost: bytes
+    tfs: bytes
+    lens: bytes
+
+
+class _Msg(msgspec.Struct, array_like=True):
+    kind: int
+    done: int  # entries of the child's share gone through
+    terms: list[str] = []
+    removed: list[str] = []
+    files: list[_File] = []
+    error: str = ""
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(_Msg)
+
+
+def forkable(place) -> bool:
+    """Whether a place is read in the worker: a local folder (its reads are
+    system calls beneath its root; a bridge's client stays in the parent)."""
+    from lnkmem.bridges.local import LocalPlace
+    return type(place) is LocalPlace
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def share(places: Mapping[str, object], todo: list) -> list:
+    """The entries of ``todo`` the worker takes ([]: none, all stay here).
+
+    ``LNKMEM_WORKER``: ``0`` never, ``1`` whenever a local file is to be read
+    (tests), else when there are two cores and the local files are many."""
+    how = os.environ.get("LNKMEM_WORKER", "")
+    if how == "0" or not hasattr(os, "fork"):
+        return []
+    far = [x for x in todo if forkable(places[x[0]])]
+    if how == "1":
+        return far
+    if _cores() < 2 or not far:
+        return []
+    if len(far) >= WORKER_FILES or sum(e.size or 0 for _, e in far) >= WORKER_BYTES:
+        return far
+    return []
+
+
+class Worker:
+    """The parent's side: the child's pid, the read end of its pipe, and the two
+    words both see (``head``: the next entry the child takes, written by the
+    child; ``tail``: the lowest entry this thread took, written here)."""
+
+    def __init__(self, pid: int, fd: int, items: list, shm: mmap.mmap):
+        self.pid = pid
+        self.fd = fd
+        self.pipe = open(fd, "rb", buffering=0)
+        self.items = items
+        self.shm = shm
+        self.head = ctypes.c_int64.from_buffer(shm, 0)
+        self.tail = ctypes.c_int64.from_buffer(shm, 8)
+        self.taken = 0  # entries 0..taken-1 are the child's, committed
+        self.exited = False
+
+    def _read(self, n: int) -> Optional[bytearray]:
+        """Exactly ``n`` bytes from the pipe (unbuffered: what poll says is all
+        there is); None at its end."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.pipe.readinto(view[got:])
+            if not k:
+                return None
+            got += k
+        return buf
+
+    def _recv(self) -> Optional[_Msg]:
+        head = self._read(_HEAD.size)
+        if head is None:
+            return None
+        body = self._read(_HEAD.unpack(head)[0])
+        if body is None:
+            return None
+        try:
+            return _dec.decode(body)
+        except msgspec.DecodeError:
+            return None
+
+    def share_with(self, b, places: Mapping[str, object], tmpdir: str, should_stop: Callable[[], bool]) -> bool:
+        """Index the child's entries together: the child from the first on, this
+        thread (``b``, an ``indexer._Build``) from the last on, committing the
+        child's batches as they come, until the two meet. When the child fails,
+        this thread does all it had not sent. False when stopped.
+
+        Each side writes its claim before it reads the other's: the child stops
+        at an entry this thread took; this thread indexes each entry it took and
+        stops after one the child had already taken. So every entry is indexed,
+        and at most the one where they meet twice (harmless: a commit of a file
+        replaces the one before)."""
+        n = len(self.items)
+        tail = n  # entries tail..n-1 are this thread's
+        base = b.done
+        running, meet = True, False
+        poll = select.poll()
+        poll.register(self.fd, select.POLLIN)
+
+        seen = 0  # entries the child has gone through (committed or not)
+
+        def report(k: int) -> None:  # done: the child's first k entries and this thread's
+            b.done = base + k + (n - tail) - max(0, k - tail)
+            b.report()
+
+        while True:
+            if should_stop():
+                report(self.taken)
+                return False
+            low = self.head.value if running else self.taken
+            claim = tail > low and (not meet or not running)
+            if running:
+                if poll.poll(0 if claim else 100):
+                    msg = self._recv()
+                    if msg is None or msg.kind == ERROR:  # the child died: the rest is this thread's
+                        running = False
+                        self.close()
+                    elif msg.kind == BATCH:
+                        files = [NewFile(f.ref, f.version, f.size, f.kind, f.passages, None, f.mtime,
+                                         msg.terms, f.tids, f.npost, f.tfs, f.lens) for f in msg.files]
+                        msg.files = []  # the batch's columns held once
+                        b.store.commit(Batch(files, msg.removed))
+                        del files
+                        self.taken = msg.done
+                    elif msg.kind == END:
+                        self.taken = msg.done
+                        running = False
+                        self.close()
+                    seen = max(seen, msg.done if msg is not None else 0)
+                    report(seen if running else self.taken)
+                    continue
+            if not claim:
+                if running:
+                    continue
+                break
+            j = tail - 1
+            if running:
+                self.tail.value = j
+                if self.head.value > j:
+                    meet = True  # the child may have taken it too: this one is the last
+            b.add(*self.items[j], places, tmpdir)
+            tail = j
+            report(seen if running else self.taken)
+        b.done = base + n
+        return True
+
+    def close(self) -> None:
+        """Stop the child (at once: what it has not sent is dropped) and reap it."""
+        if not self.exited:
+            self.exited = True
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pipe.close()
+            del self.head, self.tail
+            self.shm.close()
+
+
+def start(items: list, places: Mapping[str, object], tmpdir: str) -> Optional[Worker]:
+    """Fork the worker for ``items``; None when it cannot (all is then done here)."""
+    try:
+        shm = mmap.mmap(-1, 16)  # shared with the child: head, tail
+        r, w = os.pipe()
+    except OSError:
+        return None
+    ctypes.c_int64.from_buffer(shm, 8).value = len(items)
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(r)
+            _child(w, parent, items, places, tmpdir, shm)
+            code = 0
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    return Worker(pid, r, items, shm)
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+try:  # looked up here: the child calls it, and loads no library after the fork
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _detach(w: int, parent: int) -> None:
+    """The child's ties: dies with its parent, deaf to Ctrl-C and SIGTERM, no
+    descriptor but ``w`` and the standard streams (on /dev/null)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+    # no collection of the parent's garbage here (an index transaction's finaliser
+    # would touch the index's shared reader table): the child makes little of its own
+    gc.disable()
+    if _prctl is not None:  # else a broken pipe ends it, at its next message
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _prctl(_PR_SET_NAME, b"lnkmem-worker", 0, 0, 0)  # as `ps` and `top` show it
+    if os.getppid() != parent:  # the parent died before the request: nobody to work for
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    keep = sorted({w, 0, 1, 2})
+    lo = 3
+    for fd in keep:
+        if fd >= lo:
+            os.closerange(lo, fd)
+            lo = fd + 1
+    os.closerange(lo, 1 << 20)
+
+
+def _send(w: int, msg: _Msg) -> None:
+    body = _enc.encode(msg)
+    view = memoryview(_HEAD.pack(len(body)) + body)
+    while view:
+        view = view[os.write(w, view):]
+
+
+def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdir: str, shm: mmap.mmap) -> None:
+    _detach(w, parent)
+    from lnkmem.index import indexer
+    head = ctypes.c_int64.from_buffer(shm, 0)
+    tail = ctypes.c_int64.from_buffer(shm, 8)
+    done = 0  # entries 0..done-1 gone through
+    try:
+        vocab = indexer._Vocab()
+        files: list[_File] = []
+        removed: list[str] = []
+        size = 0
+        last = time.monotonic()
+        for i, (source, entry) in enumerate(items):
+            head.value = i + 1  # taken; then: had the parent taken it first?
+            if i >= tail.value:
+                break
+            nf = indexer.index_file(source, entry, places[source], tmpdir, vocab)
+            done = i + 1
+            if nf is None:
+                removed.append(indexer.ref_of(source, entry.path))
+            else:
+                files.append(_File(nf.ref, nf.version, nf.size, nf.kind, nf.mtime, nf.passages,
+                                   nf.tids.tobytes(), nf.npost.tobytes(), nf.tfs.tobytes(), nf.lens.tobytes()))
+                size += nf.size
+            if size >= indexer.BATCH_BYTES or len(files) >= indexer.BATCH_FILES:
+                _send(w, _Msg(BATCH, done, vocab.names, removed, files))
+                vocab, files, removed, size = indexer._Vocab(), [], [], 0
+                last = time.monotonic()
+            elif time.monotonic() - last > 0.1:
+                _send(w, _Msg(PROGRESS, done))
+                last = time.monotonic()
+        if files or removed:
+            _send(w, _Msg(BATCH, done, vocab.names, removed, files))
+        _send(w, _Msg(END, done))
+    except BrokenPipeError:
+        raise
+    except Exception as e:  # the parent does the rest itself (and meets the error there)
+        _send(w, _Msg(ERROR, done, error=f"{type(e).__name__}: {e}"))

@@ -1,0 +1,248 @@
+"""Building the index on two cores (issue 12): the C Snowball stems as the pure one
+does; a large build's files are read and counted in a forked worker while the
+parent commits, with the same index as a build in one thread; killing either
+process leaves a consistent index and no worker behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from tests.helpers import PROGRAM, ROOT, base_env, run_cli, until
+
+
+def _flags(home) -> list[str]:
+    return [str(home.folder), str(home.state), "--agent", str(home.agent)]
+
+
+# --- 1. PyStemmer ---------------------------------------------------------------------
+
+
+def test_the_c_stemmer_is_used_and_stems_every_word_as_the_pure_one():
+    import snowballstemmer
+    from snowballstemmer.english_stemmer import EnglishStemmer
+
+    from lnkmem.index import analyze
+
+    c = snowballstemmer.stemmer("english")
+    assert type(c).__module__ == "Stemmer", type(c)  # PyStemmer, the C Snowball
+    assert analyze._stemmer.__class__ is c.__class__
+    words = set()
+    for folder in ("docs", "lnkmem", "tests"):
+        for p in (ROOT / folder).rglob("*"):
+            if p.suffix in (".md", ".py", ".txt"):
+                words.update(w for w in analyze.words(p.read_text(errors="replace")) if w.isalpha())
+    words.update("running runner ran generously generalizations caresses ponies ties caress cats feed agreed "
+                 "disabled matting mating meeting milling messing meetings happy sky news innings outing canning "
+                 "herring earring proceed exceed succeed dying lying tying skies spied façade naïve résumé "
+                 "straße ǆemal weißbier".split())
+    assert len(words) > 3000
+    pure = EnglishStemmer()
+    differ = [w for w in sorted(words) if c.stemWord(w) != pure.stemWord(w)]
+    assert differ == []
+
+
+# --- 2. the worker gives the index a build in one thread gives --------------------------
+
+
+def _fill(home, n: int) -> None:
+    """A Home of every kind of file a build meets: notes with headings, identifiers,
+    other scripts, long lines; conversations; skills; a binary file; an empty one."""
+    for i in range(n):
+        body = "\n\n".join(
+            f"## Part {k} of note {i}\n\nDeploying service-{i}.{k} to host w{i}x{k} (ticket PIO-{1000 + i}); "
+            f"the runners were running, café naïve 東京 {k}. " * (1 + (i * 7 + k) % 5)
+            for k in range(1 + i % 4))
+        home.write(f"d{i % 9}/note_{i}.md", body + "\n")
+    home.write("long.txt", "x" * 9000 + "\n" + "wordy line " * 600 + "\n")
+    home.write("empty.md", "")
+    (home.folder / "blob.bin").write_bytes(bytes(range(256)) * 40)
+    for t in range(6):
+        home.chat(f"t{t}", [{"role": "user" if j % 2 == 0 else "assistant", "text": f"message {j} about w{t}x{j} deploys",
+                             "at": f"2026-0{1 + t}-1{j % 9}T10:00:00Z"} for j in range(12)])
+    home.write(f"skills/s/SKILL.md", "A skill about deploying the lighthouse.\n")
+
+
+def _dump(state: Path) -> dict:
+    """What an index holds, named by (ref, its n-th passage) rather than by ids: which
+    process counted which file (and so the ids and segments) is a matter of timing."""
+    import msgspec
+
+    from lnkmem.index import postings
+    from lnkmem.index.store import FileRec, Passage, SegMeta
+
+    env = lmdb.open(str(state / "index"), readonly=True, lock=False, max_dbs=16)
+    try:
+        with env.begin() as txn:
+            def rows(name):
+                return list(txn.cursor(db=env.open_db(name, txn=txn, create=False)))
+            files = {k.decode(): msgspec.msgpack.decode(v, type=FileRec) for k, v in rows(b"files")}
+            name = {p: (ref, i) for ref, f in files.items() for i, p in enumerate(f.pids)}
+            passages = {name[int.from_bytes(k, "big")]: msgspec.msgpack.decode(v, type=Passage)
+                        for k, v in rows(b"passages")}
+            lens = {}
+            for _, v in rows(b"segments"):
+                m = msgspec.msgpack.decode(v, type=SegMeta)
+                lens.update(zip(map(name.__getitem__, memoryview(m.pids).cast("I").tolist()),
+                                memoryview(m.lens).cast("I").tolist()))
+            post = set()
+            for k, v in rows(b"postings"):
+                pids, tfs = postings.unpack(v)
+                post.update((bytes(k[4:]), name[p], tf) for p, tf in zip(pids.tolist(), tfs.tolist()))
+            assert rows(b"dead") == []
+    finally:
+        env.close()
+    return {"files": {r: (f.version, f.size, len(f.pids), f.kind, f.mtime) for r, f in files.items()},
+            "passages": passages, "lengths": lens, "postings": post}
+
+
+def test_a_build_with_the_worker_holds_exactly_what_a_build_in_one_thread_holds(home, tmp_path):
+    _fill(home, 120)
+    states = {}
+    for how in ("0", "1"):
+        state = tmp_path / f"state{how}"
+        r = run_cli("index", str(home.folder), str(state), "--agent", str(home.agent),
+                    env={"LNKMEM_WORKER": how, "LNKMEM_BATCH_FILES": "17"})
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.decode().startswith("indexed 129 files, 0 unchanged, 0 removed, skipped 1 (1 binary)"), r.stderr
+        states[how] = _dump(state)
+    here, there = states["0"], states["1"]
+    assert len(here["passages"]) > 300 and len(here["postings"]) > 5_000
+    assert set(here["lengths"]) == set(here["passages"])
+    for part in here:
+        assert here[part] == there[part], part
+
+
+# --- 3. kills: of the parent, of the worker -------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] not in "ZX"
+    except OSError:
+        return False
+
+
+def _many(home, n: int) -> None:
+    for i in range(n):
+        home.write(f"d{i % 20}/f{i}.md", (f"note {i} about deploying service w{i} " * 70)[:2000] + "\n")
+
+
+def _start_index(home, **env) -> subprocess.Popen:
+    e = base_env()
+    e.update(env)
+    return subprocess.Popen([PROGRAM, "index", *_flags(home)], env=e, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _worker_of(p: subprocess.Popen) -> int:
+    found = until(lambda: [c for c in _children(p.pid) if _comm(c) == "lnkmem-worker"], timeout=30, step=0.01)
+    assert found, "no worker started"
+    return found[0]
+
+
+def test_a_killed_parent_takes_its_worker_with_it_and_leaves_a_consistent_index(home):
+    _many(home, 1500)
+    p = _start_index(home, LNKMEM_WORKER="1", LNKMEM_BATCH_FILES="100")
+    w = _worker_of(p)
+    until(lambda: (home.state / "index" / "data.mdb").exists() and
+          (home.state / "index" / "data.mdb").stat().st_size > 500_000, timeout=30, step=0.01)
+    p.kill()
+    p.wait()
+    assert until(lambda: not _alive(w), timeout=5, step=0.02), "the worker outlived its parent"
+    r = run_cli("status", *_flags(home), "--json")
+    st = json.loads(r.stdout)
+    n = st["sources"]["home"]["files"]
+    assert st["pending"] == {"changed": 1500 - n, "removed": 0}
+    r = run_cli("index", *_flags(home))
+    assert r.returncode == 0 and r.stderr.decode().startswith(f"indexed {1500 - n:,} files, {n:,} unchanged"), r.stderr
+    r = run_cli("search", *_flags(home), "w1499", "--json")
+    assert [h["ref"] for h in json.loads(r.stdout)["hits"]] == ["home/d19/f1499.md"]
+
+
+def test_a_killed_worker_leaves_the_parent_to_finish_the_build_itself(home):
+    _many(home, 1500)
+    p = _start_index(home, LNKMEM_WORKER="1", LNKMEM_BATCH_FILES="100")
+    w = _worker_of(p)
+    time.sleep(0.3)
+    os.kill(w, signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert err.decode().startswith("indexed 1,500 files, 0 unchanged, 0 removed"), err
+    assert "Traceback" not in err.decode()
+    for q, ref in (("w0", "home/d0/f0.md"), ("w1499", "home/d19/f1499.md"), ("w777", "home/d17/f777.md")):
+        r = run_cli("search", *_flags(home), q, "--json")
+        assert [h["ref"] for h in json.loads(r.stdout)["hits"]] == [ref]
+
+
+def test_a_one_file_change_stays_in_the_thread_and_a_large_plan_goes_to_the_worker(home, monkeypatch):
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index import indexer, worker
+    from lnkmem.index.store import Store
+
+    _many(home, 300)
+    monkeypatch.delenv("LNKMEM_WORKER", raising=False)
+    monkeypatch.setattr(worker, "_cores", lambda: 2)
+    places = {"home": LocalPlace(str(home.folder)), "notes": object()}
+    store = Store.open(str(home.state / "index"))
+    try:
+        plan = indexer.plan(store, {"home": places["home"]})
+        assert len(worker.share(places, plan.todo)) == 300
+        one = indexer.plan(store, {"home": places["home"]}, only="home/d0/f0.md")
+        assert worker.share(places, one.todo) == []
+        monkeypatch.setattr(worker, "_cores", lambda: 1)  # one core: nothing to overlap
+        assert worker.share(places, plan.todo) == []
+    finally:
+        store.close()
+
+
+def test_packing_a_commits_lists_at_once_gives_each_lists_bytes():
+    import numpy as np
+
+    from lnkmem.index import postings
+
+    rng = np.random.default_rng(5)
+    lens = rng.integers(1, 40, 300)
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    pids = np.concatenate([np.sort(rng.choice(10**6, n, replace=False)) for n in lens]).astype(np.uint32)
+    tfs = rng.integers(1, 70000, len(pids)).astype(np.uint32)  # some above u16: held at 65535
+    many = postings.pack_many(pids, tfs, starts.tolist(), ends.tolist())
+    assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]
+
+
+def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
+    home.write("a.md", "alpha\n")
+    r = run_cli("index", *_flags(home), env={"LNKMEM_WORKER": "yes"})
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1 and "LNKMEM_WORKER" in err and "Traceback" not in err, err
+    assert not (home.state / "index").exists()

@@ -76,7 +76,7 @@ def _dump(state: Path) -> dict:
     process counted which file (and so the ids and segments) is a matter of timing."""
     import msgspec
 
-    from lnkmem.index import postings
+    from lnkmem.index import postings, textpack
     from lnkmem.index.store import FileRec, Passage, SegMeta
 
     env = lmdb.open(str(state / "index"), readonly=True, lock=False, max_dbs=16)
@@ -86,7 +86,8 @@ def _dump(state: Path) -> dict:
                 return list(txn.cursor(db=env.open_db(name, txn=txn, create=False)))
             files = {k.decode(): msgspec.msgpack.decode(v, type=FileRec) for k, v in rows(b"files")}
             name = {p: (ref, i) for ref, f in files.items() for i, p in enumerate(f.pids)}
-            passages = {name[int.from_bytes(k, "big")]: msgspec.msgpack.decode(v, type=Passage)
+            zdict = txn.get(b"zdict", db=env.open_db(b"meta", txn=txn, create=False))
+            passages = {name[int.from_bytes(k, "big")]: msgspec.msgpack.decode(textpack.unpack(v, zdict), type=Passage)
                         for k, v in rows(b"passages")}
             lens = {}
             for _, v in rows(b"segments"):

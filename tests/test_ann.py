@@ -238,3 +238,38 @@ def test_the_threshold_knob(monkeypatch):
     assert annmod.threshold() == annmod.THRESHOLD
     monkeypatch.delenv("LNKMEM_ANN_THRESHOLD")
     assert annmod.threshold() == annmod.THRESHOLD
+
+
+def test_the_served_engine_keeps_its_index_under_state(home, tmp_path):
+    """The real `lnk-lnkmem serve` past a lowered threshold: searches by meaning through
+    the graph, leaves `<state>/vectors.ann` (and its header) on the way out, and a
+    truncated file there is rebuilt at the next start, answering the same."""
+    from fakes.harness import FakeServer
+    from tests.helpers import Server, until
+    sock = tmp_path / "embed.sock"
+    model = FakeServer.start("fakes.embedding_server", "--unix", sock, "--dim", "64", "--model", "fake-mini")
+    env = {"LNK_MEMORY_SPEC": '{"model": "fake-mini"}', "LNK_MEMORY_MODEL": model.listen,
+           "LNKMEM_ANN_THRESHOLD": "50"}
+    home.write("spring.md", "We purchased an automobile last spring; the vehicle runs well.\n")
+    for i in range(160):
+        home.write(f"filler/f{i}.md", f"Note {i} about gardening, bread number {i} and the weather on day {i}.\n")
+    path = home.state / "vectors.ann"
+    try:
+        def top(s):
+            r = s.search("buying a car")["structuredContent"]
+            return r["ranked"], r["hits"][0]["ref"] if r["hits"] else None
+
+        with Server.start(home, env=env) as s:
+            s.wait_indexed()
+            assert until(lambda: top(s) == ("meaning+words", "home/spring.md"), timeout=20)
+        assert path.exists() and (home.state / "vectors.ann.json").exists()
+        head = json.loads((home.state / "vectors.ann.json").read_text())
+        assert head["count"] >= 161 and head["size"] == path.stat().st_size
+        path.write_bytes(path.read_bytes()[:100])  # truncated
+        with Server.start(home, env=env) as s:
+            s.wait_indexed()
+            assert until(lambda: top(s) == ("meaning+words", "home/spring.md"), timeout=20)
+        head = json.loads((home.state / "vectors.ann.json").read_text())
+        assert head["size"] == path.stat().st_size > 100  # rebuilt and saved whole
+    finally:
+        model.stop()

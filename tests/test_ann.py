@@ -273,3 +273,16 @@ def test_the_served_engine_keeps_its_index_under_state(home, tmp_path):
         assert head["size"] == path.stat().st_size > 100  # rebuilt and saved whole
     finally:
         model.stop()
+
+
+def test_temps_of_a_killed_save_are_removed(store):
+    st, pids, vecs, path = store
+    dead = 2 ** 22 + 12345  # no such process
+    for name in (f"{path}.{dead}.tmp", f"{path}.json.{dead}.tmp"):
+        open(name, "wb").write(b"half a save")
+    vi = VectorIndex(path)
+    vi.load(st)
+    _ready(vi)
+    vi.close()
+    left = [n for n in os.listdir(os.path.dirname(path)) if n.endswith(".tmp")]
+    assert left == [] and os.path.exists(path)

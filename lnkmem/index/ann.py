@@ -76,6 +76,16 @@ def _digest(path: str) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
 class Ann:
     """A usearch index of int8 rows keyed by passage id, under one lock."""
 
@@ -101,6 +111,7 @@ class Ann:
         """Load the saved file when its header vouches for it; the reason when not (None: loaded)."""
         if not self.path:
             return "no path"
+        self._clean_temps()
         try:
             with open(self.header_path(), "rb") as f:
                 head = json.loads(f.read(4096))
@@ -128,12 +139,28 @@ class Ann:
         self.loaded_from_file = True
         return None
 
+    def _clean_temps(self) -> None:
+        """Remove the temp files of a save that a killed process left (``<file>.<pid>.tmp``)."""
+        folder, base = os.path.split(self.path)
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:
+            return
+        for name in names:
+            for stem in (base + ".", base + ".json."):
+                rest = name[len(stem):-len(".tmp")] if name.startswith(stem) and name.endswith(".tmp") else ""
+                if rest.isdigit() and int(rest) != os.getpid() and not _alive(int(rest)):
+                    try:
+                        os.unlink(os.path.join(folder, name))
+                    except OSError:
+                        pass
+
     def save(self) -> None:
         """Write the file and then its header, each to a temp name and renamed: a header
         that names the file's digest only ever follows the file it describes."""
         if not self.path:
             return
-        tmp = self.path + ".tmp"
+        tmp = f"{self.path}.{os.getpid()}.tmp"  # two processes of one <state> never share a temp
         with self.lock:
             self.index.save(tmp)
             self.changes = 0
@@ -143,7 +170,7 @@ class Ann:
         except FileNotFoundError:
             pass
         os.replace(tmp, self.path)
-        htmp = self.header_path() + ".tmp"
+        htmp = f"{self.header_path()}.{os.getpid()}.tmp"
         with open(htmp, "w") as f:
             json.dump({"format": FORMAT, "dim": self.dim, "dtype": "i8", "metric": "cos",
                        "size": size, "blake2b": digest, "count": len(self.index)}, f)

@@ -307,14 +307,18 @@ class VectorIndex:
         m, _, has = held
         ok = has[:n] & snap.alive[:n]
         filtered = (sources is not None and set(sources) != set(SOURCE_CODE)) or bool(under)
-        over = 2
+        passing = int(ok.sum())
         if filtered:
             cand = snap.keep(np.flatnonzero(ok), sources, under)
             if len(cand) < max(annmod.threshold(), 1) or len(cand) <= k:
                 return None
             ok = np.zeros(n, bool)
             ok[cand] = True
-            over = min(2 * n // len(cand) + 2, 64)
+            passing = len(cand)
+        if passing <= k:
+            return None
+        # over-fetch by the share of the graph's rows that pass (dead passages and filters)
+        over = min(2 * -(-len(ann) // passing), 64)
         count = min(n, max(k * over, k + 32))
         q8, _ = quantize_rows(np.asarray(q, np.float32))
         keys = ann.neighbours(q8[0], count)

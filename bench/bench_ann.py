@@ -5,7 +5,7 @@ Run: ``.venv/bin/python bench/bench_ann.py [--cache DIR] [--sizes 10000,50000,al
 
 Vectors: all-MiniLM-L6-v2 embeddings of real text (BEIR SciFact titles, sentences and
 two-sentence windows; LoCoMo messages and summaries), made beforehand by
-``embed.py`` into ``--cache`` as ``c-NNNN.npy`` (1,024 rows each) and the 1,109 SciFact
+``bench/ann_embed.py`` into ``--cache`` as ``c-NNNN.npy`` (1,024 rows each) and the 1,109 SciFact
 queries as ``q-0000.npy``; nothing is embedded here and nothing is shipped. Every size is a
 seeded sample of the rows there, quantised as the engine stores them (``quantize_rows``).
 

@@ -33,9 +33,10 @@ import numpy as np
 log = logging.getLogger("lnkmem")
 
 FORMAT = 1
-# Vectors held from which searches use the approximate index (measured: bench/bench_ann.py).
-# LNKMEM_ANN_THRESHOLD overrides it (tests lower it; 0 turns the index off).
-THRESHOLD = 100_000
+# Vectors held from which searches use the approximate index: the exact int8 search's p50
+# passes ~15 ms there on this 2-core machine (10 ms at 100k, 21 ms at 200k: bench/bench_ann.py,
+# docs/BENCHMARKS.md). LNKMEM_ANN_THRESHOLD overrides it (tests lower it; 0 turns it off).
+THRESHOLD = 150_000
 CONNECTIVITY = 16  # graph degree (usearch's default)
 EXPANSION_ADD = 128  # build-time breadth
 EXPANSION_SEARCH = 128  # search breadth: at least the count asked

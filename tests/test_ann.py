@@ -262,13 +262,17 @@ def test_the_served_engine_keeps_its_index_under_state(home, tmp_path):
         with Server.start(home, env=env) as s:
             s.wait_indexed()
             assert until(lambda: top(s) == ("meaning+words", "home/spring.md"), timeout=20)
-        assert path.exists() and (home.state / "vectors.ann.json").exists()
+            # saved once built (on its own thread)
+            assert until(lambda: (home.state / "vectors.ann.json").exists(), timeout=30)
+            assert top(s) == ("meaning+words", "home/spring.md")
+        assert path.exists()
         head = json.loads((home.state / "vectors.ann.json").read_text())
         assert head["count"] >= 161 and head["size"] == path.stat().st_size
         path.write_bytes(path.read_bytes()[:100])  # truncated
         with Server.start(home, env=env) as s:
             s.wait_indexed()
             assert until(lambda: top(s) == ("meaning+words", "home/spring.md"), timeout=20)
+            assert until(lambda: (home.state / "vectors.ann.json").exists() and path.stat().st_size > 100, timeout=30)
         head = json.loads((home.state / "vectors.ann.json").read_text())
         assert head["size"] == path.stat().st_size > 100  # rebuilt and saved whole
     finally:

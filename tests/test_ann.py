@@ -290,3 +290,20 @@ def test_temps_of_a_killed_save_are_removed(store):
     vi.close()
     left = [n for n in os.listdir(os.path.dirname(path)) if n.endswith(".tmp")]
     assert left == [] and os.path.exists(path)
+
+
+def test_a_state_that_refuses_the_file_keeps_the_graph_serving(store, tmp_path):
+    """`vectors.ann` cannot be written (here a folder stands in its place): a warning,
+    the graph built in memory still answers, and nothing is rebuilt at each add."""
+    st, pids, vecs, _ = store
+    path = tmp_path / "blocked.ann"
+    path.mkdir()
+    vi = VectorIndex(str(path))
+    vi.load(st)
+    _ready(vi)
+    graph = vi.ann
+    assert graph is not None and len(graph) == N
+    vi.add([int(pids[3])], vecs[4:5])
+    assert vi.ann is graph and vi.search(st, vecs[4], 1)[0][1] > 0.99
+    vi.close()
+    assert path.is_dir() and not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]

@@ -162,15 +162,22 @@ class Ann:
         if not self.path:
             return
         tmp = f"{self.path}.{os.getpid()}.tmp"  # two processes of one <state> never share a temp
-        with self.lock:
-            self.index.save(tmp)
-            self.changes = 0
-        size, digest = _digest(tmp)
         try:
-            os.unlink(self.header_path())  # the old header no longer describes the file
-        except FileNotFoundError:
-            pass
-        os.replace(tmp, self.path)
+            with self.lock:
+                self.index.save(tmp)
+                self.changes = 0
+            size, digest = _digest(tmp)
+            try:
+                os.unlink(self.header_path())  # the old header no longer describes the file
+            except FileNotFoundError:
+                pass
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         htmp = f"{self.header_path()}.{os.getpid()}.tmp"
         with open(htmp, "w") as f:
             json.dump({"format": FORMAT, "dim": self.dim, "dtype": "i8", "metric": "cos",

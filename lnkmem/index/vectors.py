@@ -224,9 +224,15 @@ class VectorIndex:
             self._ann_save()
 
     def _ann_save(self) -> None:
+        """Save the graph; a folder that refuses it (read-only, full) costs only the head
+        start of the next process: the graph in memory stays and keeps serving."""
         ann = self.ann
         if ann is not None and self.ann_ready:
-            ann.save()
+            try:
+                ann.save()
+            except OSError as e:
+                import logging
+                logging.getLogger("lnkmem").warning("could not save the approximate vector index: %s", e)
 
     def close(self) -> None:
         """Stop the approximate index's thread and save it when it changed."""
@@ -235,12 +241,8 @@ class VectorIndex:
         if t is not None:
             t.join(timeout=30)
         ann = self.ann
-        if ann is not None and self.ann_ready and ann.changes:
-            try:
-                ann.save()
-            except OSError as e:
-                import logging
-                logging.getLogger("lnkmem").warning("could not save the approximate vector index: %s", e)
+        if ann is not None and ann.changes:
+            self._ann_save()
 
     def missing(self, alive: np.ndarray, limit: int) -> list[int]:
         """Live passages without a vector, oldest first."""

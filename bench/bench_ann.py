@@ -258,7 +258,7 @@ NOTES = ("Choice: usearch. It stores the int8 rows as the engine holds them (no 
          "by key (the engine reuses passage ids: faiss's HNSW indexes, IDMap too, refuse `remove_ids`; hnswlib "
          "only marks deleted), saves one file that the engine vouches for by digest before loading, and ships "
          "cp311 wheels for Linux x86-64 and arm64 and macOS arm64 (2.3 MB; usearch 2.26.6, released 2026-10). "
-         "faiss-cpu 1.15.1 answers faster (p50 0.1-0.5 ms against 0.4-1.3 ms) and adds faster, but a 19 MB wheel and "
+         "faiss-cpu 1.15.1 answers and adds a little faster (p50 0.2-0.4 ms against usearch's 0.2-0.6 ms in the recorded run), but a 19 MB wheel and "
          "no removal; hnswlib 0.8.0 has had no release since 2023-12 and no wheels (built from source at install). "
          "Every library here is within recall@10 0.99 of exact on these vectors; the engine re-scores usearch's "
          "neighbours exactly, so its scores are the exact ones.")

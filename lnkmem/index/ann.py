@@ -34,7 +34,7 @@ log = logging.getLogger("lnkmem")
 
 FORMAT = 1
 # Vectors held from which searches use the approximate index: the exact int8 search's p50
-# passes ~15 ms there on this 2-core machine (10 ms at 100k, 21 ms at 200k: bench/bench_ann.py,
+# passes ~15 ms there on this 2-core machine (11 ms at 100k, 19 ms at 200k: bench/bench_ann.py,
 # docs/BENCHMARKS.md). LNKMEM_ANN_THRESHOLD overrides it (tests lower it; 0 turns it off).
 THRESHOLD = 150_000
 CONNECTIVITY = 16  # graph degree (usearch's default)

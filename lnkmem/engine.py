@@ -121,7 +121,9 @@ class Memory:
             url, model, headers = self.layout.embed
             try:
                 self.embedder = Embedder(url, model, headers=headers)
-                self.vindex = VectorIndex()
+                # its approximate index, past a threshold, is a cache beside the LMDB
+                # environment (never in a bound memory's copy)
+                self.vindex = VectorIndex(os.path.join(os.path.dirname(self.layout.index_path), "vectors.ann"))
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
         if self.layout.replica is not None and self.layout.writes:
@@ -151,6 +153,8 @@ class Memory:
             self.store.stop_merger()  # a merge under way stops at its next step
         if self._thread:
             self._thread.join(timeout=10)
+        if self.vindex is not None:
+            self.vindex.close()
         if self.store:
             self.store.close()
         if self.embedder:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from lnkmem.index.store import Store, quantize_rows
+from lnkmem.index.store import SOURCE_CODE, Store, quantize_rows
 
 BLOCK = 1024  # rows widened at a time: 1.5 MiB of float32 at 384 dimensions (stays in cache)
 
@@ -59,10 +59,19 @@ def _grown(held, cap: int):
 
 
 class VectorIndex:
-    def __init__(self) -> None:
+    def __init__(self, ann_path: Optional[str] = None) -> None:
         self.lock = threading.Lock()
         # (int8 matrix, float32 scales, has) replaced together, read once by a search
         self.held = (np.zeros((0, 0), np.int8), np.zeros(0, np.float32), np.zeros(0, bool))
+        # past ann.threshold() vectors: an approximate index (lnkmem/index/ann.py), a cache
+        # kept in ``ann_path``; built on a thread of its own, searched once ``ann_ready``
+        self.ann_path = ann_path
+        self.ann = None
+        self.ann_ready = False
+        self._ann_thread: Optional[threading.Thread] = None
+        self._ann_again = False
+        self._ann_saving = False
+        self._stop = threading.Event()
 
     @property
     def matrix(self) -> np.ndarray:
@@ -98,6 +107,7 @@ class VectorIndex:
             has[pids] = True
         with self.lock:
             self.held = (m, sc, has)
+        self._ann_update(rebuild=True)
 
     def add(self, pids, vecs: np.ndarray) -> None:
         """Hold float vectors, quantised as the store keeps them."""
@@ -122,6 +132,11 @@ class VectorIndex:
             sc[pids] = scales
             has[pids] = True
             self.held = (m, sc, has)
+        ann = self.ann
+        if ann is not None and ann.dim == q.shape[1]:
+            with ann.lock:
+                ann.put(pids, q)
+        self._ann_update()
 
     def forget(self, pids) -> None:
         """Passage ids given to new passages (ids are reused): the vectors held for
@@ -134,6 +149,100 @@ class VectorIndex:
                 has = has.copy()
                 has[p] = False
                 self.held = (m, sc, has)
+        ann = self.ann
+        if ann is not None and len(p):
+            with ann.lock:
+                ann.drop(p)
+            self._ann_update()
+
+    # --- the approximate index ------------------------------------------------
+
+    def _ann_update(self, rebuild: bool = False) -> None:
+        """Start the approximate index once enough vectors are held (or reconcile it with
+        a matrix loaded anew), and save it after enough changes; on its own thread."""
+        from lnkmem.index import ann as annmod
+        limit = annmod.threshold()
+        if not limit or self._stop.is_set():
+            return
+        m, _, has = self.held
+        ann = self.ann
+        if ann is not None and ann.dim != m.shape[1]:  # another model's vectors: start over
+            self.ann, self.ann_ready, ann = None, False, None
+        if ann is None and self.count() < limit:
+            return
+        if ann is not None and not rebuild:
+            if self.ann_ready and ann.changes >= max(annmod.SAVE_EVERY, len(ann) // 10):
+                self._background(self._ann_save)
+            return
+        if not annmod.available():
+            if not getattr(self, "_ann_warned", False):
+                self._ann_warned = True
+                import logging
+                logging.getLogger("lnkmem").warning("usearch is not installed: vectors are searched exactly")
+            return
+        self._background(self._ann_build)
+
+    def _background(self, work) -> None:
+        with self.lock:
+            t = self._ann_thread
+            if t is not None and t.is_alive():
+                self._ann_again = True
+                return
+            self._ann_again = False
+            t = self._ann_thread = threading.Thread(target=self._ann_work, args=(work,), name="lnkmem-ann", daemon=True)
+        t.start()
+
+    def _ann_work(self, work) -> None:
+        import logging
+        try:
+            work()
+            while self._ann_again and not self._stop.is_set():
+                self._ann_again = False
+                self._ann_build()
+        except Exception as e:  # the exact search serves meanwhile
+            logging.getLogger("lnkmem").warning("approximate vector index failed: %s; searching exactly", e)
+            self.ann, self.ann_ready = None, False
+
+    def _ann_build(self) -> None:
+        """Load the saved index (when its header vouches for it) or start an empty one,
+        then make it hold exactly the rows held."""
+        import logging
+        from lnkmem.index.ann import Ann
+        m = self.held[0]
+        ann = self.ann
+        if ann is None or ann.dim != m.shape[1]:
+            ann = Ann(m.shape[1], self.ann_path)
+            why = ann.try_load()
+            if why and why != "missing" and why != "no path":
+                logging.getLogger("lnkmem").info("approximate vector index rebuilt: the saved one is %s", why)
+            self.ann = ann
+        ann.reconcile(lambda: self.held, self._stop)
+        if self._stop.is_set():
+            return
+        self.ann_ready = True
+        if ann.changes:
+            self._ann_save()
+
+    def _ann_save(self) -> None:
+        """Save the graph; a folder that refuses it (read-only, full) costs only the head
+        start of the next process: the graph in memory stays and keeps serving."""
+        ann = self.ann
+        if ann is not None and self.ann_ready:
+            try:
+                ann.save()
+            except OSError as e:
+                import logging
+                logging.getLogger("lnkmem").warning("could not save the approximate vector index: %s", e)
+
+    def close(self) -> None:
+        """Stop the approximate index's thread and save it when it changed."""
+        self._stop.set()
+        t = self._ann_thread
+        if t is not None:
+            t.join(timeout=30)
+        ann = self.ann
+        if ann is not None and ann.changes:
+            self._ann_save()
 
     def missing(self, alive: np.ndarray, limit: int) -> list[int]:
         """Live passages without a vector, oldest first."""
@@ -172,6 +281,11 @@ class VectorIndex:
         n = min(len(has), len(snap.alive))
         if n == 0 or m.shape[1] != len(q):
             return []
+        ann = self.ann
+        if self.ann_ready and ann is not None and ann.dim == m.shape[1] and k < n:
+            found = self._search_ann(ann, snap, held, n, q, k, sources, under)
+            if found is not None:
+                return found
         cand = snap.keep(np.flatnonzero(has[:n] & snap.alive[:n]), sources, under)
         if not len(cand):
             return []
@@ -185,3 +299,37 @@ class VectorIndex:
             top = np.arange(len(cand))
         top = top[np.argsort(-sims[top], kind="stable")]
         return [(int(cand[i]), float(sims[i])) for i in top]
+
+    def _search_ann(self, ann, snap, held, n: int, q: np.ndarray, k: int, sources, under):
+        """The best ``k`` by the approximate index, re-scored exactly; None when the exact
+        search should answer instead: a filter that leaves fewer rows than the threshold
+        (searched exactly, in time proportional to them), too few neighbours passing the
+        filters after over-fetching, or the index busy."""
+        from lnkmem.index import ann as annmod
+        m, _, has = held
+        ok = has[:n] & snap.alive[:n]
+        filtered = (sources is not None and set(sources) != set(SOURCE_CODE)) or bool(under)
+        passing = int(ok.sum())
+        if filtered:
+            cand = snap.keep(np.flatnonzero(ok), sources, under)
+            if len(cand) < max(annmod.threshold(), 1) or len(cand) <= k:
+                return None
+            ok = np.zeros(n, bool)
+            ok[cand] = True
+            passing = len(cand)
+        if passing <= k:
+            return None
+        # over-fetch by the share of the graph's rows that pass (dead passages and filters)
+        over = min(2 * -(-len(ann) // passing), 64)
+        count = min(n, max(k * over, k + 32))
+        q8, _ = quantize_rows(np.asarray(q, np.float32))
+        keys = ann.neighbours(q8[0], count)
+        if keys is None:
+            return None
+        keys = keys[(keys >= 0) & (keys < n)]
+        keys = keys[ok[keys]]
+        if len(keys) < k:
+            return None
+        sims = self.similarities(q, rows=keys, held=held)
+        top = np.argsort(-sims, kind="stable")[:k]
+        return [(int(keys[i]), float(sims[i])) for i in top]

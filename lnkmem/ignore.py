@@ -237,3 +237,27 @@ class Ignorer:
         if stack is None:
             return True
         return self.skip(stack, rel, is_dir, os.path.join(self.root, *rel.split("/")))
+
+
+class Listed(Ignorer):
+    """The ignore rules of a folder tree known from its listing (a Home behind
+    the files bridge, §8.2): the rules of each ignore file, by its path, and
+    the folders holding ``pyvenv.cfg``. Decides as :class:`Ignorer` does."""
+
+    def __init__(self, rules: dict[str, tuple[Rule, ...]], venvs: frozenset[str] = frozenset()):
+        super().__init__("")
+        self.rules = rules
+        self.venvs = venvs
+
+    def level(self, rel_dir: str, full_dir: str) -> list[Level]:
+        out = [_DEFAULT] if not rel_dir else []
+        for name in NAMES:
+            rules = self.rules.get(f"{rel_dir}/{name}" if rel_dir else name)
+            if rules:
+                out.append(Level(rel_dir, rules))
+        return out
+
+    def skip(self, stack: list[Level], rel: str, is_dir: bool, full: str) -> bool:
+        if is_dir and rel in self.venvs:
+            return True
+        return decide(stack, rel, is_dir)

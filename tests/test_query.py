@@ -377,6 +377,25 @@ def test_ignore_files_and_default_skips_are_honoured_by_index_list_and_watch(hom
         assert "newly.md" not in _wombats(s) and "sub/secret.md" in _wombats(s)
 
 
+def test_a_search_shows_limit_hits_when_the_best_are_newly_ignored(home):
+    """Files ignored since they were indexed are never shown, and the search still
+    fills its `limit` from the files that are not (it ranks deeper, not less)."""
+    for i in range(12):  # the best matches: a folder about to become a virtual environment
+        home.write(f"tool/lib/m{i}.md", "okapi okapi okapi okapi\n")
+    for i in range(6):
+        home.write(f"docs/d{i}.md", f"okapi once, in document {i} of many other words here\n")
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert all(r.startswith("home/tool/") for r in _refs(s, "okapi", limit=5))
+        # `python -m venv tool`: the folder holds pyvenv.cfg from now on (a watched change
+        # that touches no indexed file)
+        home.write("tool/pyvenv.cfg", "home = /usr\n")
+        got = _refs(s, "okapi", limit=5)
+        assert len(got) == 5 and all(r.startswith("home/docs/") for r in got), got
+        assert sorted(_refs(s, "okapi", limit=50)) == [f"home/docs/d{i}.md" for i in range(6)]
+
+
 def test_query_parser_and_ranker_take_any_text(tmp_path):
     """Fuzzed query text (quotes, dashes, stars, identifiers, NUL, surrogates' neighbours)
     against a real index: always an answer, never an exception."""

@@ -317,6 +317,25 @@ def test_a_reply_is_found_by_the_question_it_answers_and_by_its_day(home):
         assert [h["at"] for h in s.search("June", limit=10)["structuredContent"]["hits"]] == ["2023-06-01T09:00:00Z"]
 
 
+def test_the_message_that_says_a_word_outranks_the_replies_that_carry_it(home):
+    """A reply carries the gist of the messages before it as context; the message
+    that says the word itself ranks above the replies whose context holds it."""
+    long = ("I spent the whole weekend sorting the attic, and between the boxes of old letters, "
+            "the broken lamps and the winter coats I found the quokka postcard my aunt sent from "
+            "Rottnest Island years ago, with her small handwriting all over the back of it, "
+            "telling stories about the ferry, the bicycles, the beaches and the bakery she liked.")
+    home.chat("attic", [
+        {"role": "user", "text": long, "at": "2023-05-08T13:56:00Z"},
+        {"role": "assistant", "text": "How lovely!", "at": "2023-05-08T13:57:00Z"},
+        {"role": "user", "text": "Yes, it was.", "at": "2023-05-08T13:58:00Z"},
+    ])
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        hits = s.search("quokka postcard", limit=10)["structuredContent"]["hits"]
+        assert [tuple(h["lines"]) for h in hits] == [(1, 1), (2, 2), (3, 3)]
+
+
 # --- ignore files (§3.2 rev. 2) --------------------------------------------------------
 
 IGNORED_HOME = {

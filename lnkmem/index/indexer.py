@@ -135,8 +135,20 @@ def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
     for i in analyze.idents(path, inner=True):
         name_terms[i] = name_terms.get(i, 0) + 1
     out = []
+    conversation = ref.startswith("chats/")
     for p in passages:
-        counts, length = analyze.term_counts(p.text)
+        if conversation and p.role is not None:  # a message: its own words above its context's
+            cut = chats.own_start(p.text)
+            counts, length = analyze.term_counts(p.text[cut:])
+            w = chats.OWN_WEIGHT  # (its length stays its words': one normalisation for every passage)
+            counts = {t: n * w for t, n in counts.items()}
+            if cut:
+                ctx, ctx_len = analyze.term_counts(p.text[:cut])
+                for t, n in ctx.items():
+                    counts[t] = counts.get(t, 0) + n
+                length += ctx_len
+        else:
+            counts, length = analyze.term_counts(p.text)
         for t, n in name_terms.items():
             counts[t] = counts.get(t, 0) + n
         out.append((counts, length + name_len))

@@ -237,6 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=("scifact", "exact", "ties"))
     a = ap.parse_args(argv)
     t0 = time.monotonic()
+    load = common.load_note()
     tmp = tempfile.mkdtemp(prefix="lnkmem-quality-")
     try:
         if a.make_set:
@@ -256,7 +257,7 @@ def main(argv=None) -> int:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = common.machine()
     lines = ["## Search quality by words (query language)", "",
-             f"{when}; {mach}. `bench/bench_quality.py`, in-process: `indexer.build` into LMDB, "
+             f"{when}; {mach}{load}. `bench/bench_quality.py`, in-process: `indexer.build` into LMDB, "
              "`search.words` as `Memory.rank` calls it, no model.", ""]
     if sci:
         lines += ["| BEIR SciFact, words only | nDCG@10 | target |", "|---|---|---|",
@@ -304,7 +305,8 @@ def main(argv=None) -> int:
                   f"(`# zq\\nzq\\n\\n` × 444,444, 4 MB): `zq`, limit 10, in-process: p50 of 7 "
                   f"**{ti['p50_ms']:.1f} ms**, the first ten passages of the file in order: "
                   f"{'yes' if ti['right'] else 'NO'} (sorting every tie in Python, as before, took 230 ms here; "
-                  f"indexing the file took {ti['index_s']:.1f} s).", ""]
+                  f"indexing the file took {ti['index_s']:.1f} s; both grow with the machine's load: "
+                  f"15.6 ms and 8.7 s when it was quiet).", ""]
     text = "\n".join(lines)
     common.report("bench_quality", when, mach, text, {"scifact": sci, "exact": ex}, t0)
     if a.record:

@@ -12,6 +12,12 @@ Skipped by default, as though a root ``.gitignore`` began with them (so a
 ``!node_modules/`` can take one back): ``node_modules/``, ``__pycache__/``,
 ``.git/``; and any virtual environment (a folder holding ``pyvenv.cfg``).
 
+What they hide: an ignored file is never indexed, listed (`list`) or shown by a
+search (one ignored since it was indexed is passed over until the next pass
+takes it out); `read` of its exact ref still answers, as the contract asks
+only that searches never show one. A Home behind the files bridge reads its
+ignore files through the bridge (:class:`Listed`).
+
 Written here rather than taken from ``pathspec``: git's rules fit in a page,
 and a folder-by-folder matcher is what a pruning walk needs anyway.
 """

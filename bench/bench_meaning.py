@@ -82,7 +82,7 @@ except Exception:  # pragma: no cover - the engine being rebuilt
 
 DOC = common.DOC
 SECTION = "meaning"
-OUT = os.path.join(HERE, "out", "meaning")
+OUT = os.environ.get("LNKMEM_BENCH_CACHE") or os.path.join(HERE, "out", "meaning")  # embeddings cache
 MODEL = "all-MiniLM-L6-v2"
 DEEP = 1000  # depth of each single list (for Recall@100 over documents)
 SAMPLE = 256  # passages embedded (in each of PASSES passes) to measure throughput when the embeddings are cached

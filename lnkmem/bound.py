@@ -352,7 +352,8 @@ class Bindings:
         places: dict[str, object] = {}
         if files is not None:
             # Home's memory/notes.md is the notes' place when no storage memory place is named
-            places["home"] = FilesPlace(files, exclude=("memory/lnkmem",) + (() if has_memory_place else ("memory/notes.md",)))
+            places["home"] = FilesPlace(files, exclude=("memory/lnkmem",) + (() if has_memory_place else ("memory/notes.md",)),
+                                        ignore=True)
         elif cfg.folder:
             places["home"] = LocalPlace(cfg.folder, exclude=[cfg.state] + ([cfg.agent] if cfg.agent else []), ignore=True)
         if storage is not None and "conversations" in b.storage.places:

@@ -12,6 +12,12 @@ Skipped by default, as though a root ``.gitignore`` began with them (so a
 ``!node_modules/`` can take one back): ``node_modules/``, ``__pycache__/``,
 ``.git/``; and any virtual environment (a folder holding ``pyvenv.cfg``).
 
+What they hide: an ignored file is never indexed, listed (`list`) or shown by a
+search (one ignored since it was indexed is passed over until the next pass
+takes it out); `read` of its exact ref still answers, as the contract asks
+only that searches never show one. A Home behind the files bridge reads its
+ignore files through the bridge (:class:`Listed`).
+
 Written here rather than taken from ``pathspec``: git's rules fit in a page,
 and a folder-by-folder matcher is what a pruning walk needs anyway.
 """
@@ -237,3 +243,27 @@ class Ignorer:
         if stack is None:
             return True
         return self.skip(stack, rel, is_dir, os.path.join(self.root, *rel.split("/")))
+
+
+class Listed(Ignorer):
+    """The ignore rules of a folder tree known from its listing (a Home behind
+    the files bridge, §8.2): the rules of each ignore file, by its path, and
+    the folders holding ``pyvenv.cfg``. Decides as :class:`Ignorer` does."""
+
+    def __init__(self, rules: dict[str, tuple[Rule, ...]], venvs: frozenset[str] = frozenset()):
+        super().__init__("")
+        self.rules = rules
+        self.venvs = venvs
+
+    def level(self, rel_dir: str, full_dir: str) -> list[Level]:
+        out = [_DEFAULT] if not rel_dir else []
+        for name in NAMES:
+            rules = self.rules.get(f"{rel_dir}/{name}" if rel_dir else name)
+            if rules:
+                out.append(Level(rel_dir, rules))
+        return out
+
+    def skip(self, stack: list[Level], rel: str, is_dir: bool, full: str) -> bool:
+        if is_dir and rel in self.venvs:
+            return True
+        return decide(stack, rel, is_dir)

@@ -20,6 +20,7 @@ from lnkmem.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress
                          RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)
 
 OPEN_WAIT_S = 10.0
+MAX_DEPTH = 1000  # hits ranked at most, to find `limit` that are not ignored files
 
 
 def _wait_open(memory: Memory) -> None:
@@ -72,21 +73,29 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         sources = [s for s in sources if s in memory.places]
         if not sources:
             sources = ["__none__"]
-    if sources == ["__none__"]:
-        pairs, ranked = [], "words"
-    else:
-        pairs, ranked = memory.rank(args.query, args.limit, sources, args.under or None, after, before)
-    passages = store.passages_of(p for p, _ in pairs)
     hits: list[Hit] = []
     ignorer = getattr(memory.places.get("home"), "ignore", None)
     memo: dict = {}
-    for (pid, score), p in zip(pairs, passages):
-        if p is None:
-            continue
-        if ignorer is not None and p.ref.startswith("home/") and ignorer.ignored(p.ref[5:], False, memo):
-            continue  # ignored since it was indexed: out of the index at the next pass, never shown
-        hits.append(Hit(ref=p.ref, source=p.ref.split("/", 1)[0], lines=(p.first, p.last),
-                        score=round(score, 4), text=p.text, thread=p.thread, role=p.role, at=p.at))
+    want = args.limit
+    ranked = "words"
+    while sources != ["__none__"]:
+        # files ignored since they were indexed (out of the index at the next pass) are
+        # never shown (§3.2); the ranking is asked again, deeper, until `limit` hits
+        # remain or it has no more to give
+        pairs, ranked = memory.rank(args.query, want, sources, args.under or None, after, before)
+        hits, dropped = [], 0
+        for (pid, score), p in zip(pairs, store.passages_of(p for p, _ in pairs)):
+            if p is None:
+                continue
+            if ignorer is not None and p.ref.startswith("home/") and ignorer.ignored(p.ref[5:], False, memo):
+                dropped += 1
+                continue
+            hits.append(Hit(ref=p.ref, source=p.ref.split("/", 1)[0], lines=(p.first, p.last),
+                            score=round(score, 4), text=p.text, thread=p.thread, role=p.role, at=p.at))
+        if not dropped or len(hits) >= args.limit or len(pairs) < want or want >= MAX_DEPTH:
+            hits = hits[:args.limit]
+            break
+        want = min(MAX_DEPTH, max(want * 4, args.limit + 4 * dropped))
     progress = memory.indexing
     status = f"; indexing {progress[0]}/{progress[1]}" if progress else ""
     embedding = memory.embedding

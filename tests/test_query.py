@@ -9,7 +9,10 @@ from tests.helpers import Home, Server
 
 # A small Home whose words overlap in many ways; the pinned rankings below were
 # recorded on the code before the query language existed (commit 576885e):
-# a query with no syntax must keep ranking exactly so.
+# a query with no syntax must keep ranking exactly so. (Since a file's title words
+# count twice (indexer.TITLE_WEIGHT), the two files whose `# heading` holds a query
+# word score higher: garden.md 2.4833 -> 2.5537, launch.md 2.8425 -> 3.1604; every
+# order and every other score is the same.)
 PLAIN_CORPUS = {
     "notes/garden.md": "# Garden\nTomatoes need sun and water. The garden plan for spring: tomatoes, beans, basil.\n",
     "notes/kitchen.md": "# Kitchen\nBasil pesto with garden tomatoes. Water the basil daily in summer.\n",
@@ -22,13 +25,13 @@ PLAIN_CORPUS = {
 
 PINNED = {
     'garden tomatoes': [
-        ('home/notes/garden.md', 2.4833),
+        ('home/notes/garden.md', 2.5537),
         ('home/notes/kitchen.md', 1.825),
         ('home/projects/budget.md', 0.604),
         ('home/journal/2024-03-02.md', 0.5516),
     ],
     'launch plan': [
-        ('home/projects/launch.md', 2.8425),
+        ('home/projects/launch.md', 3.1604),
         ('home/projects/budget.md', 1.221),
         ('home/journal/2024-03-01.md', 0.8161),
         ('home/notes/garden.md', 0.8161),
@@ -317,6 +320,25 @@ def test_a_reply_is_found_by_the_question_it_answers_and_by_its_day(home):
         assert [h["at"] for h in s.search("June", limit=10)["structuredContent"]["hits"]] == ["2023-06-01T09:00:00Z"]
 
 
+def test_the_message_that_says_a_word_outranks_the_replies_that_carry_it(home):
+    """A reply carries the gist of the messages before it as context; the message
+    that says the word itself ranks above the replies whose context holds it."""
+    long = ("I spent the whole weekend sorting the attic, and between the boxes of old letters, "
+            "the broken lamps and the winter coats I found the quokka postcard my aunt sent from "
+            "Rottnest Island years ago, with her small handwriting all over the back of it, "
+            "telling stories about the ferry, the bicycles, the beaches and the bakery she liked.")
+    home.chat("attic", [
+        {"role": "user", "text": long, "at": "2023-05-08T13:56:00Z"},
+        {"role": "assistant", "text": "How lovely!", "at": "2023-05-08T13:57:00Z"},
+        {"role": "user", "text": "Yes, it was.", "at": "2023-05-08T13:58:00Z"},
+    ])
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        hits = s.search("quokka postcard", limit=10)["structuredContent"]["hits"]
+        assert [tuple(h["lines"]) for h in hits] == [(1, 1), (2, 2), (3, 3)]
+
+
 # --- ignore files (§3.2 rev. 2) --------------------------------------------------------
 
 IGNORED_HOME = {
@@ -375,6 +397,25 @@ def test_ignore_files_and_default_skips_are_honoured_by_index_list_and_watch(hom
         s.initialize()
         s.wait_indexed()
         assert "newly.md" not in _wombats(s) and "sub/secret.md" in _wombats(s)
+
+
+def test_a_search_shows_limit_hits_when_the_best_are_newly_ignored(home):
+    """Files ignored since they were indexed are never shown, and the search still
+    fills its `limit` from the files that are not (it ranks deeper, not less)."""
+    for i in range(12):  # the best matches: a folder about to become a virtual environment
+        home.write(f"tool/lib/m{i}.md", "okapi okapi okapi okapi\n")
+    for i in range(6):
+        home.write(f"docs/d{i}.md", f"okapi once, in document {i} of many other words here\n")
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert all(r.startswith("home/tool/") for r in _refs(s, "okapi", limit=5))
+        # `python -m venv tool`: the folder holds pyvenv.cfg from now on (a watched change
+        # that touches no indexed file)
+        home.write("tool/pyvenv.cfg", "home = /usr\n")
+        got = _refs(s, "okapi", limit=5)
+        assert len(got) == 5 and all(r.startswith("home/docs/") for r in got), got
+        assert sorted(_refs(s, "okapi", limit=50)) == [f"home/docs/d{i}.md" for i in range(6)]
 
 
 def test_query_parser_and_ranker_take_any_text(tmp_path):

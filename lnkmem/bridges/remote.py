@@ -5,12 +5,16 @@ a collection of the storage bridge (§8.3). Both implement the place interface
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import msgspec
 
 from lnkmem.bridges.http import BridgeClient, BridgeDown, check, etag, quote, unquote
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
+from lnkmem.ignore import MAX_BYTES as IGNORE_MAX_BYTES
+from lnkmem.ignore import NAMES as IGNORE_NAMES
+from lnkmem.ignore import Listed, parse as parse_ignore
 
 
 class _FileEntry(msgspec.Struct):
@@ -138,12 +142,20 @@ class FilesPlace(_BridgePlace):
     (``folder=<named>``), optionally only below ``root`` (e.g. ``memory``)."""
 
     def __init__(self, client: BridgeClient, folder: Optional[str] = None, root: str = "",
-                 exclude: tuple[str, ...] = ()):
+                 exclude: tuple[str, ...] = (), ignore: bool = False):
         self.client = client
         self.folder = folder
         self.root = root.strip("/")
         self.exclude = tuple(e.strip("/") for e in exclude)
         self.skipped = 0
+        # ignore files (§3.2 rev. 2; Home only), read through the bridge as a listing
+        # shows them: their rules by path (with the version read), the folders holding
+        # pyvenv.cfg; ``ignore`` decides with what the last listings showed
+        self._ignoring = ignore
+        self._ignore_rules: dict[str, tuple[str, tuple]] = {}
+        self._venvs: set[str] = set()
+        self._ignore_lock = threading.Lock()
+        self.ignore: Optional[Listed] = Listed({}) if ignore else None
 
     def _params(self, path: str) -> dict:
         p = {"path": path}
@@ -167,12 +179,16 @@ class FilesPlace(_BridgePlace):
         full = self._full(prefix)
         r = check(self.client.request("GET", "/v1/list", params=self._params(full)), f"list {full}")
         cut = len(self.root) + 1 if self.root else 0
-        out = []
-        self.skipped = 0
+        listed = []
         for e in _entries(_files_list, r, f"list {full}"):
-            rel = e.path[cut:] if cut else e.path
             if self.root and not e.path.startswith(self.root + "/"):
                 continue
+            listed.append((e.path[cut:] if cut else e.path, e))
+        ignorer = self._learn_ignores(prefix, listed) if self._ignoring else None
+        memo: dict = {}
+        out = []
+        self.skipped = 0
+        for rel, e in listed:
             if _hidden(rel) or self._excluded(rel) or _unclean(rel):
                 continue
             if e.size > MAX_FILE:
@@ -180,8 +196,63 @@ class FilesPlace(_BridgePlace):
                 continue
             if full and prefix and not (e.path == full or e.path.startswith(full + "/")):
                 continue
+            if ignorer is not None and ignorer.ignored(rel, False, memo):
+                self.skipped += 1
+                continue
             out.append(Entry(rel, e.size, e.version, e.modified))
         return out
+
+    def _learn_ignores(self, prefix: str, listed: list) -> Listed:
+        """The ignore rules in force after a listing of ``prefix``: the ignore files
+        it shows (read through the bridge when their version changed), those of the
+        folders above it (asked for by name, conditionally: not in this listing),
+        and the virtual environments it shows; what the listing no longer shows
+        below ``prefix`` is forgotten."""
+        found: dict[str, tuple[str, int]] = {}
+        venvs: set[str] = set()
+        for rel, e in listed:
+            if _unclean(rel) or self._excluded(rel):
+                continue
+            folder, _, name = rel.rpartition("/")
+            if folder and (_hidden(folder) or self._excluded(folder)):
+                continue
+            if name in IGNORE_NAMES:
+                found[rel] = (e.version, e.size)
+            elif name == "pyvenv.cfg" and folder:
+                venvs.add(folder)
+        parts = prefix.split("/") if prefix else []
+        above = ["/".join(parts[:i]) for i in range(len(parts))]  # "" and each folder above prefix
+        with self._ignore_lock:
+            rules = self._ignore_rules
+            for path in [p for p in rules if not prefix or p.startswith(prefix + "/")]:
+                if path not in found:
+                    del rules[path]
+            for path, (version, size) in found.items():
+                got = rules.get(path)
+                if got is not None and got[0] == version:
+                    continue
+                rules.pop(path, None)
+                if size > MAX_FILE:  # never read whole; as though absent
+                    continue
+                try:
+                    data, version = self.get(path)
+                except NotFound:
+                    continue
+                rules[path] = (version, parse_ignore((data or b"")[:IGNORE_MAX_BYTES].decode("utf-8", "replace")))
+            for folder in above:
+                for name in IGNORE_NAMES:
+                    path = f"{folder}/{name}" if folder else name
+                    got = rules.get(path)
+                    try:
+                        data, version = self.get(path, got[0] if got else None)
+                    except (NotFound, Forbidden):
+                        rules.pop(path, None)
+                        continue
+                    if data is not None:
+                        rules[path] = (version, parse_ignore(data[:IGNORE_MAX_BYTES].decode("utf-8", "replace")))
+            self._venvs = {v for v in self._venvs if prefix and not v.startswith(prefix + "/") and v != prefix} | venvs
+            self.ignore = Listed({p: r for p, (_, r) in rules.items()}, frozenset(self._venvs))
+            return self.ignore
 
     def read(self, path: str) -> tuple[bytes, str]:
         if _hidden(path) or self._excluded(check_relpath(path)):

@@ -109,6 +109,12 @@ def messages(data: str) -> tuple[list[Message], int]:
 CONTEXT = 2  # the messages before it, in parentheses: a reply is found by its question
 CONTEXT_CHARS = 300  # of each, at most
 DATED = True  # the day of its time in words, "[8 May 2023]"
+# A message's own words (its day, role and text) count this many times for each time its
+# context's words count once, its length staying its words' (fields weighted as in BM25F,
+# one length normalisation): the context is a reading aid, so a word the message says
+# outranks the same word in the reply after it. LoCoMo conversations 1-5, words R@10:
+# 1 (as before) 0.746; 2 0.787; 3 0.788 (lengths weighted too: 2 0.777, 3 0.776).
+OWN_WEIGHT = 2
 
 
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
@@ -135,6 +141,20 @@ def _gist(m: Message) -> str:
         cut = t.rfind(" ", 0, CONTEXT_CHARS)
         t = t[: cut if cut > 0 else CONTEXT_CHARS] + " …"
     return f"({m.role}: {t})"
+
+
+def own_start(text: str) -> int:
+    """Where a conversation passage's own part starts: after its context, the
+    gist lines ``(role: ...)`` before the message (0 when it has none)."""
+    i = 0
+    for _ in range(CONTEXT):
+        if not text.startswith("(", i):
+            break
+        j = text.find("\n", i)
+        if j <= i or text[j - 1] != ")":
+            break
+        i = j + 1
+    return i
 
 
 def chunk_conversation(name: str, data: str) -> tuple[list[ChatPiece], int]:

@@ -19,7 +19,7 @@ import math
 Pairs = list[tuple[int, float]]
 
 METHOD = "zscore"  # "zscore" | "convex" | "rrf" (tuned on train)
-ALPHA = 0.6  # weight of words (z-scores: best on SciFact train, 0.735, and next to best on LoCoMo 1-5 since conversation passages carry context, 0.760 against 0.763 at 0.7)
+ALPHA = 0.6  # weight of words (z-scores: best on SciFact train, 0.735; on LoCoMo 1-5, with a message's own words weighted above its context, R@10 0.792 at 0.6, 0.792 at 0.7, 0.795 at 0.8)
 RRF_K = 5  # reciprocal rank fusion's k (tuned on train; the customary 60 measured worse)
 
 

@@ -1,0 +1,72 @@
+"""Ignore files (§3.2 rev. 2: "A search never shows an ignored file") for a Home
+served through the files bridge: the `.gitignore`/`.lnkmemignore` files are
+read through the bridge too, and `search`, `list` and indexing honour them as
+they do for a local Home. Real `lnk-lnkmem`, real fake bridges (fakes/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bridges import Bridges
+from tests.helpers import Many, until
+
+
+@pytest.fixture
+def bridges(tmp_path):
+    b = Bridges(tmp_path / "link")
+    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
+    b.write_home("docs/draft.tmp", "narwhal draft, ignored by pattern\n")
+    b.write_home("build/out.md", "narwhal build output, ignored folder\n")
+    b.write_home("node_modules/pkg/readme.md", "narwhal package, skipped by default\n")
+    b.write_home("venv/pyvenv.cfg", "home = /usr/bin\n")
+    b.write_home("venv/lib/site.md", "narwhal inside a virtual environment\n")
+    b.write_home("notes/keep.md", "narwhal notes kept\n")
+    b.write_home("notes/secret.md", "narwhal secret, ignored below notes/\n")
+    b.write_home(".gitignore", "*.tmp\nbuild/\n")
+    b.write_home("notes/.lnkmemignore", "secret.md\n")
+    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "hello"}\n')
+    yield b
+    b.stop()
+
+
+def serve(bridges, tmp_path):
+    return Many(tmp_path / "m" / "mem.sock", {}, bridges.flags() + ["--cache", str(tmp_path / "cache")],
+                env={"LNKMEM_WRITEBACK_S": "0.3"})
+
+
+def refs(c, query, **kw) -> list[str]:
+    return [h["ref"] for h in c.search(query, **kw)["structuredContent"]["hits"]]
+
+
+def listed(c, ref) -> list[str]:
+    return [e["ref"] for e in c.call("list", {"ref": ref})["structuredContent"]["entries"]]
+
+
+def test_bound_home_honours_ignore_files_read_through_the_bridge(bridges, tmp_path):
+    with serve(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/docs/plan.md" in refs(c, "narwhal"), timeout=20)
+        assert sorted(refs(c, "narwhal", limit=20)) == ["home/docs/plan.md", "home/notes/keep.md"]
+        # `list` shows no ignored file or folder either
+        assert listed(c, "home") == ["home/docs", "home/notes"]
+        assert listed(c, "home/docs") == ["home/docs/plan.md"]
+        assert listed(c, "home/notes") == ["home/notes/keep.md"]
+        # an ignored file asked for by its exact path may still be read (the contract forbids
+        # showing it in searches and listings only)
+        assert "secret" in c.call("read", {"ref": "home/notes/secret.md"})["structuredContent"]["text"]
+
+        # an ignore file changed later: its `changed` control takes the newly ignored file
+        # out of searches and brings the newly allowed one in
+        bridges.write_home("notes/.lnkmemignore", "keep.md\n")
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "notes/.lnkmemignore"}}) == {"ok": True}
+        assert sorted(refs(c, "narwhal", limit=20)) == ["home/docs/plan.md", "home/notes/secret.md"]
+        assert listed(c, "home/notes") == ["home/notes/secret.md"]
+
+        # a rule of a folder above the one changed applies to the changed file's listing
+        bridges.write_home(".gitignore", "*.tmp\nbuild/\nplan.md\n")
+        bridges.write_home("docs/extra.md", "narwhal extra\n")
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "docs/extra.md"}}) == {"ok": True}
+        assert "home/docs/extra.md" in refs(c, "narwhal", limit=20)
+        assert "home/docs/plan.md" not in refs(c, "narwhal", limit=20)

@@ -231,9 +231,9 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
     env["PYTHONPATH"] = str(ROOT)
     outcomes = set()
     for round_ in range(6):
-        p = subprocess.Popen([sys.executable, "-c", KILL_CHILD, path, "400"], stdout=subprocess.PIPE,
+        p = subprocess.Popen([sys.executable, "-c", KILL_CHILD, path, "100"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=env)
-        at = rng.randint(1, 60)
+        at = rng.randint(1, 50)  # the merge takes 50 steps of 100 bytes
         seen = 0
         for line in p.stdout:
             if line.startswith(b"step"):
@@ -366,7 +366,7 @@ def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
     st = Store.open(path)
     try:
         for i in range(4):
-            st.commit(Batch(files=[_file(rng, f"home/m{i}-{j}.md", "v1", 6) for j in range(20)]))
+            st.commit(Batch(files=[_file(rng, f"home/m{i}-{j}.md", "v1", 6) for j in range(60)]))  # more than LMDB's free pages hold
         queries = [" ".join(rng.sample(VOCAB, 2)) for _ in range(8)]
         want = _answers(st, queries)
         used = (st.env.info()["last_pgno"] + 1) * st.psize

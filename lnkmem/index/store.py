@@ -231,10 +231,12 @@ def _stamp(data: str, txnid: Optional[int]) -> str:
     return f"{FORMAT.decode()} {st_.st_size} {st_.st_mtime_ns} {st_.st_ino} {txnid}"
 
 
-# LMDB's errors that say its file is damaged (not a full disk, not a full map)
+# LMDB's errors that say its file is damaged (not a full disk, not a full map). BadTxnError
+# too: a fresh read transaction refused (MDB_BAD_TXN) is what a named table's record on a
+# zeroed page gives (test_fs_hardening); our own code never reuses a finished transaction.
 DAMAGE_ERRORS = tuple(getattr(lmdb, n) for n in (
     "CorruptedError", "PageNotFoundError", "InvalidError", "VersionMismatchError", "PanicError",
-    "BadChecksumError", "IncompatibleError") if hasattr(lmdb, n))
+    "BadChecksumError", "IncompatibleError", "BadTxnError") if hasattr(lmdb, n))
 
 
 def _guarded(method):

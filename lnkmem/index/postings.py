@@ -363,6 +363,61 @@ def _decode(v, n, body, hdr, wt, shape, full: bool = False):
     return pids.astype(np.uint32), tfs.astype(np.uint16)
 
 
+def head(v) -> tuple[int, int]:
+    """(postings, largest tf) of a stored value, from its count and headers alone;
+    (-1, 0) when its count is broken."""
+    n, used = _read_varint(v)
+    if n <= 0:
+        return n, 0
+    nb = (n + BLOCK - 1) // BLOCK
+    if len(v) < used + nb * _HS:
+        return -1, 0
+    if nb == 1:
+        return n, int.from_bytes(v[used + 4:used + 6], "little")
+    return n, int(np.frombuffer(v, _HDR, nb, used)["maxtf"].max())
+
+
+def lookup(v, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pids, tfs) of the blocks of a stored value that may hold any pid of
+    ``want`` (ascending): a block's header gives its last pid, so ``want`` is
+    placed among the blocks with one search and only those blocks are decoded.
+    A superset of the postings asked for (the caller keeps those it wants);
+    ValueError when the value's lengths are broken."""
+    n, used = _read_varint(v)
+    if not len(want):
+        return _EMPTY
+    if n <= BLOCK or len(want) * 8 > n:  # short, or most blocks anyway: all at once
+        return unpack(v)
+    lay = _layout(v)
+    if lay is None:
+        raise ValueError("a posting list has a broken length")
+    n, body, hdr, wt, shape = lay
+    last = hdr["last"].astype(np.int64)
+    blk = np.searchsorted(last, want)  # ascending, as ``want`` is
+    blk = blk[np.concatenate(([True], blk[1:] != blk[:-1]))]
+    blk = blk[blk < len(last)]
+    if not len(blk):
+        return _EMPTY
+    if len(blk) * 2 > len(last):
+        return _decode(v, *lay)
+    m, go, to, _ = shape
+    win = _window(v, body)
+    d = _runs(win, go[blk], hdr["w"].astype(np.int64)[blk]) + 1
+    d[:, -1] = 0
+    short = blk[-1] == len(last) - 1 and m[-1] < BLOCK  # the short last block among them
+    if short:
+        d[-1, m[-1] - 1:] = 0
+    p = last[blk][:, None] - np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
+    t = np.minimum(_runs(win, to[blk], wt[blk]) + 1, 65535)
+    if short:
+        keep = np.ones(p.shape, bool)
+        keep[-1, m[-1]:] = False
+        p, t = p[keep], t[keep]
+    else:
+        p, t = p.ravel(), t.ravel()
+    return p.astype(np.uint32), t.astype(np.uint16)
+
+
 def check(v) -> Optional[str]:
     """Why a stored value is not one :func:`pack` makes (ids within 32 bits and
     ascending, each block's last pid and largest tf those of its header), or None.

@@ -14,11 +14,13 @@ per file).
 from __future__ import annotations
 
 import re
+import threading
 from datetime import date, datetime, timezone
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from lnkmem.index import postings as plists
 from lnkmem.index import query as qlang
 from lnkmem.index.store import SOURCE_CODE, Passage, Snapshot, Store
 
@@ -27,6 +29,8 @@ _CHATS = SOURCE_CODE["chats"]
 K1 = 1.2  # tuned on BEIR SciFact train (docs/BENCHMARKS.md)
 B = 0.75
 CHECK_CAP = 4000  # passages whose text is checked (phrases, dates) per search, at most
+SAMPLE = 1024  # scores sampled for a floor under the last place's (top)
+PRUNE = True  # MaxScore: terms that cannot lift a passage into the top are only looked up (bench A/B)
 
 Pairs = list[tuple[int, float]]
 
@@ -85,6 +89,15 @@ def _tie_rank(snap: Snapshot, rids: np.ndarray) -> np.ndarray:
 def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``want`` best of ``cand`` (scores ``sc``), best first; ties by ref, then
     by place in the file (a file's pids ascend with its lines). O(n) whatever the ties."""
+    if len(cand) > 8 * SAMPLE and want * 64 < len(cand):
+        # a floor under the last place's score: the ``want``-th best of an evenly
+        # spaced sample (never above the whole's); every passage above it is kept,
+        # ties at the last place included, and the rest dropped at one comparison
+        sample = sc[::len(sc) // SAMPLE]
+        if len(sample) > 2 * want:
+            floor = np.partition(sample, len(sample) - want)[len(sample) - want]
+            keep = sc >= floor
+            cand, sc = cand[keep], sc[keep]
     if len(cand) > want:
         # the score of the last place: numpy's vectorised sort, since its partition
         # degrades on masses of equal values (0.4 s for 2M ties against 0.02 s)
@@ -105,6 +118,37 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
 
 
 # --- the words ranking --------------------------------------------------------------
+
+_snap_facts: dict = {}  # for the last snapshot: (snapshot, shortest live length, segments holding dead)
+
+
+def _facts(snap: Snapshot) -> tuple[float, frozenset]:
+    """The shortest live passage's length (the bound of every BM25 score) and the
+    segments that hold dead passages (a list there is decoded for its live count;
+    elsewhere its header's count is the live count), computed once a snapshot."""
+    got = _snap_facts.get("v")
+    if got is not None and got[0] is snap:
+        return got[1], got[2]
+    live = snap.doclen[snap.alive]
+    mindl = float(live.min()) if len(live) else 0.0
+    dead = (~snap.alive) & (snap.seg_of[:len(snap.alive)] >= 0)
+    dirty = frozenset(np.unique(snap.seg_of[:len(snap.alive)][dead]).tolist())
+    _snap_facts["v"] = (snap, mindl, dirty)
+    return mindl, dirty
+
+
+class _Term:
+    """One ranked term: its lists (a segment's, decoded and live, or still packed
+    when every posting in it is live), its live df, weight, idf and score bound."""
+
+    __slots__ = ("term", "w", "lists", "df", "maxtf", "idf", "ub")
+
+    def __init__(self, term: str, w: float):
+        self.term, self.w = term, w
+        self.lists: list = []  # (key, packed bytes or None, (pids, tfs) live or None)
+        self.df = self.maxtf = 0
+        self.idf = self.ub = 0.0
+
 
 def _expand(store: Store, txn, segs: list[bytes], prefix: str, room: int) -> list[str]:
     """Terms of the dictionary starting with ``prefix``, the first ``room`` in order."""
@@ -238,11 +282,65 @@ def _newest(store: Store, snap: Snapshot, checks: Checks, want: int, sources, un
     return checks.filter(store, [(int(p), 0.0) for p in cand], want)
 
 
+class _Scratch(threading.local):
+    """A thread's arrays over passage ids, kept between its searches: a search's
+    cost is its postings', not the index's size (zeroing a score per passage of a
+    million-passage index, and scanning it for the union, cost more than a query
+    of rare words). A search writes only where it notes (``touched``, ``marked``),
+    and those places are zeroed after it; after an error the arrays are dropped."""
+
+    def __init__(self):
+        self.scores = np.zeros(0, np.float32)
+        self.seen = np.zeros(0, bool)
+        self.inc = np.zeros(0, bool)
+        self.touched: list = []  # pid arrays whose scores and seen were written
+        self.marked: list = []  # pid arrays set in inc
+
+    def take(self, cap: int) -> None:
+        if len(self.scores) < cap:
+            n = max(cap, len(self.scores) * 5 // 4)
+            self.scores, self.seen, self.inc = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
+        self.touched, self.marked = [], []
+
+    def clean(self) -> None:
+        for t in self.touched:
+            self.scores[t] = 0
+            self.seen[t] = False
+        for m in self.marked:
+            self.inc[m] = False
+        self.touched, self.marked = [], []
+
+    def drop(self) -> None:
+        self.__init__()
+
+
+_scratch = _Scratch()
+
+
+def _union(touched: list, seen: np.ndarray, cap: int) -> np.ndarray:
+    """The pids of ``touched``'s arrays, ascending, each once: from ``seen`` (set
+    for them) when they are many, else sorted (no pass over every id)."""
+    total = sum(len(t) for t in touched)
+    if total * 16 > cap:
+        return np.flatnonzero(seen[:cap])
+    return np.unique(np.concatenate(touched).astype(np.int64))
+
+
 def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Optional[Sequence[str]] = None,
           under: Optional[str] = None, k1: float = K1, b: float = B, candidates: Optional[int] = None,
           after: Optional[float] = None, before: Optional[float] = None) -> tuple[Pairs, Checks]:
     """Best (pid, score) pairs for ``query``, best first, and the checks any
     other ranking's hits must pass too (exclusions, phrases, dates)."""
+    try:
+        out = _words(store, query, limit, sources, under, k1, b, candidates, after, before)
+    except BaseException:
+        _scratch.drop()
+        raise
+    _scratch.clean()
+    return out
+
+
+def _words(store: Store, query, limit: int, sources, under, k1: float, b: float, candidates, after, before):
     q = qlang.parse(query) if isinstance(query, str) else query
     checks = Checks(q, after, before)
     snap = store.refresh()
@@ -250,9 +348,10 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
     if snap.live == 0:
         return [], checks
     cap = len(snap.alive)
-    scores = np.zeros(cap, np.float32)
+    _scratch.take(cap)
+    scores = _scratch.scores
     avgdl = snap.avgdl
-    touched = []
+    touched = _scratch.touched
     weights = dict(q.weights)
 
     def postings(txn, segs, term):
@@ -289,27 +388,37 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
                 m[postings(txn, segs, term)[0]] = True
                 has = m if has is None else has & m
             checks.required = has if checks.required is None else checks.required & has
-        for term, w in weights.items():
-            pids, tfs = postings(txn, segs, term)
-            tfs = tfs.astype(np.float32)
-            df = len(pids)
-            if df == 0:
-                continue
-            idf = np.log1p((snap.live - df + 0.5) / (df + 0.5))
-            if w != 1.0:
-                idf = idf * w
-            dl = snap.doclen[pids]
-            scores[pids] += idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
-            touched.append(pids)
+        pruned = None
+        if PRUNE and len(weights) > 1 and not checks.on_text and not checks.dated and snap.segs is not None \
+                and snap.seg_of is not None:
+            pruned = _maxscore(store, txn, snap, segs, weights, checks, scores, touched, want, sources, under, k1, b)
+        else:
+            for term, w in weights.items():
+                pids, tfs = postings(txn, segs, term)
+                tfs = tfs.astype(np.float32)
+                df = len(pids)
+                if df == 0:
+                    continue
+                idf = np.log1p((snap.live - df + 0.5) / (df + 0.5))
+                if w != 1.0:
+                    idf = idf * w
+                dl = snap.doclen[pids]
+                scores[pids] += idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
+                touched.append(pids)
+    if pruned is not None:  # the candidates are those the pruning kept (filtered already)
+        if not len(pruned):
+            return [], checks
+        cand, sc = top(snap, pruned, scores[pruned], want)
+        return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
     if not touched:
         if q.phrases and not any(q.phrase_terms):  # phrases of stop words only ("to be or not to be"):
             return _newest(store, snap, checks, want, sources, under), checks  # no postings to go by
         return [], checks
     if len(touched) > 1:  # the union of the terms' passages, in pid order
-        seen = np.zeros(cap, bool)
+        seen = _scratch.seen
         for t in touched:
             seen[t] = True
-        cand = np.flatnonzero(seen)
+        cand = _union(touched, seen, cap)
     else:
         cand = touched[0].astype(np.int64)
     cand = snap.keep(cand, sources, under)
@@ -326,6 +435,128 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
         return pairs, checks
     cand, sc = top(snap, cand, sc, want)
     return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
+
+
+def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
+              scores: np.ndarray, touched: list, want: int, sources, under, k1: float, b: float) -> Optional[np.ndarray]:
+    """Score ``weights``' terms into ``scores`` with MaxScore (Turtle and Flood):
+    terms by their score bound, highest first, each list scored whole until the
+    bounds of the terms left sum below the ``want``-th best score so far (theta):
+    no passage outside the lists scored can then reach the top, so the terms left
+    are only looked up for the passages already there, decoding only the blocks
+    that may hold them (:func:`postings.lookup`). Scores are those of scoring
+    every posting (added in bound order). The candidates, filtered by sources,
+    ``under`` and the query's exclusions; None when no list had a posting."""
+    cap = len(snap.alive)
+    avgdl = snap.avgdl
+    mindl, dirty = _facts(snap)
+    terms = []
+    for term, w in weights.items():
+        tm = _Term(term, w)
+        t = term.encode()
+        for sk in segs:
+            key = sk + t
+            got = store.decoded.get(key)
+            v = None
+            if got is None:
+                v = txn.get(key, db=store.postings)
+                if v is None:
+                    continue
+            seg = int.from_bytes(sk, "big")
+            if got is None and seg in snap.segs and seg not in dirty:  # every posting live: the header says
+                n, mt = plists.head(v)
+                if n < 0:
+                    raise ValueError("a posting list has a broken length")
+                tm.df += n
+                tm.maxtf = max(tm.maxtf, mt)
+                tm.lists.append((key, v, None))
+                continue
+            if got is None:
+                got = store.decoded.put(key, plists.unpack(v))
+            ps, ts = got
+            inside = ps < cap
+            if not inside.all():
+                ps, ts = ps[inside], ts[inside]
+            live = snap.alive[ps]
+            ps, ts = ps[live], ts[live]
+            if len(ps):
+                tm.df += len(ps)
+                tm.maxtf = max(tm.maxtf, int(ts.max()))
+                tm.lists.append((key, None, (ps, ts)))
+        if tm.df:
+            tm.idf = float(np.log1p((snap.live - tm.df + 0.5) / (tm.df + 0.5))) * w
+            tm.ub = tm.idf * tm.maxtf * (k1 + 1) / (tm.maxtf + k1 * (1 - b + b * mindl / avgdl))
+            terms.append(tm)
+    if not terms:
+        return None
+    terms.sort(key=lambda x: -x.ub)
+    ubs = [x.ub for x in terms]
+    rest = np.cumsum(ubs[::-1])[::-1].tolist()  # bound of terms i.. together
+    done = 0.0  # bound of the terms scored
+    seen = _scratch.seen
+    ref_ok = None
+
+    def kept(cand: np.ndarray) -> np.ndarray:
+        nonlocal ref_ok
+        if sources is not None and set(sources) != set(SOURCE_CODE):
+            codes = np.array([SOURCE_CODE[x] for x in sources if x in SOURCE_CODE], np.uint8)
+            cand = cand[np.isin(snap.src[cand], codes)]
+        if under:
+            if ref_ok is None:
+                ref_ok = np.fromiter((r.startswith(under) for r in snap.refs), bool, len(snap.refs))
+            rid = snap.refid[cand]
+            cand = cand[(rid >= 0) & ref_ok[np.maximum(rid, 0)]]
+        if checks.banned is not None or checks.required is not None:
+            cand = cand[checks.mask_ok(cand)]
+        return cand
+
+    def contrib(tm: _Term, pids: np.ndarray, tfs: np.ndarray) -> None:
+        tfs = tfs.astype(np.float32)
+        dl = snap.doclen[pids]
+        scores[pids] += tm.idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
+
+    for i, tm in enumerate(terms):
+        pids, tfs = [], []
+        for key, v, dec in tm.lists:
+            if dec is None:
+                ps, ts = store.decoded.get(key) or store.decoded.put(key, plists.unpack(v))
+            else:
+                ps, ts = dec
+            pids.append(ps)
+            tfs.append(ts)
+        p = np.concatenate(pids) if len(pids) > 1 else pids[0]
+        t = np.concatenate(tfs) if len(tfs) > 1 else tfs[0]
+        contrib(tm, p, t)
+        seen[p] = True
+        touched.append(p)
+        done += tm.ub
+        if i + 1 == len(terms):
+            break
+        if done <= rest[i + 1]:  # theta <= the bound of the terms scored: nothing can be pruned yet
+            continue
+        cand = kept(_union(touched, seen, cap))
+        if len(cand) < want:
+            continue
+        sc = scores[cand]
+        theta = float(np.partition(sc, len(sc) - want)[len(sc) - want])
+        if rest[i + 1] * (1 + 1e-5) >= theta:
+            continue
+        # the terms left cannot lift a passage outside ``cand`` into the top ``want``
+        inc = _scratch.inc
+        inc[cand] = True
+        _scratch.marked.append(cand)
+        for tm2 in terms[i + 1:]:
+            for key, v, dec in tm2.lists:
+                if dec is None:
+                    got = store.decoded.get(key)
+                    ps, ts = got if got is not None else plists.lookup(v, cand)
+                else:
+                    ps, ts = dec
+                hit = inc[ps]
+                if hit.any():
+                    contrib(tm2, ps[hit], ts[hit])
+        return cand
+    return kept(_union(touched, seen, cap))
 
 
 def bm25(store: Store, query: Union[str, qlang.Query], limit: int, sources: Optional[Sequence[str]] = None,

@@ -1,0 +1,115 @@
+"""MaxScore (search._maxscore) answers exactly what scoring every posting answers.
+
+Real LMDB stores built through Store.commit, with segments holding dead passages
+(replaced and removed files), merged and unmerged, filters by source, folder and
+exclusion, and repeated query words; each query is ranked with pruning off and on.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lnkmem.index import postings, search
+from lnkmem.index.store import Batch, NewFile, Passage, Store
+
+# a Zipf-like vocabulary: a few words in most passages, many in few
+WORDS = [f"t{i}" for i in range(400)]
+WEIGHTS = [1.0 / (i + 1) ** 1.1 for i in range(len(WORDS))]
+
+
+def _file(rng: random.Random, ref: str, version: str, n: int) -> NewFile:
+    ps, counts = [], []
+    for i in range(n):
+        words = rng.choices(WORDS, WEIGHTS, k=rng.randint(3, 40))
+        c: dict = {}
+        for w in words:
+            c[w] = c.get(w, 0) + 1
+        ps.append(Passage(ref, i + 1, i + 1, " ".join(words)))
+        counts.append((c, len(words)))
+    return NewFile(ref, version, 10, "text", ps, counts)
+
+
+def _index(path: str, rng: random.Random, merge: bool) -> Store:
+    st = Store.open(path)
+    for i in range(6):
+        src = "chats" if i % 3 == 2 else "home"
+        st.commit(Batch(files=[_file(rng, f"{src}/d{i}/f{j}.md", "v1", rng.randint(20, 60)) for j in range(25)]))
+    # dead passages in several segments: files replaced and removed
+    st.commit(Batch(files=[_file(rng, f"home/d{i}/f{j}.md", "v2", 30) for i in (0, 1, 3) for j in range(0, 25, 4)]))
+    st.commit(Batch(removed=[f"home/d4/f{j}.md" for j in range(0, 25, 3)]))
+    if merge:
+        st.merge(sorted(st.snapshot.segs)[:3])
+    return st
+
+
+def _query(rng: random.Random) -> str:
+    rare = rng.sample(WORDS[150:], rng.randint(1, 2))
+    common = rng.sample(WORDS[:12], rng.randint(1, 5))
+    words = rare + common + rng.sample(WORDS[12:150], rng.randint(0, 3))
+    if rng.random() < 0.3:
+        words.append(rng.choice(common))  # a repeated word weighs more
+    rng.shuffle(words)
+    if rng.random() < 0.2:
+        words.append("-" + rng.choice(WORDS[:40]))
+    return " ".join(words)
+
+
+def _both(st: Store, q: str, limit: int, **kw):
+    out = []
+    for on in (False, True):
+        search.PRUNE = on
+        try:
+            out.append(search.words(st, q, limit, **kw)[0])
+        finally:
+            search.PRUNE = True
+    return out
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge):
+    rng = random.Random(11 if merge else 12)
+    st = _index(str(tmp_path / "index"), rng, merge)
+    st.decoded.CACHE_BYTES = 0  # every list read from its bytes: the block lookups run
+    looked = []
+    real = postings.lookup
+
+    def counting(v, want):
+        looked.append(len(want))
+        return real(v, want)
+
+    monkeypatch.setattr(postings, "lookup", counting)
+    try:
+        assert len(st.snapshot.segs) > 1 and not st.snapshot.alive[1:].all()  # dead passages, several segments
+        pruned_some = 0
+        for i in range(150):
+            q = _query(rng)
+            limit = rng.choice([1, 5, 10, 30])
+            kw = {}
+            if i % 5 == 1:
+                kw["sources"] = ["home"]
+            if i % 7 == 3:
+                kw["under"] = "home/d1/"
+            before = len(looked)
+            off, on = _both(st, q, limit, **kw)
+            pruned_some += len(looked) > before
+            assert [p for p, _ in on] == [p for p, _ in off], (q, kw)
+            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), q
+        assert pruned_some >= 20  # the lookups ran: terms were pruned, blocks looked up
+    finally:
+        st.close()
+
+
+def test_a_search_after_a_failed_one_scores_from_zero(tmp_path):
+    """The score arrays kept between searches never carry one search's scores into the next."""
+    rng = random.Random(3)
+    st = _index(str(tmp_path / "index"), rng, False)
+    try:
+        q = "t0 t1 t200 t300"
+        first = search.words(st, q, 10)[0]
+        for other in ("t2 t3 t4", "t0 t250", "t7"):
+            search.words(st, other, 10)
+        assert search.words(st, q, 10)[0] == first
+    finally:
+        st.close()

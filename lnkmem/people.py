@@ -388,7 +388,7 @@ def cmd_index(args) -> int:
         if memory is not None and memory.store is not None:
             if memory.embedder is not None:
                 memory.embedder.close()
-            memory.store.close()
+            memory.store.close(compact=run is not None and not run.stop)  # a build's merges leave free pages
         lock.release()
     for line in lines:
         print(line, file=sys.stderr)

@@ -101,7 +101,7 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge)
         st.close()
 
 
-def test_a_search_after_a_failed_one_scores_from_zero(tmp_path):
+def test_a_search_after_others_scores_from_zero(tmp_path):
     """The score arrays kept between searches never carry one search's scores into the next."""
     rng = random.Random(3)
     st = _index(str(tmp_path / "index"), rng, False)

@@ -224,6 +224,63 @@ SEAL = "sealed"  # beside data.mdb: its size, mtime, inode and last transaction 
 SNAP = "snapshot"  # beside it: the snapshot at that close, after the same stamp (used only when both agree)
 
 
+COMPACT_FREE = 0.2  # close(compact=True) rewrites data.mdb when more of it than this is free pages
+COMPACT_MIN = 1 << 20  # ... and it is at least this long
+COMPACTING = "compacting"  # beside data.mdb: the folder a compacted copy is written in
+
+
+def _pages(st: dict) -> int:
+    return st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+
+
+def compact_file(path: str) -> bool:
+    """Rewrite ``path``'s data.mdb without free pages (LMDB's compacting copy, then a
+    rename over it), only while no process has the index open: every process with
+    an LMDB environment open holds a shared lock on lock.mdb's first byte, so this
+    takes it exclusively (False, nothing done, when it cannot). A process opening the
+    index meanwhile waits on that lock and then opens the new file. The copy is made
+    without LMDB's locks (none can be taken by another process while the byte is
+    held); then the index is opened once normally, which, as the only opener,
+    resets lock.mdb's reader table and last transaction to the new file's (a reader
+    trusting the old last transaction would pick the wrong meta page)."""
+    import fcntl
+    lockpath = os.path.join(path, "lock.mdb")
+    lfd = os.open(lockpath, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        try:
+            fcntl.lockf(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except OSError:
+            return False  # open elsewhere (a serve, a search)
+        tmp = os.path.join(path, COMPACTING)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp, 0o700)
+        env = lmdb.open(path, readonly=True, lock=False, max_dbs=8)
+        try:
+            env.copy(tmp, compact=True)
+        finally:
+            env.close()
+        new = os.path.join(tmp, "data.mdb")
+        fd = os.open(new, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(new, os.path.join(path, "data.mdb"))
+        os.rmdir(tmp)
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        # the one opener: LMDB takes lock.mdb exclusively (this process's own lock does
+        # not stand in its way), resets it for the new file, then shares it (the
+        # exclusive lock above becomes shared: a waiting opener goes on)
+        lmdb.open(path, max_dbs=8).close()
+        return True
+    finally:
+        os.close(lfd)  # whatever lock this process still holds on lock.mdb goes with it
+
+
 def _stamp(data: str, txnid: Optional[int]) -> str:
     """What the seal says of ``data``: a file changed in any of these since (a write,
     a copy, a restore, a transaction by a process that did not close) is checked whole."""
@@ -427,6 +484,7 @@ class Store:
         self.write_lock = threading.Lock()
         self._merge_lock = threading.Lock()  # one merge at a time (each step takes write_lock)
         self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
+        self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
         try:
             self._open()
         except BaseException:
@@ -485,6 +543,8 @@ class Store:
             elif fmt != FORMAT:
                 raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
         self.psize = self.env.stat()["psize"]
+        if os.path.isdir(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
+            shutil.rmtree(os.path.join(self.path, COMPACTING), ignore_errors=True)
         saved = self._saved_snapshot(sealed) if self.opened_as == "sealed" else None
         self.snapshot = saved if saved is not None else self._load(check=self.opened_as != "sealed")
         self.snapshot_from = "saved" if saved is not None else "tables"
@@ -702,9 +762,22 @@ class Store:
             snap.doclen.astype("<f4").tobytes(), snap.alive.tobytes(), snap.src.tobytes(),
             snap.refid.astype("<i4").tobytes(), snap.seg_of.astype("<i4").tobytes()))
 
-    def close(self) -> None:
+    def free_share(self) -> float:
+        """The share of data.mdb's pages that no table uses (freed by merges and
+        deletions; LMDB reuses them for later writes but never shortens the file)."""
+        with self.env.begin() as txn:
+            used = 2 + sum(_pages(txn.stat(db)) for db in (
+                self.meta, self.files, self.passages, self.postings, self.segments, self.dead,
+                self.vectors, self.vec_pending)) + _pages(self.env.stat())
+        total = self.env.info()["last_pgno"] + 1
+        return max(0.0, 1 - used / total) if total else 0.0
+
+    def close(self, compact: bool = False) -> None:
         """Close; an index closed whole is sealed, so the next open need not read it all,
-        and its snapshot is saved beside it, so the next open need not rebuild it."""
+        and its snapshot is saved beside it, so the next open need not rebuild it.
+        ``compact``: first rewrite data.mdb without its free pages when they are more
+        than :data:`COMPACT_FREE` of it and no other process has the index open
+        (:func:`compact_file`; the people's ``index`` asks, after its build)."""
         self.stop_merger()  # a merge under way stops at its next step (what it wrote: swept later)
         with self.write_lock:
             whole = self.damaged is None
@@ -713,9 +786,16 @@ class Store:
                 if whole:
                     self.env.sync(True)
                     saved = self._snapshot_bytes()
-            except lmdb.Error:
+                    compact = compact and os.path.getsize(self.data) >= COMPACT_MIN \
+                        and self.free_share() > COMPACT_FREE
+            except (lmdb.Error, OSError):
                 whole = False
             self.env.close()
+            if whole and compact:
+                try:
+                    self.compacted = compact_file(self.path)
+                except (lmdb.Error, OSError):
+                    self.compacted = False  # the old file stands (an unfinished copy is removed at open)
             if whole:
                 try:
                     stamp = _stamp(self.data, check_file(self.data))
@@ -1632,5 +1712,6 @@ def wipe(path: str) -> None:
             os.unlink(os.path.join(path, name))
         except FileNotFoundError:
             pass
+    shutil.rmtree(os.path.join(path, COMPACTING), ignore_errors=True)
     if os.path.isdir(path) and not os.listdir(path):
         shutil.rmtree(path, ignore_errors=True)

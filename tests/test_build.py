@@ -77,7 +77,7 @@ def _dump(state: Path) -> dict:
     import msgspec
 
     from lnkmem.index import postings, textpack
-    from lnkmem.index.store import FileRec, Passage, SegMeta
+    from lnkmem.index.store import FileRec, Passage, _seg_codec
 
     env = lmdb.open(str(state / "index"), readonly=True, lock=False, max_dbs=16)
     try:
@@ -91,7 +91,7 @@ def _dump(state: Path) -> dict:
                         for k, v in rows(b"passages")}
             lens = {}
             for _, v in rows(b"segments"):
-                m = msgspec.msgpack.decode(v, type=SegMeta)
+                m = _seg_codec.decode(v)
                 lens.update(zip(map(name.__getitem__, memoryview(m.pids).cast("I").tolist()),
                                 memoryview(m.lens).cast("I").tolist()))
             post = set()

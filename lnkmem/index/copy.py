@@ -37,7 +37,7 @@ import msgspec
 import numpy as np
 
 from lnkmem.index import postings, textpack
-from lnkmem.index.store import FileRec, SegMeta, Store, _dec_file, _dec_passage, _dec_seg, _enc, _k
+from lnkmem.index.store import FileRec, SegMeta, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k
 
 FORMAT = "lnkmem-copy-3"  # -3: compressed postings and passages (issue 12); an older copy is replaced
 MANIFEST = "manifest.json"
@@ -172,7 +172,7 @@ def export(store: Store, state: CopyState, of: Optional[str] = None) -> Export:
             if seg in state.segments:
                 segs[seg] = state.segments[seg]
                 continue
-            meta = _dec_seg.decode(v)
+            meta = _seg_codec.decode(v)
             terms, postings = [], []
             for t, p in store.segment_postings(txn, bytes(k)):
                 terms.append(t)
@@ -495,7 +495,7 @@ def _load_txn(store: Store, v: Verified, version: str) -> dict:
             for pid, blob in zip(pids.tolist(), s.passages):
                 if blob:
                     txn.put(_k(pid), blob, db=store.passages)
-            txn.put(sk, _enc.encode(SegMeta(pids.astype("<u4").tobytes(), s.lens, s.refs)), db=store.segments)
+            txn.put(sk, _seg_codec.encode(SegMeta(pids.astype("<u4").tobytes(), s.lens, s.refs)), db=store.segments)
             if order is None:
                 seg_map[next_seg] = name  # renumbered: the copy's file is no longer this segment
             next_seg += 1

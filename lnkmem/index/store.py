@@ -9,7 +9,7 @@ Layout (one LMDB environment, ``<state>/index/``), named databases:
               (msgpack, deflated: :mod:`lnkmem.index.textpack`)
 ``postings``  segment (4 bytes BE) + term -> pids and tfs in compressed blocks
               (:mod:`lnkmem.index.postings`)
-``segments``  segment -> SegMeta: its pids, their lengths and refs
+``segments``  segment -> SegMeta: its pids, their lengths and refs (as runs: _SegStored)
 ``dead``      pid -> b"": passages replaced or deleted, still in a segment
 ``vectors``   pid -> int8 embedding + float32 scale (meta ``model``: whose)
 ``vec_pending`` pid -> b"": vectors made since the copy was last written
@@ -105,7 +105,47 @@ _dec_file = msgspec.msgpack.Decoder(FileRec)
 _dec_head = msgspec.msgpack.Decoder(_FileHead)
 _dec_snap = msgspec.msgpack.Decoder(_SavedSnapshot)
 _dec_passage = msgspec.msgpack.Decoder(Passage)
-_dec_seg = msgspec.msgpack.Decoder(SegMeta)
+
+
+class _SegStored(msgspec.Struct, array_like=True):
+    """A SegMeta as stored: its refs as runs (a file's passages are consecutive in a
+    segment), each ref once: 4.5 bytes a passage less at scale 1 (5 of 113 MB)."""
+
+    pids: bytes  # u32 LE
+    lens: bytes  # u32 LE
+    names: list[str]  # each run's ref
+    runs: bytes  # u32 LE: how many consecutive passages each run has
+
+
+class _SegCodec:
+    """SegMeta to and from its stored bytes (:class:`_SegStored`)."""
+
+    _dec = msgspec.msgpack.Decoder(_SegStored)
+
+    def encode(self, m: SegMeta) -> bytes:
+        names: list[str] = []
+        runs: list[int] = []
+        for r in m.refs:
+            if names and names[-1] == r:
+                runs[-1] += 1
+            else:
+                names.append(r)
+                runs.append(1)
+        return _enc.encode(_SegStored(m.pids, m.lens, names, np.asarray(runs, "<u4").tobytes()))
+
+    def decode(self, v) -> SegMeta:
+        s = self._dec.decode(v)
+        n = len(s.pids) // 4
+        if len(s.runs) % 4 or len(s.runs) // 4 != len(s.names):
+            raise ValueError("a segment's refs are broken")
+        runs = np.frombuffer(s.runs, "<u4")
+        if int(runs.sum(dtype=np.int64)) != n:  # before any list is made of them
+            raise ValueError("a segment's refs do not match its passages")
+        names = s.names
+        return SegMeta(s.pids, s.lens, [names[i] for i, c in enumerate(runs.tolist()) for _ in range(c)])
+
+
+_seg_codec = _SegCodec()
 
 
 class DamagedWhileServing(DamagedIndex, ToolError):
@@ -611,7 +651,7 @@ class Store:
             ids: dict[str, int] = {}
             segs: dict[int, int] = {}
             for k, v in txn.cursor(db=self.segments):
-                seg = _dec_seg.decode(v)
+                seg = _seg_codec.decode(v)
                 pids = np.frombuffer(seg.pids, "<u4")
                 if len(pids) != len(seg.refs) or (len(pids) and pids.max() >= cap):
                     raise DamagedIndex("segment table disagrees with passage ids")
@@ -1058,7 +1098,7 @@ class Store:
                 txn.cursor(db=self.postings).putmulti(items, append=True)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),
                                seg_refs)
-                txn.put(sk, _enc.encode(meta), db=self.segments)
+                txn.put(sk, _seg_codec.encode(meta), db=self.segments)
                 txn.put(b"next_seg", str(seg + 1).encode(), db=self.meta)
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
@@ -1373,7 +1413,7 @@ class Store:
             all_p, all_l, all_r, gone = [], [], [], []
             intern: dict[str, str] = {}
             for s, v in zip(segs, raw):
-                m = _dec_seg.decode(v)
+                m = _seg_codec.decode(v)
                 p = np.frombuffer(m.pids, "<u4")
                 ln = np.frombuffer(m.lens, "<u4")
                 d = _dead_of(dead, p)
@@ -1396,7 +1436,7 @@ class Store:
             kept = np.concatenate(all_p).astype(np.int64) if all_p else np.empty(0, np.int64)
             if len(kept):
                 meta = SegMeta(kept.astype("<u4").tobytes(), np.concatenate(all_l).astype("<u4").tobytes(), all_r)
-                txn.put(_k(new), _enc.encode(meta), db=self.segments)
+                txn.put(_k(new), _seg_codec.encode(meta), db=self.segments)
             txn.delete(_MERGING + _k(new), db=self.meta)
             was = int(txn.get(b"gen", db=self.meta))
             gen = was + 1

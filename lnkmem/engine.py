@@ -580,6 +580,9 @@ class Memory:
                 if ignorer is not None and parts[-1] in IGNORE_FILES:  # its folder's listing changes
                     folder = "/".join(parts[:-1])
                     return f"{source}/{folder}" if folder else source
+                if ignorer is not None and parts[-1] == "pyvenv.cfg" and len(parts) > 1:
+                    folder = "/".join(parts[:-2])  # a folder became a virtual environment: its parent's listing changes
+                    return f"{source}/{folder}" if folder else source
                 if any(p.startswith(".") for p in parts):
                     return None
                 if ignorer is not None and ignorer.ignored("/".join(parts), os.path.isdir(path)):

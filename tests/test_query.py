@@ -388,6 +388,11 @@ def test_ignore_files_and_default_skips_are_honoured_by_index_list_and_watch(hom
         assert until(lambda: "sub/secret.md" not in _wombats(s), timeout=1)  # .gitignore still says secret*
         (home.folder / "sub" / ".gitignore").write_text("")
         assert until(lambda: "sub/secret.md" in _wombats(s) and "sub/drafts/d.md" in _wombats(s), timeout=5)
+        # a folder that becomes a virtual environment (pyvenv.cfg written after its files) leaves
+        home.write("env2/lib/site.md", "wombat in a folder not yet a venv\n")
+        assert until(lambda: "env2/lib/site.md" in _wombats(s), timeout=5)
+        home.write("env2/pyvenv.cfg", "home = /usr/bin\n")
+        assert until(lambda: "env2/lib/site.md" not in _wombats(s), timeout=5)
         # a file written in an ignored folder is never indexed
         home.write("node_modules/pkg/late.md", "wombat late\n")
         home.write("shown-late.md", "wombat late\n")

@@ -3,9 +3,11 @@ honest ranking status and tie-safe top-k, through the real `lnk-lnkmem serve`.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.helpers import Home, Server
+from tests.helpers import Home, Server, run_cli
 
 # A small Home whose words overlap in many ways; the pinned rankings below were
 # recorded on the code before the query language existed (commit 576885e):
@@ -389,10 +391,16 @@ def test_ignore_files_and_default_skips_are_honoured_by_index_list_and_watch(hom
         (home.folder / "sub" / ".gitignore").write_text("")
         assert until(lambda: "sub/secret.md" in _wombats(s) and "sub/drafts/d.md" in _wombats(s), timeout=5)
         # a folder that becomes a virtual environment (pyvenv.cfg written after its files) leaves
+        # (searches hide a newly ignored file at once; the index drops it: status counts it)
+        def home_files():
+            r = run_cli("status", str(home.folder), str(home.state), "--agent", str(home.agent), "--json")
+            return json.loads(r.stdout)["sources"]["home"]["files"]
         home.write("env2/lib/site.md", "wombat in a folder not yet a venv\n")
         assert until(lambda: "env2/lib/site.md" in _wombats(s), timeout=5)
+        n = home_files()
         home.write("env2/pyvenv.cfg", "home = /usr/bin\n")
-        assert until(lambda: "env2/lib/site.md" not in _wombats(s), timeout=5)
+        assert until(lambda: home_files() == n - 1, timeout=5)
+        assert "env2/lib/site.md" not in _wombats(s)
         # a file written in an ignored folder is never indexed
         home.write("node_modules/pkg/late.md", "wombat late\n")
         home.write("shown-late.md", "wombat late\n")

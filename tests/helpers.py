@@ -313,3 +313,20 @@ def agent_entry(home: "Home", env: Optional[dict] = None) -> dict:
     out = run_cli("command", *home.args(), env=e)
     assert out.returncode == 0, out.stderr
     return {"argv": json.loads(out.stdout)["argv"], "env": e}
+
+
+def random_file(rng, ref: str, version: str, vocab: list, n=None, words=(1, 10), weights=None):
+    """A NewFile for Store.commit made of random words: ``n`` passages (1-6 when not
+    given), each of ``words`` (a range) drawn from ``vocab`` (by ``weights`` when given),
+    with their counts; for tests that drive the store directly."""
+    from lnkmem.index.store import NewFile, Passage
+    n = n or rng.randint(1, 6)
+    ps, counts = [], []
+    for i in range(n):
+        drawn = rng.choices(vocab, weights, k=rng.randint(*words))
+        c: dict = {}
+        for w in drawn:
+            c[w] = c.get(w, 0) + 1
+        ps.append(Passage(ref, i + 1, i + 1, " ".join(drawn)))
+        counts.append((c, len(drawn)))
+    return NewFile(ref, version, 10, "text", ps, counts)

@@ -13,22 +13,14 @@ import time
 import lmdb
 
 from lnkmem.index import search
-from lnkmem.index.store import COMPACTING, Batch, NewFile, Passage, Store, compact_file
-from tests.helpers import ROOT, Home, base_env, run_cli
+from lnkmem.index.store import COMPACTING, Batch, Store, compact_file
+from tests.helpers import ROOT, Home, base_env, random_file, run_cli
 
 WORDS = [f"w{i}" for i in range(300)]
 
 
 def _file(rng, ref, n=8):
-    ps, counts = [], []
-    for i in range(n):
-        words = rng.choices(WORDS, k=rng.randint(5, 30))
-        c: dict = {}
-        for w in words:
-            c[w] = c.get(w, 0) + 1
-        ps.append(Passage(ref, i + 1, i + 1, " ".join(words)))
-        counts.append((c, len(words)))
-    return NewFile(ref, "v1", 10, "text", ps, counts)
+    return random_file(rng, ref, "v1", WORDS, n, (5, 30))
 
 
 def _same(got, want) -> bool:

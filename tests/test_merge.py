@@ -7,8 +7,6 @@ index that opens and answers exactly as before, and only garbage the next merge 
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
@@ -17,11 +15,10 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from lnkmem.index import postings, search
-from lnkmem.index.store import Batch, NewFile, Passage, Store, _k
-from tests.helpers import ROOT, base_env
+from lnkmem.index.store import Batch, NewFile, Passage, Store
+from tests.helpers import ROOT, base_env, random_file
 from tests.test_snapshot import _same
 
 VOCAB = [f"w{i}" for i in range(60)]
@@ -29,16 +26,7 @@ SOURCES = ("home", "chats", "skills", "notes")
 
 
 def _file(rng, ref, version, n=None):
-    n = n or rng.randint(1, 6)
-    ps, counts = [], []
-    for i in range(n):
-        words = rng.choices(VOCAB, k=rng.randint(1, 10))
-        c: dict = {}
-        for w in words:
-            c[w] = c.get(w, 0) + 1
-        ps.append(Passage(ref, i + 1, i + 1, " ".join(words)))
-        counts.append((c, len(words)))
-    return NewFile(ref, version, 10, "text", ps, counts)
+    return random_file(rng, ref, version, VOCAB, n, (1, 10))
 
 
 def _postings_match_text(st: Store) -> None:

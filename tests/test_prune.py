@@ -12,23 +12,16 @@ import random
 import pytest
 
 from lnkmem.index import postings, search
-from lnkmem.index.store import Batch, NewFile, Passage, Store
+from lnkmem.index.store import Batch, Store
+from tests.helpers import random_file
 
 # a Zipf-like vocabulary: a few words in most passages, many in few
 WORDS = [f"t{i}" for i in range(400)]
 WEIGHTS = [1.0 / (i + 1) ** 1.1 for i in range(len(WORDS))]
 
 
-def _file(rng: random.Random, ref: str, version: str, n: int) -> NewFile:
-    ps, counts = [], []
-    for i in range(n):
-        words = rng.choices(WORDS, WEIGHTS, k=rng.randint(3, 40))
-        c: dict = {}
-        for w in words:
-            c[w] = c.get(w, 0) + 1
-        ps.append(Passage(ref, i + 1, i + 1, " ".join(words)))
-        counts.append((c, len(words)))
-    return NewFile(ref, version, 10, "text", ps, counts)
+def _file(rng: random.Random, ref: str, version: str, n: int):
+    return random_file(rng, ref, version, WORDS, n, (3, 40), WEIGHTS)
 
 
 def _index(path: str, rng: random.Random, merge: bool) -> Store:

@@ -8,23 +8,15 @@ import random
 import numpy as np
 
 from lnkmem.index import search
-from lnkmem.index.store import Batch, NewFile, Passage, Store
+from lnkmem.index.store import Batch, Store
+from tests.helpers import random_file
 
 VOCAB = [f"w{i}" for i in range(40)]
 SOURCES = ("home", "chats", "skills", "notes")
 
 
 def _file(rng, ref, version):
-    n = rng.randint(1, 6)
-    ps, counts = [], []
-    for i in range(n):
-        words = rng.choices(VOCAB, k=rng.randint(1, 8))
-        c: dict = {}
-        for w in words:
-            c[w] = c.get(w, 0) + 1
-        ps.append(Passage(ref, i + 1, i + 1, " ".join(words)))
-        counts.append((c, len(words)))
-    return NewFile(ref, version, 10, "text", ps, counts)
+    return random_file(rng, ref, version, VOCAB, None, (1, 8))
 
 
 def _same(a, b):

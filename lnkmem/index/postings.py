@@ -282,6 +282,25 @@ def _runs(win: np.ndarray, first: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (word & _MASK[w][:, None]).astype(np.int64)
 
 
+def _one_block(v, n: int, used: int) -> tuple[int, int, int, int, int, int]:
+    """(its runs' offset, last pid, gap width, tf width, gap run bytes, tf run bytes)
+    of a list of one block of ``n`` postings whose header starts at ``used``;
+    ValueError when its lengths are broken."""
+    o = used + _HS
+    if len(v) < o:
+        raise ValueError("a posting list has a broken length")
+    last = int.from_bytes(v[used:used + 4], "little")
+    mt = int.from_bytes(v[used + 4:used + 6], "little")
+    wp = v[used + 6]
+    wt = _ROUND_L[(mt - 1).bit_length()] if mt >= 1 else 0
+    if mt < 1 or wp > 32 or _ROUND_L[wp] != wp:
+        raise ValueError("a posting list has a broken length")
+    gb, tb = _run_bytes(n, wp), _run_bytes(n, wt)
+    if o + gb + tb != len(v):
+        raise ValueError("a posting list has a broken length")
+    return o, last, wp, wt, gb, tb
+
+
 def unpack(v) -> tuple[np.ndarray, np.ndarray]:
     """(pids u32, tfs u16) of a stored value, pids ascending; ValueError when its
     lengths are broken."""
@@ -289,18 +308,7 @@ def unpack(v) -> tuple[np.ndarray, np.ndarray]:
     if n == 0 and len(v) == 1:
         return _EMPTY
     if 0 < n <= SMALL:
-        o = used + _HS
-        if len(v) < o:
-            raise ValueError("a posting list has a broken length")
-        last = int.from_bytes(v[used:used + 4], "little")
-        mt = int.from_bytes(v[used + 4:used + 6], "little")
-        wp = v[used + 6]
-        wt = _ROUND_L[(mt - 1).bit_length()] if mt >= 1 else 0
-        if mt < 1 or wp > 32 or _ROUND_L[wp] != wp:
-            raise ValueError("a posting list has a broken length")
-        gb, tb = _run_bytes(n, wp), _run_bytes(n, wt)
-        if o + gb + tb != len(v):
-            raise ValueError("a posting list has a broken length")
+        o, last, wp, wt, gb, tb = _one_block(v, n, used)
         gi = int.from_bytes(v[o:o + gb], "little")
         ti = int.from_bytes(v[o + gb:o + gb + tb], "little")
         mp, mk = (1 << wp) - 1, (1 << wt) - 1
@@ -312,18 +320,7 @@ def unpack(v) -> tuple[np.ndarray, np.ndarray]:
         return (np.array(ps, np.int64).astype(np.uint32),
                 np.array([((ti >> (j * wt)) & mk) + 1 for j in range(n)], np.uint16))
     if 0 < n <= BLOCK:  # one block: its header read with Python integers, its runs with numpy
-        o = used + _HS
-        if len(v) < o:
-            raise ValueError("a posting list has a broken length")
-        last = int.from_bytes(v[used:used + 4], "little")
-        mt = int.from_bytes(v[used + 4:used + 6], "little")
-        wp = v[used + 6]
-        wt = _ROUND_L[(mt - 1).bit_length()] if mt >= 1 else 0
-        if mt < 1 or wp > 32 or _ROUND_L[wp] != wp:
-            raise ValueError("a posting list has a broken length")
-        gb, tb = _run_bytes(n, wp), _run_bytes(n, wt)
-        if o + gb + tb != len(v):
-            raise ValueError("a posting list has a broken length")
+        o, last, wp, wt, gb, tb = _one_block(v, n, used)
         win = _window(v, o)
         j = _J[:n]
         if wp:

@@ -274,8 +274,8 @@ def _pages(st: dict) -> int:
 
 
 def compact_file(path: str) -> bool:
-    """Rewrite ``path``'s data.mdb without free pages (LMDB's compacting copy, then a
-    rename over it), only while no process has the index open: every process with
+    """Rewrite ``path``'s data.mdb without free pages (a packed copy, :func:`_copy_packed`,
+    then a rename over it), only while no process has the index open: every process with
     an LMDB environment open holds a shared lock on lock.mdb's first byte, so this
     takes it exclusively (False, nothing done, when it cannot). A process opening the
     index meanwhile waits on that lock and then opens the new file. The copy is made
@@ -294,11 +294,7 @@ def compact_file(path: str) -> bool:
         tmp = os.path.join(path, COMPACTING)
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp, 0o700)
-        env = lmdb.open(path, readonly=True, lock=False, max_dbs=8)
-        try:
-            env.copy(tmp, compact=True)
-        finally:
-            env.close()
+        _copy_packed(path, tmp)
         new = os.path.join(tmp, "data.mdb")
         fd = os.open(new, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -319,6 +315,49 @@ def compact_file(path: str) -> bool:
         return True
     finally:
         os.close(lfd)  # whatever lock this process still holds on lock.mdb goes with it
+
+
+COPY_STEP = 8 << 20  # bytes of keys and values a write transaction of _copy_packed
+
+
+def _copy_packed(src: str, dst: str) -> None:
+    """Copy the index at ``src`` (opened without LMDB's locks: the caller holds them)
+    into a new one at ``dst``, table by table in key order (appended: pages packed
+    full, no free page). Not LMDB's compacting copy: that reads the whole file through
+    this process's map in one call, and every page read stays in its resident set (a
+    build's peak RSS grew by the file's size: 292 against 213 MiB at scale 1); here the
+    pages are let go after each step of COPY_STEP bytes (:func:`_release_map`)."""
+    data = os.path.join(src, "data.mdb")
+    senv = lmdb.open(src, readonly=True, lock=False, max_dbs=16, readahead=False)
+    try:
+        denv = lmdb.open(dst, map_size=os.path.getsize(data) * 2 + (64 << 20), max_dbs=16, sync=False, lock=False,
+                         metasync=False, readahead=False)
+        try:
+            with senv.begin() as stxn:
+                names = [bytes(k) for k in stxn.cursor().iternext(values=False)]
+                for name in names:
+                    sdb = senv.open_db(name, txn=stxn, create=False)
+                    with denv.begin(write=True) as dtxn:
+                        ddb = denv.open_db(name, txn=dtxn)
+                    batch: list = []
+                    size = 0
+                    for k, v in stxn.cursor(db=sdb):
+                        batch.append((k, v))
+                        size += len(k) + len(v)
+                        if size >= COPY_STEP:
+                            with denv.begin(write=True, db=ddb) as dtxn:
+                                dtxn.cursor().putmulti(batch, append=True)
+                            batch, size = [], 0
+                            _release_map(data)
+                            _release_map(os.path.join(dst, "data.mdb"))
+                    if batch:
+                        with denv.begin(write=True, db=ddb) as dtxn:
+                            dtxn.cursor().putmulti(batch, append=True)
+            denv.sync(True)
+        finally:
+            denv.close()
+    finally:
+        senv.close()
 
 
 def _stamp(data: str, txnid: Optional[int]) -> str:

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
-from lnkmem import memtrim
+from lnkmem import memtrim, procs
 from lnkmem.config import AgentConfig
 from lnkmem.index import indexer
 from lnkmem.index.store import Store
@@ -705,16 +705,6 @@ class Memory:
 STALE_S = 60.0  # a loose temp file older than this is no writer's any more
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: alive
-    return True
-
-
 TRIM_SLACK = 32 << 20
 
 
@@ -748,7 +738,7 @@ def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:
             try:
                 s = d.stat(follow_symlinks=False)
                 if pattern is None and d.is_dir(follow_symlinks=False) and d.name[:1] == "p" and d.name[1:].isdigit():
-                    if d.name != mine and not _alive(int(d.name[1:])):
+                    if d.name != mine and not procs.alive(int(d.name[1:])):
                         import shutil
                         shutil.rmtree(d.path, ignore_errors=True)
                         removed += 1

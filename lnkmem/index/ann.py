@@ -30,6 +30,8 @@ from typing import Optional
 
 import numpy as np
 
+from lnkmem import procs
+
 log = logging.getLogger("lnkmem")
 
 FORMAT = 1
@@ -75,16 +77,6 @@ def _digest(path: str) -> tuple[int, str]:
             size += len(b)
             h.update(b)
     return size, h.hexdigest()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        return True
-    return True
 
 
 class Ann:
@@ -150,7 +142,7 @@ class Ann:
         for name in names:
             for stem in (base + ".", base + ".json."):
                 rest = name[len(stem):-len(".tmp")] if name.startswith(stem) and name.endswith(".tmp") else ""
-                if rest.isdigit() and int(rest) != os.getpid() and not _alive(int(rest)):
+                if rest.isdigit() and int(rest) != os.getpid() and not procs.alive(int(rest)):
                     try:
                         os.unlink(os.path.join(folder, name))
                     except OSError:

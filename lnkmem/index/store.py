@@ -46,6 +46,7 @@ import lmdb
 import msgspec
 import numpy as np
 
+from lnkmem import procs
 from lnkmem.errors import DamagedIndex, ToolError
 from lnkmem.index import postings, textpack
 
@@ -1748,15 +1749,7 @@ def _live_elsewhere(owner) -> bool:
         pid = int(owner)
     except (TypeError, ValueError):
         return False
-    if pid == os.getpid() or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: alive
-    return True
+    return pid != os.getpid() and pid > 0 and procs.alive(pid)
 
 
 def quantize_rows(vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

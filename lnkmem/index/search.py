@@ -495,18 +495,9 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
     rest = np.cumsum(ubs[::-1])[::-1].tolist()  # bound of terms i.. together
     done = 0.0  # bound of the terms scored
     seen = _scratch.seen
-    ref_ok = None
 
     def kept(cand: np.ndarray) -> np.ndarray:
-        nonlocal ref_ok
-        if sources is not None and set(sources) != set(SOURCE_CODE):
-            codes = np.array([SOURCE_CODE[x] for x in sources if x in SOURCE_CODE], np.uint8)
-            cand = cand[np.isin(snap.src[cand], codes)]
-        if under:
-            if ref_ok is None:
-                ref_ok = np.fromiter((r.startswith(under) for r in snap.refs), bool, len(snap.refs))
-            rid = snap.refid[cand]
-            cand = cand[(rid >= 0) & ref_ok[np.maximum(rid, 0)]]
+        cand = snap.keep(cand, sources, under)
         if checks.banned is not None or checks.required is not None:
             cand = cand[checks.mask_ok(cand)]
         return cand

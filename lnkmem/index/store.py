@@ -466,6 +466,9 @@ class Snapshot:
     total_len: float
     seg_of: Optional[np.ndarray] = None  # int32 per pid -> its segment, -1: in none (a free id)
     segs: Optional[dict] = None  # segment -> its passages (dead ones included)
+    # (under, refs counted, which refs start with it): keep()'s last folder test, since a
+    # search asks it more than once (search._maxscore, at each of its cuts)
+    _under: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     @property
     def avgdl(self) -> float:
@@ -477,7 +480,12 @@ class Snapshot:
             codes = np.array([SOURCE_CODE[s] for s in sources if s in SOURCE_CODE], np.uint8)
             pids = pids[np.isin(self.src[pids], codes)]
         if under:
-            ok = np.fromiter((r.startswith(under) for r in self.refs), bool, len(self.refs))
+            memo = self._under
+            if memo is not None and memo[0] == under and memo[1] == len(self.refs):
+                ok = memo[2]
+            else:
+                ok = np.fromiter((r.startswith(under) for r in self.refs), bool, len(self.refs))
+                object.__setattr__(self, "_under", (under, len(self.refs), ok))
             rid = self.refid[pids]
             pids = pids[(rid >= 0) & ok[np.maximum(rid, 0)]]
         return pids

@@ -344,17 +344,22 @@ def unpack(v) -> tuple[np.ndarray, np.ndarray]:
     return _decode(v, *lay)
 
 
-def _decode(v, n, body, hdr, wt, shape, full: bool = False):
-    """Every block at once, as a (blocks, BLOCK) array (the last block read as a
-    full one, its tail dropped): a gather of one 64-bit window per value."""
+def _decode(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.ndarray] = None):
+    """Every block at once (or the blocks ``blk``, ascending), as a (blocks, BLOCK)
+    array (a short last block read as a full one, its tail dropped): a gather of one
+    64-bit window per value."""
     m, go, to, _ = shape
+    sel = slice(None) if blk is None else blk
+    ends = blk is None or blk[-1] == len(m) - 1  # the list's last block among them
+    count = n if blk is None else len(blk) * BLOCK - (BLOCK - int(m[-1]) if ends else 0)
     win = _window(v, body)
-    d = _runs(win, go, hdr["w"].astype(np.int64)) + 1
+    d = _runs(win, go[sel], hdr["w"].astype(np.int64)[sel]) + 1
     d[:, -1] = 0  # a block's last pid is its header's
-    d[-1, m[-1] - 1:] = 0
-    pids = hdr["last"].astype(np.int64)[:, None] - np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
-    tfs = np.minimum(_runs(win, to, wt) + 1, 65535)
-    pids, tfs = pids.ravel()[:n], tfs.ravel()[:n]
+    if ends:
+        d[-1, m[-1] - 1:] = 0
+    pids = hdr["last"].astype(np.int64)[sel][:, None] - np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
+    tfs = np.minimum(_runs(win, to[sel], wt[sel]) + 1, 65535)
+    pids, tfs = pids.ravel()[:count], tfs.ravel()[:count]
     if full:
         return pids, tfs
     return pids.astype(np.uint32), tfs.astype(np.uint16)
@@ -397,22 +402,7 @@ def lookup(v, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _EMPTY
     if len(blk) * 2 > len(last):
         return _decode(v, *lay)
-    m, go, to, _ = shape
-    win = _window(v, body)
-    d = _runs(win, go[blk], hdr["w"].astype(np.int64)[blk]) + 1
-    d[:, -1] = 0
-    short = blk[-1] == len(last) - 1 and m[-1] < BLOCK  # the short last block among them
-    if short:
-        d[-1, m[-1] - 1:] = 0
-    p = last[blk][:, None] - np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
-    t = np.minimum(_runs(win, to[blk], wt[blk]) + 1, 65535)
-    if short:
-        keep = np.ones(p.shape, bool)
-        keep[-1, m[-1]:] = False
-        p, t = p[keep], t[keep]
-    else:
-        p, t = p.ravel(), t.ravel()
-    return p.astype(np.uint32), t.astype(np.uint16)
+    return _decode(v, *lay, blk=blk)
 
 
 def check(v) -> Optional[str]:

@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_local as bl  # noqa: E402
 import corpus  # noqa: E402
-from bench_scale import WORDS, log, run_child, timed_index_run  # noqa: E402
+from bench_scale import WORDS, log, one_update, run_child, timed_index_run  # noqa: E402
 
 MiB = 1 << 20
 CHANGES = 10
@@ -100,8 +100,7 @@ def w_merge(a: dict) -> None:
 
 def w_during(a: dict) -> None:
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import analyze, indexer
-    from lnkmem.index.search import bm25
+    from lnkmem.index import analyze
     from lnkmem.index.store import Store
     st = Store.open(os.path.join(a["state"], "index"))
     places = {"home": LocalPlace(a["home"])}
@@ -124,21 +123,7 @@ def w_during(a: dict) -> None:
     upd, during, saved = [], 0, {}
     try:
         for path, word in a["updates"]:
-            full = os.path.join(a["home"], path)
-            with open(full, "rb") as f:
-                saved[full] = f.read()
-            ref = "home/" + path
-            t = time.perf_counter()
-            with open(full, "ab") as f:
-                f.write(f"\n\nA late addition about {word}.\n".encode())
-            plan = indexer.plan(st, places, only=ref)
-            indexer.build(st, places, plan, a["tmp"])
-            hits = bm25(st, word, 10)
-            took = time.perf_counter() - t
-            snap = st.snapshot
-            if not any(snap.refs[snap.refid[p]] == ref for p, _ in hits):
-                raise RuntimeError(f"{word!r} not found in {ref} after the update")
-            upd.append(took)
+            upd.append(one_update(st, places, a["home"], a["tmp"], path, word, saved))
             if m.is_alive():
                 during += 1
     finally:

@@ -122,6 +122,28 @@ def run_child(argv: list[str], env: Optional[dict] = None, timeout: float = 3600
     return wall, ans.get("maxrss_kib", 0), ans, text
 
 
+def one_update(st, places: dict, home: str, tmp: str, path: str, word: str, saved: dict) -> float:
+    """Seconds from appending a sentence with ``word`` to the Home file ``path`` until
+    ``bm25`` finds that file (its old bytes go into ``saved``, to be put back)."""
+    from lnkmem.index import indexer
+    from lnkmem.index.search import bm25
+    full = os.path.join(home, path)
+    with open(full, "rb") as f:
+        saved[full] = f.read()
+    ref = "home/" + path
+    t = time.perf_counter()
+    with open(full, "ab") as f:
+        f.write(f"\n\nA late addition about {word}.\n".encode())
+    plan = indexer.plan(st, places, only=ref)
+    indexer.build(st, places, plan, tmp)
+    hits = bm25(st, word, 10)
+    took = time.perf_counter() - t
+    snap = st.snapshot
+    if not any(snap.refs[snap.refid[p]] == ref for p, _ in hits):
+        raise RuntimeError(f"ours: {word!r} not found in {ref} after the update")
+    return took
+
+
 def worker(kind: str, **kw) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "--worker", kind, "--args", json.dumps(kw)]
 
@@ -188,7 +210,6 @@ def _tree_hwm_kib(pid: int) -> int:
 def w_ours(a: dict) -> None:
     """Open our index, time the queries, then the one-file updates (files put back after)."""
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer
     from lnkmem.index.search import bm25
     from lnkmem.index.store import Store
     t0 = time.perf_counter()
@@ -212,21 +233,7 @@ def w_ours(a: dict) -> None:
     upd, saved = [], {}
     try:
         for path, word in a["updates"]:
-            full = os.path.join(a["home"], path)
-            with open(full, "rb") as f:
-                saved[full] = f.read()
-            ref = "home/" + path
-            t = time.perf_counter()
-            with open(full, "ab") as f:
-                f.write(f"\n\nA late addition about {word}.\n".encode())
-            plan = indexer.plan(st, places, only=ref)
-            indexer.build(st, places, plan, a["tmp"])
-            hits = bm25(st, word, 10)
-            took = time.perf_counter() - t
-            snap = st.snapshot
-            if not any(snap.refs[snap.refid[p]] == ref for p, _ in hits):
-                raise RuntimeError(f"ours: {word!r} not found in {ref} after the update")
-            upd.append(took)
+            upd.append(one_update(st, places, a["home"], a["tmp"], path, word, saved))
     finally:
         for full, data in saved.items():
             with open(full, "wb") as f:

@@ -569,7 +569,7 @@ class Store:
 
     def __init__(self, path: str):
         self.path = path
-        self.write_lock = threading.Lock()
+        self.write_lock = threading.RLock()  # re-entrant: refresh() from a commit's own on_alloc
         self._merge_lock = threading.Lock()  # one merge at a time (each step takes write_lock)
         self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
@@ -803,11 +803,20 @@ class Store:
 
     @_guarded
     def refresh(self) -> Snapshot:
-        """Reload the snapshot when another process has committed since."""
+        """Reload the snapshot when another process has committed since.
+
+        A writer of this process publishes its snapshot before it lets go of the write
+        lock, so a generation ahead of the snapshot is first waited out under that lock
+        (a commit between its transaction and its snapshot: milliseconds); only a
+        generation still ahead after it is another process's, read anew."""
         with self.env.begin() as txn:
             gen = int(txn.get(b"gen", db=self.meta))
         if gen != self.snapshot.gen:
-            self.snapshot = self._load()
+            with self.write_lock:
+                with self.env.begin() as txn:
+                    gen = int(txn.get(b"gen", db=self.meta))
+                if gen != self.snapshot.gen:
+                    self.snapshot = self._load()
         return self.snapshot
 
     def _saved_snapshot(self, sealed: str) -> Optional[Snapshot]:

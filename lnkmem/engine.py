@@ -39,6 +39,7 @@ BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the res
 PATH_ITEM = "\0path/"  # a queued `changed` path as Link names it, resolved on the index thread
 POLL_S = 1.0  # local sources looked at this often when they cannot be watched
 REWATCH_S = 30.0  # and watching tried again after this long
+WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
 class NotesPlace:
@@ -107,6 +108,10 @@ class Memory:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._watcher: Optional[threading.Thread] = None
+        # set once the watch is in place, or the watcher gave up or was never started: the
+        # first look at the tree waits for it, so what changes meanwhile sends events
+        self.watch_settled = threading.Event()
+        self._listed_unwatched = False  # the first look began before the watch was in place
         # documents are converted through temp files in a folder of this process's
         # own: what a killed process left there is removed at the next start
         self.tmpdir = os.path.join(self.layout.tmpdir, f"p{os.getpid()}") if self.layout.tmpdir else ""
@@ -139,6 +144,8 @@ class Memory:
             if watch:
                 self._watcher = threading.Thread(target=self._watch, name="lnkmem-watch", daemon=True)
                 self._watcher.start()
+            else:
+                self.watch_settled.set()
         return self
 
     def stop(self) -> None:
@@ -260,6 +267,10 @@ class Memory:
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
                 self.vindex.load(self.store)
                 threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
+            # the watch first (0.5 s for 7k folders), so nothing changed during the first look is
+            # missed and no second look over the whole tree is needed after it
+            self.watch_settled.wait(WATCH_WAIT_S)
+            self._listed_unwatched = not self.watch_settled.is_set()
             try:
                 self.refresh_all()
             except Exception as e:  # a source failing (a bridge down or talking nonsense): serve, retry
@@ -410,6 +421,8 @@ class Memory:
                 progress(done, total)
 
         self.progress = (0, plan.total)
+        log.debug("looked at every source: %d files listed, %d to index, %d removed",
+                  plan.listed, plan.total, len(plan.removed))
         try:
             done = indexer.build(self.store, self.places, plan, self.tmpdir, report, self._stop.is_set)
         finally:  # the batches' peak goes back to the system (and the floor for later changes is set)
@@ -420,6 +433,8 @@ class Memory:
 
     def refresh(self, ref: Optional[str]) -> None:
         plan = indexer.plan(self.store, self.places, only=ref)
+        log.debug("looked at %s: %d files listed, %d to index, %d removed", ref, plan.listed, plan.total,
+                  len(plan.removed))
         if plan.total:
             indexer.build(self.store, self.places, plan, self.tmpdir)
             self._trim_if_grown(force=plan.total > 50)
@@ -591,6 +606,12 @@ class Memory:
         return None
 
     def _watch(self) -> None:
+        try:
+            self._watch_sources()
+        finally:
+            self.watch_settled.set()
+
+    def _watch_sources(self) -> None:
         self.opened.wait()
         if self.error:
             return
@@ -606,11 +627,11 @@ class Memory:
         if not paths:
             return
         from watchfiles._rust_notify import WatchfilesRustInternalError
-        told = False
+        told = retry = False
         rewatch = REWATCH_S
         while not self._stop.is_set():
             try:
-                self._watch_loop(paths)
+                self._watch_loop(paths, retry)
                 return
             except WatchfilesRustInternalError as e:
                 # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
@@ -618,7 +639,7 @@ class Memory:
                 # inotify itself, which keeps names as bytes
                 log.info("watching with inotify: %s", e)
                 try:
-                    self._inotify_loop(paths)
+                    self._inotify_loop(paths, retry)
                     return
                 except OSError as e2:
                     e = e2
@@ -633,6 +654,7 @@ class Memory:
                     t0 = time.monotonic()
                     self._rescan_local(wait=True)
                     self._stop.wait(max(POLL_S, 4 * (time.monotonic() - t0)))
+                retry = True
             except Exception as e:  # the watcher is a help, not a need
                 log.warning("watching stopped: %s", e)
                 return
@@ -645,14 +667,19 @@ class Memory:
             if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
                 self.changed(source, wait=wait, timeout=60)
 
-    def _inotify_loop(self, paths: list[str]) -> None:
-        """Watch with inotify directly (bytes names), until stopped."""
+    def _inotify_loop(self, paths: list[str], retry: bool = False) -> None:
+        """Watch with inotify directly (bytes names), until stopped. ``retry``: watching
+        again after a time unwatched (what changed meanwhile is looked for)."""
         from lnkmem.inotify import Inotify
         ino = Inotify()
         try:
             for p in paths:
                 ino.add_tree(os.fsencode(p))
-            self._rescan_local()  # what changed before the watches were in place
+            # what changed while nothing watched: after another watcher failed, or when the
+            # first look at the tree began before any watch
+            if retry or self.watch_settled.is_set() or self._listed_unwatched:
+                self._rescan_local()
+            self.watch_settled.set()
             while not self._stop.is_set():
                 events = ino.read(0.3)
                 if events is None:  # events were lost: look at everything
@@ -674,18 +701,22 @@ class Memory:
         finally:
             ino.close()
 
-    def _watch_loop(self, paths: list[str]) -> None:
+    def _watch_loop(self, paths: list[str], retry: bool = False) -> None:
         from watchfiles._rust_notify import RustNotify
         caught_up = False
+        t0 = time.monotonic()
         with RustNotify(paths, False, False, 300, True, True) as watcher:
+            log.debug("watching %s: in place after %.2fs", ", ".join(paths), time.monotonic() - t0)
+            self.watch_settled.set()
             while not self._stop.is_set():
                 raw = watcher.watch(WATCH_DEBOUNCE_MS, 20, 300, self._stop)
                 if raw == "stop" or raw == "signal":
                     return
                 if raw == "timeout" or not raw:
-                    if not caught_up:  # watching now: look once more at what changed before
-                        caught_up = True
-                        self._rescan_local()
+                    if not caught_up:  # watching now: look once more at what changed before,
+                        caught_up = True  # when the first look began unwatched (or this watch is a retry)
+                        if self._listed_unwatched or retry:
+                            self._rescan_local()
                     continue
                 changes = {p for _, p in raw}
                 refs = {self.ref_for(p) for p in changes}

@@ -287,3 +287,22 @@ def test_deletions_never_leave_the_file_looking_truncated(tmp_path):
             check_file(os.path.join(str(tmp_path / "index"), "data.mdb"))
     finally:
         st.close()
+
+
+def test_serve_looks_at_the_tree_once_at_start_then_only_at_what_changes(home):
+    """The watch is in place before the first look at the tree, so nothing changed
+    meanwhile can be missed and no second look over the whole tree follows (at 120k
+    files a second look took ~2 s, and a change made then waited behind it)."""
+    with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        time.sleep(1.5)  # longer than the watcher's first quiet spell
+        home.write("notes/n003.md", "The okapi note 3 says zebrafinch now.\n")
+        until(lambda: refs(s.search("zebrafinch")) == ["home/notes/n003.md"], timeout=10)
+        s.close()
+    err = s.stderr.decode()
+    looks = [line for line in err.splitlines() if "looked at" in line]
+    assert sum("looked at every source" in x for x in looks) == 1, looks
+    whole = [x for x in looks if x.split("looked at ")[1].split(":")[0] in ("home", "chats", "skills", "notes")]
+    assert not whole, looks
+    assert any("looked at home/notes/n003.md" in x for x in looks), looks

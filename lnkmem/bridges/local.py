@@ -53,6 +53,7 @@ def nameable(name: str) -> bool:
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_BENEATH = 0x08
+RESOLVE_NO_SYMLINKS = 0x04
 
 
 class _OpenHow(ctypes.Structure):
@@ -71,10 +72,13 @@ except (OSError, AttributeError):
 def _openat2(dirfd: int, rel: str, flags: int) -> Optional[int]:
     """``rel`` opened beneath ``dirfd``; None when the kernel (or a sandbox) lacks openat2.
     Raises OSError (EXDEV: a link or `..` would leave ``dirfd``)."""
+    return _openat2_how(dirfd, rel, _OpenHow(flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS))
+
+
+def _openat2_how(dirfd: int, rel: str, how) -> Optional[int]:
     global _has_openat2
     if not _has_openat2:
         return None
-    how = _OpenHow(flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
     fd = _syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(rel)),
                   ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
     if fd >= 0:
@@ -237,54 +241,83 @@ class LocalPlace:
                     self._skip("unreadable")
         return out
 
-    def _walk(self, rel: str, out: list[Entry], seen: set, stack=None, enter: bool = False) -> None:
+    def _walk(self, rel: str, out: list[Entry], seen: set, stack=None, enter: bool = False,
+              opened: Optional[tuple[int, str]] = None) -> None:
         """Files below ``rel`` into ``out``; ``stack``: the ignore levels in force in its
-        parent (``enter``) or in it."""
-        try:
-            fd, here = self._open_where(rel, DIR_FLAGS)
-        except (NotFound, Forbidden):
-            self._skip("unreadable")
-            return
-        try:
-            s = os.fstat(fd)
-            if (s.st_dev, s.st_ino) in seen:
+        parent (``enter``) or in it. ``opened``: its descriptor and where it lies, when
+        the parent opened it (then this closes it)."""
+        if opened is None:
+            try:
+                opened = self._open_where(rel, DIR_FLAGS)
+            except (NotFound, Forbidden):
+                self._skip("unreadable")
                 return
-            seen.add((s.st_dev, s.st_ino))
-            hidden: set = set()
-            found = self._entries(fd, rel, here, hidden)
-        except OSError:
-            self._skip("unreadable")
-            return
+        fd, here = opened
+        try:
+            try:
+                s = os.fstat(fd)
+                if (s.st_dev, s.st_ino) in seen:
+                    return
+                seen.add((s.st_dev, s.st_ino))
+                hidden: set = set()
+                found = self._entries(fd, rel, here, hidden)
+            except OSError:
+                self._skip("unreadable")
+                return
+            ignore = self.ignore
+            if enter and ignore and hidden:  # its own ignore files, read only where the folder has one
+                stack = stack + ignore.level(rel, os.path.join(self.real, rel))
+            S_ISDIR, S_ISREG = st.S_ISDIR, st.S_ISREG
+            # only folder rules in force (the defaults, most trees): no file here can be ignored
+            file_rules = ignore is not None and any(not r.dir_only for _, rules in stack for r in rules)
+            pre = f"{rel}/" if rel else ""
+            append = out.append
+            for name, s in found:
+                path = pre + name
+                try:
+                    link = s is None
+                    if link:
+                        s = self._fstat(path)  # a link: followed only inside the root
+                    mode = s.st_mode
+                    if S_ISREG(mode) and not file_rules:  # most entries: a file no rule can ignore
+                        if s.st_size > MAX_FILE:
+                            self._skip("too big")
+                        else:
+                            append(Entry(path, s.st_size, f"{s.st_mtime_ns:x}-{s.st_size:x}-{s.st_ino:x}"))
+                        continue
+                    is_dir = S_ISDIR(mode)
+                    # the full path only for a folder: the ignore rules need it there, a file's is never built
+                    full = os.path.join(self.real, path) if is_dir and ignore else ""
+                    if (is_dir or file_rules) and ignore and ignore.skip(stack, path, is_dir, full):
+                        self._skip("ignored")
+                        continue
+                    if is_dir:
+                        # a folder that is no link is opened beside its parent's descriptor (no
+                        # walk from the root, no look at /proc); a link, by its path from the root
+                        sub = None if link else self._open_below(fd, name, here)
+                        self._walk(path, out, seen, stack, True, sub)
+                    elif S_ISREG(mode):
+                        if s.st_size > MAX_FILE:
+                            self._skip("too big")
+                            continue
+                        append(Entry(path, s.st_size, f"{s.st_mtime_ns:x}-{s.st_size:x}-{s.st_ino:x}"))
+                except Forbidden:
+                    continue  # a link leaving the root (or into an excluded folder)
+                except (OSError, NotFound):
+                    self._skip("unreadable")
         finally:
             os.close(fd)
-        ignore = self.ignore
-        if enter and ignore and hidden:  # its own ignore files, read only where the folder has one
-            stack = stack + ignore.level(rel, os.path.join(self.real, rel))
-        S_ISDIR, S_ISREG = st.S_ISDIR, st.S_ISREG
-        # only folder rules in force (the defaults, most trees): no file here can be ignored
-        file_rules = ignore is not None and any(not r.dir_only for _, rules in stack for r in rules)
-        for name, s in found:
-            path = f"{rel}/{name}" if rel else name
-            try:
-                if s is None:
-                    s = self._fstat(path)  # a link: followed only inside the root
-                is_dir = S_ISDIR(s.st_mode)
-                # the full path only for a folder: the ignore rules need it there, a file's is never built
-                full = os.path.join(self.real, path) if is_dir and ignore else ""
-                if (is_dir or file_rules) and ignore and ignore.skip(stack, path, is_dir, full):
-                    self._skip("ignored")
-                    continue
-                if is_dir:
-                    self._walk(path, out, seen, stack, True)
-                elif S_ISREG(s.st_mode):
-                    if s.st_size > MAX_FILE:
-                        self._skip("too big")
-                        continue
-                    out.append(Entry(path, s.st_size, f"{s.st_mtime_ns:x}-{s.st_size:x}-{s.st_ino:x}"))
-            except Forbidden:
-                continue  # a link leaving the root (or into an excluded folder)
-            except (OSError, NotFound):
-                self._skip("unreadable")
+
+    def _open_below(self, fd: int, name: str, here: str) -> Optional[tuple[int, str]]:
+        """The folder ``name`` of the open folder ``fd`` (which lies at ``here``, checked),
+        opened with no link followed: it lies at ``here/name``. None where the kernel
+        lacks openat2 (the caller opens it by path, checked). Raises OSError (a link
+        swapped in since the folder was listed: ELOOP)."""
+        how = _OpenHow(DIR_FLAGS, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        sub = _openat2_how(fd, name, how)
+        if sub is None:
+            return None
+        return sub, f"{here}/{name}"
 
     def stat(self, path: str) -> Optional[Entry]:
         try:

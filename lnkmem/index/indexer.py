@@ -75,21 +75,25 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
         p.skipped += getattr(place, "skipped", 0)
         p.listed += len(entries)
         prefix = ref_of(source, sub)
-        # a prefix must not catch its siblings ("home/a.md" vs "home/a.md2")
-        known = {r: v for r, v in store.file_versions(prefix).items()
-                 if r == prefix or r.startswith(prefix + "/")}
+        # what the index holds there: below the prefix, and the prefix itself (a file, or the
+        # notes: one file named by its source), never its siblings ("home/a.md" vs "home/a.md2")
+        known = store.file_versions(prefix + "/")
+        rec = store.file_recs([prefix]).get(prefix)
+        if rec is not None:
+            known[prefix] = (rec.version, rec.size)
         # §3.3 rev. 2: documents indexed by name while lnk-documents was missing are
         # converted once it is installed (not those it failed on: they stay "name-failed")
         unconverted = set()
         if source != "chats" and documents.converter() is not None:
             unconverted = {r for r in store.refs_of_kind(prefix, "name") if documents.is_document(r)}
-        seen = set()
-        for e in entries:
-            ref = ref_of(source, e.path)
-            seen.add(ref)
-            if known.get(ref) != (e.version, e.size) or ref in unconverted:
-                p.todo.append((source, e))
-        p.removed.extend(r for r in known if r not in seen)
+        todo = p.todo
+        head = source + "/"
+        for e in entries:  # (per file: every restart looks at each; known is left with what went)
+            ref = head + e.path if e.path else source
+            v = known.pop(ref, None)
+            if v is None or v[0] != e.version or v[1] != e.size or ref in unconverted:
+                todo.append((source, e))
+        p.removed.extend(known)
     return p
 
 

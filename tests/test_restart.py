@@ -306,3 +306,21 @@ def test_serve_looks_at_the_tree_once_at_start_then_only_at_what_changes(home):
     whole = [x for x in looks if x.split("looked at ")[1].split(":")[0] in ("home", "chats", "skills", "notes")]
     assert not whole, looks
     assert any("looked at home/notes/n003.md" in x for x in looks), looks
+
+
+def test_a_restart_on_an_unchanged_tree_leaves_the_saved_snapshot_as_it_is(home):
+    """Nothing written: the snapshot saved at the last close is still the index's, so
+    it is not written again (23 MB at 1.27M passages), and the next open still uses it."""
+    from lnkmem.index.store import SNAP
+    _index(home)
+    snap = home.state / "index" / SNAP
+    before = os.stat(snap)
+    err = _index(home, INFO)
+    assert "30 unchanged" in err
+    after = os.stat(snap)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert "snapshot as saved" in _index(home, INFO)
+    home.write("notes/n001.md", "The okapi note 1, changed.\n")
+    _index(home)
+    assert os.stat(snap).st_ino != before.st_ino  # a change: saved anew
+    assert "snapshot as saved" in _index(home, INFO)

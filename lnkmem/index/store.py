@@ -619,21 +619,23 @@ class Store:
         self.dead = self.env.open_db(b"dead")
         self.vectors = self.env.open_db(b"vectors")
         self.vec_pending = self.env.open_db(b"vec_pending")
-        with self.env.begin(write=True) as txn:
+        with self.env.begin() as txn:  # (read: an index opened and closed unchanged keeps its stamp)
             fmt = txn.get(b"format", db=self.meta)
-            if fmt is None:
+        if fmt is None:
+            with self.env.begin(write=True) as txn:
                 if txn.stat(self.files)["entries"] or txn.stat(self.segments)["entries"]:
                     raise DamagedIndex("index has data but no format")
                 txn.put(b"format", FORMAT, db=self.meta)
                 txn.put(b"gen", b"0", db=self.meta)
                 txn.put(b"next_pid", b"1", db=self.meta)
                 txn.put(b"next_seg", b"1", db=self.meta)
-            elif fmt != FORMAT:
-                raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
+        elif fmt != FORMAT:
+            raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
         self.psize = self.env.stat()["psize"]
         if os.path.isdir(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
             shutil.rmtree(os.path.join(self.path, COMPACTING), ignore_errors=True)
         saved = self._saved_snapshot(sealed) if self.opened_as == "sealed" else None
+        self._snap_stamp = sealed if saved is not None else None  # the saved snapshot's stamp
         self.snapshot = saved if saved is not None else self._load(check=self.opened_as != "sealed")
         self.snapshot_from = "saved" if saved is not None else "tables"
 
@@ -649,6 +651,7 @@ class Store:
             return store
 
     rebuilt_because: Optional[str] = None
+    _snap_stamp: Optional[str] = None
     opened_as = "new"  # "new", "sealed" (closed whole: not checked again) or "checked" (see _open)
     snapshot_from = "tables"  # or "saved": the snapshot saved at the last clean close
     on_commit = None  # called after every change that is committed
@@ -896,7 +899,9 @@ class Store:
             if whole:
                 try:
                     stamp = _stamp(self.data, check_file(self.data))
-                    if saved is not None:  # first: a kill before the seal leaves it unused
+                    # first: a kill before the seal leaves it unused; not again when no
+                    # transaction ran since it was saved (a restart on an unchanged tree)
+                    if saved is not None and stamp != self._snap_stamp:
                         tmp = os.path.join(self.path, SNAP + ".tmp")
                         with open(tmp, "wb") as f:
                             f.write(stamp.encode() + b"\n" + saved)

@@ -146,6 +146,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         log.setLevel(level)
     import faulthandler
     import signal
+    from lnkmem import memtrim
+    memtrim.tune()  # before any thread: malloc arenas capped
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # a stack dump for people, on demand
     signal.signal(signal.SIGIO, signal.SIG_IGN)  # the notes' lease breaks (lnkmem.notes) end nothing
     try:

@@ -430,8 +430,7 @@ def serve_many(args) -> int:
     opts = parse_options(args)
     from lnkmem.serve import undumpable
     undumpable()  # §5.1: binding keys live in this process
-    from lnkmem import memtrim
-    memtrim.cap_arenas(2)  # many agents' indexing threads must not each keep an arena
+    # (the allocator was tuned at start, cli.main: many agents' threads share two arenas)
     import lnkmem.engine  # noqa: F401  (the index's imports now, not in the first Hello)
     import lnkmem.tools  # noqa: F401
     prepare_folder(os.path.dirname(opts.socket), opts.gid)

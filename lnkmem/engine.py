@@ -541,6 +541,7 @@ class Memory:
         pass the query's exclusions, phrases and dates)."""
         from lnkmem.index import query as qlang
         from lnkmem.index.hybrid import fuse
+        from lnkmem.index.search import scores_of
         from lnkmem.index.search import words as by_words
         from lnkmem.index.store import DAMAGE_ERRORS
         self.check_copy()
@@ -558,7 +559,15 @@ class Memory:
                 near = self.vindex.search(self.store, v, depth * (4 if checks.any else 1), sources, under)
                 near = checks.filter(self.store, near, depth)
                 if near:
-                    return fuse(words, near)[:limit], "meaning+words"
+                    # every passage of the union scored by both rankings: BM25 for those
+                    # only meaning found, cosine for those only words found
+                    vindex = self.vindex
+                    try:
+                        fused = fuse(words, near, words_of=lambda pids: scores_of(store, q, pids),
+                                     meaning_of=lambda pids: vindex.cosines(v, pids))
+                    except DAMAGE_ERRORS as e:
+                        raise store.damage(e) from None
+                    return fused[:limit], "meaning+words"
         return words[:limit], "words"
 
     # --- watching ------------------------------------------------------------

@@ -104,3 +104,34 @@ def test_restart_embeds_nothing_and_model_change_reembeds(home, model, tmp_path)
             assert any(e["size"] > 150 for e in other.log() if e["path"] == "/v1/embeddings")
     finally:
         other.stop()
+
+
+def test_a_passage_only_meaning_found_is_scored_by_words_too(home, model):
+    """Fusion scores every passage of the union by both rankings. Two passages lie
+    beyond the words ranking's first hundred (110 notes say "zebra" more often) and
+    are found by meaning: one holds the query's word "zebra", the other, nearer by
+    meaning, holds none of its words. Counted as the words ranking's last, both got
+    the same words score and the nearer came first; scored by words, the one that
+    holds the word comes first."""
+    for i in range(110):
+        home.write(f"herd/z{i:03d}.md", f"Zebra zebra, herd {i}, seen by the dusty savanna trees near the old well.\n")
+    for i in range(300):
+        home.write(f"notes/n{i:03d}.md", f"Notes on topic {i}: meeting agenda and lunch.\n")
+    home.write("held.md", "Zebra: we purchase an automobile today, at the market by the river gate.\n")
+    home.write("near.md", "We purchase an automobile.\n")
+    query = "buying a car zebra"
+
+    def fused():
+        r = s.search(query, limit=50)
+        text = r["content"][0]["text"]
+        return r if r["structuredContent"]["ranked"] == "meaning+words" and "embedded so far" not in text else None
+
+    with Server.start(home, env=_env(model)) as s:
+        s.wait_indexed()
+        assert until(fused, timeout=30, step=0.2)
+        got = refs(fused())
+        assert "home/held.md" in got
+        assert "home/near.md" not in got or got.index("home/held.md") < got.index("home/near.md")
+        # the query's checks still filter the union: an excluded phrase leaves it out
+        r = s.search(f'{query} -"river gate"', limit=50)
+        assert r["structuredContent"]["ranked"] == "meaning+words" and "home/held.md" not in refs(r)

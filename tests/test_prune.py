@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from lnkmem.index import postings, search
@@ -104,5 +105,41 @@ def test_a_search_after_others_scores_from_zero(tmp_path):
         for other in ("t2 t3 t4", "t0 t250", "t7"):
             search.words(st, other, 10)
         assert search.words(st, q, 10)[0] == first
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_scores_of_given_passages_are_the_words_scores(tmp_path, merge):
+    """search.scores_of (the fused ranking's BM25 for passages meaning found) gives each
+    passage the score the words ranking gives it, 0 to one holding no query term, to a
+    dead one and to an id past the index; prefixes are expanded and exclusions unranked
+    as there; every list read from its bytes, so the block lookups run."""
+    rng = random.Random(21 if merge else 22)
+    st = _index(str(tmp_path / "index"), rng, merge)
+    st.decoded.CACHE_BYTES = 0
+    try:
+        snap = st.snapshot
+        every = np.arange(len(snap.alive) + 5)
+        assert not snap.alive[1:].all()
+        for i in range(60):
+            q = _query(rng)
+            if i % 6 == 0:
+                q += " t2*"
+            full = dict(search.words(st, q, len(snap.alive), candidates=len(snap.alive))[0])
+            # a passage holding an excluded word is left out of the words ranking, but
+            # scored (the caller's passages passed the checks): as without the exclusion
+            excluded = {w[1:] for w in q.split() if w.startswith("-")}
+            ranked = " ".join(w for w in q.split() if not w.startswith("-") and w not in excluded)
+            unfiltered = dict(search.words(st, ranked, len(snap.alive), candidates=len(snap.alive))[0])
+            assert all(unfiltered[p] == s for p, s in full.items())
+            some = rng.sample(range(len(every)), 80) + list(full)[:20]
+            got = search.scores_of(st, q, some)
+            want = [unfiltered.get(p, 0.0) for p in some]
+            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(got.tolist(), want)), q
+            assert got.dtype == np.float32 and len(got) == len(some)
+            dead = [p for p in some if p < len(snap.alive) and not snap.alive[p]]
+            assert all(got[some.index(p)] == 0 for p in dead)
+        assert not search.scores_of(st, "t0", []).size
     finally:
         st.close()

@@ -166,6 +166,21 @@ def _expand(store: Store, txn, segs: list[bytes], prefix: str, room: int) -> lis
     return [t.decode() for t in sorted(found)[:room]]
 
 
+def _weights(store: Store, txn, segs: list[bytes], q: qlang.Query) -> dict:
+    """The query's ranked terms and their weights, its prefixes expanded from the
+    dictionary (an excluded term never ranked)."""
+    weights = dict(q.weights)
+    room = qlang.MAX_TERMS
+    for prefix in q.prefixes:
+        if room <= 0:
+            break
+        for t in _expand(store, txn, segs, prefix, min(qlang.MAX_EXPANSIONS, room)):
+            if t not in q.excluded:
+                weights.setdefault(t, 1.0)
+            room -= 1
+    return weights
+
+
 class Checks:
     """What a hit must satisfy beyond its score: no excluded term, every phrase's
     terms and words in order, no excluded phrase, a time in [after, before)."""
@@ -353,7 +368,6 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
     scores = _scratch.scores
     avgdl = snap.avgdl
     touched = _scratch.touched
-    weights = dict(q.weights)
 
     def postings(txn, segs, term):
         pids, tfs = store.postings_of(txn, term, segs)
@@ -367,14 +381,7 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
 
     with store.env.begin() as txn:
         segs = store.segment_keys(txn)
-        room = qlang.MAX_TERMS
-        for prefix in q.prefixes:
-            if room <= 0:
-                break
-            for t in _expand(store, txn, segs, prefix, min(qlang.MAX_EXPANSIONS, room)):
-                if t not in q.excluded:
-                    weights.setdefault(t, 1.0)
-                room -= 1
+        weights = _weights(store, txn, segs, q)
         if q.excluded:
             banned = np.zeros(cap, bool)
             for term in q.excluded:
@@ -438,16 +445,11 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
     return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
 
 
-def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
-              scores: np.ndarray, touched: list, want: int, sources, under, k1: float, b: float) -> Optional[np.ndarray]:
-    """Score ``weights``' terms into ``scores`` with MaxScore (Turtle and Flood):
-    terms by their score bound, highest first, each list scored whole until the
-    bounds of the terms left sum below the ``want``-th best score so far (theta):
-    no passage outside the lists scored can then reach the top, so the terms left
-    are only looked up for the passages already there, decoding only the blocks
-    that may hold them (:func:`postings.lookup`). Scores are those of scoring
-    every posting (added in bound order). The candidates, filtered by sources,
-    ``under`` and the query's exclusions; None when no list had a posting."""
+def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, k1: float, b: float) -> list:
+    """The ranked terms that have a live posting: each one's lists (a segment's still
+    packed when every posting in it is live: its header gives the count and the
+    largest tf; else decoded, its live postings), live df, idf (times its weight)
+    and score bound (the largest tf in the shortest live passage)."""
     cap = len(snap.alive)
     avgdl = snap.avgdl
     mindl, dirty = _facts(snap)
@@ -488,6 +490,22 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
             tm.idf = float(np.log1p((snap.live - tm.df + 0.5) / (tm.df + 0.5))) * w
             tm.ub = tm.idf * tm.maxtf * (k1 + 1) / (tm.maxtf + k1 * (1 - b + b * mindl / avgdl))
             terms.append(tm)
+    return terms
+
+
+def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
+              scores: np.ndarray, touched: list, want: int, sources, under, k1: float, b: float) -> Optional[np.ndarray]:
+    """Score ``weights``' terms into ``scores`` with MaxScore (Turtle and Flood):
+    terms by their score bound, highest first, each list scored whole until the
+    bounds of the terms left sum below the ``want``-th best score so far (theta):
+    no passage outside the lists scored can then reach the top, so the terms left
+    are only looked up for the passages already there, decoding only the blocks
+    that may hold them (:func:`postings.lookup`). Scores are those of scoring
+    every posting (added in bound order). The candidates, filtered by sources,
+    ``under`` and the query's exclusions; None when no list had a posting."""
+    cap = len(snap.alive)
+    avgdl = snap.avgdl
+    terms = _terms(store, txn, snap, segs, weights, k1, b)
     if not terms:
         return None
     terms.sort(key=lambda x: -x.ub)
@@ -549,6 +567,51 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
                     contrib(tm2, ps[hit], ts[hit])
         return cand
     return kept(_union(touched, seen, cap))
+
+
+def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1, b: float = B) -> np.ndarray:
+    """BM25 of each of ``pids`` for ``query`` (float32, in their order), as :func:`words`
+    scores a passage: the same terms (prefixes expanded, exclusions never ranked),
+    idf, lengths and order of adding; 0 for a passage holding none of them or no
+    longer alive. For passages another ranking found (the fused ranking scores
+    every candidate by both): each term's lists are only looked up for them,
+    decoding only the blocks that may hold them (:func:`postings.lookup`, as
+    MaxScore does). It scores, it does not filter: the caller's passages passed
+    the query's checks (:meth:`Checks.filter`) already."""
+    q = qlang.parse(query) if isinstance(query, str) else query
+    pids = np.asarray(pids, np.int64).reshape(-1)
+    out = np.zeros(len(pids), np.float32)
+    snap = store.refresh()
+    cap = len(snap.alive)
+    ok = (pids >= 0) & (pids < cap)
+    ok[ok] = snap.alive[pids[ok]]
+    want = np.unique(pids[ok])  # ascending, as lookup needs
+    if not len(want) or snap.live == 0:
+        return out
+    acc = np.zeros(len(want), np.float32)
+    avgdl = snap.avgdl
+    with store.env.begin() as txn:
+        segs = store.segment_keys(txn)
+        terms = _terms(store, txn, snap, segs, _weights(store, txn, segs, q), k1, b)
+        terms.sort(key=lambda x: -x.ub)  # MaxScore's order of adding
+        for tm in terms:
+            for key, v, dec in tm.lists:
+                if dec is None:
+                    got = store.decoded.get(key)
+                    ps, ts = got if got is not None else plists.lookup(v, want)
+                else:
+                    ps, ts = dec
+                if not len(ps):
+                    continue
+                at = np.minimum(np.searchsorted(want, ps), len(want) - 1)
+                hit = want[at] == ps
+                if not hit.any():
+                    continue
+                ps, ts, at = ps[hit], ts[hit].astype(np.float32), at[hit]
+                dl = snap.doclen[ps]
+                acc[at] += tm.idf * ts * (k1 + 1) / (ts + k1 * (1 - b + b * dl / avgdl))
+    out[ok] = acc[np.searchsorted(want, pids[ok])]
+    return out
 
 
 def bm25(store: Store, query: Union[str, qlang.Query], limit: int, sources: Optional[Sequence[str]] = None,

@@ -273,6 +273,19 @@ class VectorIndex:
         out *= sc[rows] if rows is not None else sc[:total]
         return out
 
+    def cosines(self, q: np.ndarray, pids) -> np.ndarray:
+        """Cosine of ``q`` with each of ``pids`` (float32, in their order); NaN for a
+        passage with no vector held (not embedded yet) or of another width."""
+        held = self.held
+        m, _, has = held
+        pids = np.asarray(pids, np.int64).reshape(-1)
+        out = np.full(len(pids), np.nan, np.float32)
+        ok = (pids >= 0) & (pids < len(has))
+        ok[ok] = has[pids[ok]]
+        if ok.any() and m.shape[1] == len(q):
+            out[ok] = self.similarities(q, rows=pids[ok], held=held)
+        return out
+
     def search(self, store: Store, q: np.ndarray, k: int, sources=None, under: Optional[str] = None) -> list[tuple[int, float]]:
         """Best (pid, cosine) pairs among live passages that have a vector."""
         held = self.held

@@ -253,12 +253,12 @@ class Run:
             self.stoppable = False
         # what became of the files read: indexed, binary, or unreadable
         processed = [indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)]]
-        recs = store.file_recs(processed)  # those read only: a restart reads no other record
+        kinds = store.kinds_of(processed)  # those read only: a restart reads no other record
         for ref in processed:
-            rec = recs.get(ref)
-            if rec is None:
+            kind = kinds.get(ref)
+            if kind is None:
                 self.skipped["unreadable"] = self.skipped.get("unreadable", 0) + 1
-            elif rec.kind == "binary":
+            elif kind == "binary":
                 self.skipped["binary"] = self.skipped.get("binary", 0) + 1
             else:
                 self.indexed += 1

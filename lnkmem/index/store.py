@@ -101,9 +101,19 @@ class _FileHead(msgspec.Struct, array_like=True):
     size: int
 
 
+class _FileKind(msgspec.Struct, array_like=True):
+    """A FileRec's head and kind: its passage ids left as the raw bytes they are."""
+
+    version: str
+    size: int
+    pids: msgspec.Raw
+    kind: str = "text"
+
+
 _enc = msgspec.msgpack.Encoder()
 _dec_file = msgspec.msgpack.Decoder(FileRec)
 _dec_head = msgspec.msgpack.Decoder(_FileHead)
+_dec_kind = msgspec.msgpack.Decoder(_FileKind)
 _dec_snap = msgspec.msgpack.Decoder(_SavedSnapshot)
 _dec_passage = msgspec.msgpack.Decoder(Passage)
 
@@ -862,6 +872,15 @@ class Store:
             snap.doclen.astype("<f4").tobytes(), snap.alive.tobytes(), snap.src.tobytes(),
             snap.refid.astype("<i4").tobytes(), snap.seg_of.astype("<i4").tobytes()))
 
+    MAP_RESIDENT = 48 << 20  # file-backed memory past which a build lets go of the map's pages
+
+    def release_map(self) -> None:
+        """Let go of the map's pages this process has touched once its file-backed
+        memory is past :data:`MAP_RESIDENT` (a build: each commit walks the B-trees
+        through the map, and at 1.27M passages ~130 MiB of pages stayed resident)."""
+        if _file_resident() > self.MAP_RESIDENT:
+            _release_map(self.data)
+
     def free_share(self) -> float:
         """The share of data.mdb's pages that no table uses (freed by merges and
         deletions; LMDB reuses them for later writes but never shortens the file)."""
@@ -945,6 +964,20 @@ class Store:
                 v = txn.get(ref.encode(), db=self.files)
                 if v is not None:
                     out[ref] = _dec_file.decode(v)
+        return out
+
+    @_guarded
+    def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
+        """How each of ``refs`` that the index holds was indexed (its record's kind), its
+        passage ids never built: the people's ``index`` asks it of every file it read
+        (120k records at 1.27M passages held ~60 MiB more as whole records)."""
+        out = {}
+        with self.env.begin() as txn:
+            for ref in refs:
+                v = txn.get(ref.encode(), db=self.files)
+                if v is not None:
+                    out[ref] = _dec_kind.decode(v).kind
+        _release_map(self.data)
         return out
 
     @_guarded
@@ -1753,6 +1786,18 @@ def _release_map(data: str) -> None:
 
 
 _madvise = None
+
+
+def _file_resident() -> int:
+    """This process's resident file-backed memory in bytes (RssFile; 0 without /proc)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssFile:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _tier(n: int, floor: int, factor: int) -> int:

@@ -874,8 +874,9 @@ def table(r: dict) -> str:
         sa = o["serve_after_changes"]
         lines.append(f"| A file changed on disk, searchable over MCP (watcher included), median / worst ms | "
                      f"{statistics.median(ch):.0f} / {max(ch):.0f} |" + " |" * (2 * len(names)))
-        lines.append(f"| `serve` RSS after {len(ch)} changes, MiB (VmHWM) | {sa.get('VmRSS', 0) / 1024:.0f} "
-                     f"({sa.get('VmHWM', 0) / 1024:.0f}) |" + " |" * (2 * len(names)))
+        lines.append(f"| `serve` RSS after {len(ch)} changes, MiB (VmHWM; RssAnon, not backed by a file) | "
+                     f"{sa.get('VmRSS', 0) / 1024:.0f} ({sa.get('VmHWM', 0) / 1024:.0f}; "
+                     f"{sa.get('RssAnon', 0) / 1024:.0f}) |" + " |" * (2 * len(names)))
     notes = [
         "",
         f"Scale {r['scale']:g}: {s['files']} markdown files and {s['threads']} conversations "

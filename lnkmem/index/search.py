@@ -556,17 +556,24 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
         inc[cand] = True
         _scratch.marked.append(cand)
         for tm2 in terms[i + 1:]:
-            for key, v, dec in tm2.lists:
-                if dec is None:
-                    got = store.decoded.get(key)
-                    ps, ts = got if got is not None else plists.lookup(v, cand)
-                else:
-                    ps, ts = dec
+            for ps, ts in _lists_for(store, tm2, cand):
                 hit = inc[ps]
                 if hit.any():
                     contrib(tm2, ps[hit], ts[hit])
         return cand
     return kept(_union(touched, seen, cap))
+
+
+def _lists_for(store: Store, tm: "_Term", want: np.ndarray):
+    """Each of a term's lists as (pids, tfs), for the passages ``want`` (ascending): a
+    list decoded already (cached, or masked for its dead passages) whole, else only
+    the blocks that may hold them (:func:`postings.lookup`)."""
+    for key, v, dec in tm.lists:
+        if dec is not None:
+            yield dec
+        else:
+            got = store.decoded.get(key)
+            yield got if got is not None else plists.lookup(v, want)
 
 
 def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1, b: float = B) -> np.ndarray:
@@ -595,12 +602,7 @@ def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1
         terms = _terms(store, txn, snap, segs, _weights(store, txn, segs, q), k1, b)
         terms.sort(key=lambda x: -x.ub)  # MaxScore's order of adding
         for tm in terms:
-            for key, v, dec in tm.lists:
-                if dec is None:
-                    got = store.decoded.get(key)
-                    ps, ts = got if got is not None else plists.lookup(v, want)
-                else:
-                    ps, ts = dec
+            for ps, ts in _lists_for(store, tm, want):
                 if not len(ps):
                     continue
                 at = np.minimum(np.searchsorted(want, ps), len(want) - 1)

@@ -279,12 +279,6 @@ class LocalPlace:
                     if link:
                         s = self._fstat(path)  # a link: followed only inside the root
                     mode = s.st_mode
-                    if S_ISREG(mode) and not file_rules:  # most entries: a file no rule can ignore
-                        if s.st_size > MAX_FILE:
-                            self._skip("too big")
-                        else:
-                            append(Entry(path, s.st_size, f"{s.st_mtime_ns:x}-{s.st_size:x}-{s.st_ino:x}"))
-                        continue
                     is_dir = S_ISDIR(mode)
                     # the full path only for a folder: the ignore rules need it there, a file's is never built
                     full = os.path.join(self.real, path) if is_dir and ignore else ""
@@ -300,7 +294,7 @@ class LocalPlace:
                         if s.st_size > MAX_FILE:
                             self._skip("too big")
                             continue
-                        append(Entry(path, s.st_size, f"{s.st_mtime_ns:x}-{s.st_size:x}-{s.st_ino:x}"))
+                        append(Entry(path, s.st_size, version_of(s)))
                 except Forbidden:
                     continue  # a link leaving the root (or into an excluded folder)
                 except (OSError, NotFound):

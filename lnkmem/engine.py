@@ -750,12 +750,8 @@ TRIM_SLACK = 32 << 20
 
 def _anon_bytes() -> Optional[int]:
     """This process's resident memory not backed by a file (no /proc: None)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            v = f.read().split()
-        return (int(v[1]) - int(v[2])) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
+    held = memtrim.resident()
+    return held[0] if held is not None else None
 
 
 def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+from typing import Optional
 
 M_ARENA_MAX = -8
 
@@ -36,3 +38,15 @@ def trim() -> None:
     """Return free heap memory to the system."""
     if _trim is not None:
         _trim(0)
+
+
+def resident() -> Optional[tuple[int, int]]:
+    """This process's resident memory in bytes: (not backed by a file, backed by one:
+    LMDB's map, the libraries); None without /proc."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            v = f.read().split()
+        page = os.sysconf("SC_PAGE_SIZE")
+        return (int(v[1]) - int(v[2])) * page, int(v[2]) * page
+    except (OSError, ValueError, IndexError):
+        return None

@@ -46,7 +46,7 @@ import lmdb
 import msgspec
 import numpy as np
 
-from lnkmem import procs
+from lnkmem import memtrim, procs
 from lnkmem.errors import DamagedIndex, ToolError
 from lnkmem.index import postings, textpack
 
@@ -878,7 +878,8 @@ class Store:
         """Let go of the map's pages this process has touched once its file-backed
         memory is past :data:`MAP_RESIDENT` (a build: each commit walks the B-trees
         through the map, and at 1.27M passages ~130 MiB of pages stayed resident)."""
-        if _file_resident() > self.MAP_RESIDENT:
+        held = memtrim.resident()
+        if held is not None and held[1] > self.MAP_RESIDENT:
             _release_map(self.data)
 
     def free_share(self) -> float:
@@ -955,29 +956,28 @@ class Store:
         # only each record's head: a file's passage ids are not built (every restart's plan)
         return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix, _dec_head)}
 
-    @_guarded
-    def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:
-        """The records of ``refs`` that the index holds (one lookup each)."""
+    def _records(self, refs: Iterable[str], dec) -> dict:
+        """(ref, record decoded by ``dec``) of each of ``refs`` the index holds (one lookup each)."""
         out = {}
         with self.env.begin() as txn:
             for ref in refs:
                 v = txn.get(ref.encode(), db=self.files)
                 if v is not None:
-                    out[ref] = _dec_file.decode(v)
+                    out[ref] = dec.decode(v)
         return out
+
+    @_guarded
+    def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:
+        """The records of ``refs`` that the index holds (one lookup each)."""
+        return self._records(refs, _dec_file)
 
     @_guarded
     def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
         """How each of ``refs`` that the index holds was indexed (its record's kind), its
         passage ids never built: the people's ``index`` asks it of every file it read
         (120k records at 1.27M passages held ~60 MiB more as whole records)."""
-        out = {}
-        with self.env.begin() as txn:
-            for ref in refs:
-                v = txn.get(ref.encode(), db=self.files)
-                if v is not None:
-                    out[ref] = _dec_kind.decode(v).kind
-        _release_map(self.data)
+        out = {ref: rec.kind for ref, rec in self._records(refs, _dec_kind).items()}
+        self.release_map()
         return out
 
     @_guarded
@@ -1698,7 +1698,6 @@ class Store:
                     stop.wait(5.0)
                     break
             if merged:  # what the merge's columns took, handed back (glibc keeps freed heap otherwise)
-                from lnkmem import memtrim
                 memtrim.trim()
 
     def _merged(self, old: Snapshot, segs: list[int], new: int, gen: int, kept: np.ndarray,
@@ -1786,18 +1785,6 @@ def _release_map(data: str) -> None:
 
 
 _madvise = None
-
-
-def _file_resident() -> int:
-    """This process's resident file-backed memory in bytes (RssFile; 0 without /proc)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"RssFile:"):
-                    return int(line.split()[1]) << 10
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _tier(n: int, floor: int, factor: int) -> int:

@@ -185,7 +185,7 @@ class Memory:
                      time.monotonic() - t)
         elif store.opened_as == "sealed":
             log.info("index opened in %.2fs: closed cleanly, not checked again%s", time.monotonic() - t,
-                     "; its snapshot as saved at that close" if store.snapshot_from == "saved" else "")
+                     "; its snapshot as saved at that close" if store.snapshot_saved else "")
         store.on_damage = self._damaged
         store.on_alloc = self._forget_vectors
         return store

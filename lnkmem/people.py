@@ -409,7 +409,7 @@ def _index_report(run: "Run", memory, took: float) -> list[str]:
         return [f"{PROG}: stopped; {done:,} of {plan.listed:,} files indexed, run again to finish"]
     lines = [f"indexed {_plural(run.indexed, 'file')}, {run.unchanged:,} unchanged, {run.removed:,} removed, "
              f"{_skipped_text(run.skipped)}; the index holds {_plural(n_files, 'file')} and "
-             f"{_plural(store.snapshot.live, 'passage')} ({took:.1f}s)"]
+             f"{_plural(store.live_count(), 'passage')} ({took:.1f}s)"]
     if run.embedded is not None:
         done, total = run.embedded
         lines.append(f"embedded {done:,} of {_plural(total, 'passage')} with {memory.embedder.model}"

@@ -226,18 +226,22 @@ def test_a_one_file_change_stays_in_the_thread_and_a_large_plan_goes_to_the_work
         store.close()
 
 
-def test_packing_a_commits_lists_at_once_gives_each_lists_bytes():
+@pytest.mark.parametrize("window", [None, 50])
+def test_packing_a_commits_lists_at_once_gives_each_lists_bytes(window, monkeypatch):
     import numpy as np
 
     from lnkmem.index import postings
 
     rng = np.random.default_rng(5)
-    lens = rng.integers(1, 40, 300)
+    lens = np.concatenate((rng.integers(1, 40, 300), rng.integers(100, 400, 10)))
+    rng.shuffle(lens)
     ends = np.cumsum(lens)
     starts = ends - lens
     pids = np.concatenate([np.sort(rng.choice(10**6, n, replace=False)) for n in lens]).astype(np.uint32)
     tfs = rng.integers(1, 70000, len(pids)).astype(np.uint32)  # some above u16: held at 65535
-    many = postings.pack_many(pids, tfs, starts.tolist(), ends.tolist())
+    if window:  # the columns made Python integers a few at a time: lists across the windows' edges
+        monkeypatch.setattr(postings, "_WINDOW", window)
+    many = list(postings.pack_many(pids, tfs, starts.tolist(), ends.tolist()))
     assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]
 
 

@@ -59,6 +59,17 @@ def test_postings_round_trip_at_block_edges(n):
         _round_trip(p, t)
 
 
+@pytest.mark.parametrize("n", [129, 1000, 4097])
+def test_a_long_list_packed_a_chunk_at_a_time_is_the_same_bytes(n, monkeypatch):
+    rng = np.random.default_rng(n)
+    p = np.cumsum(rng.geometric(0.01, n)).astype(np.uint32)
+    t = rng.integers(1, 70000, n).astype(np.uint32)
+    whole = postings.pack(p, t)
+    monkeypatch.setattr(postings, "_PACK_CHUNK", postings.BLOCK * 2)  # chunks' edges inside the list
+    assert postings.pack(p, t) == whole
+    assert _round_trip(p, t) == whole
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(0, 2 ** 32 - 1), unique=True, max_size=600), st.randoms(use_true_random=False))
 def test_postings_round_trip_of_any_list(pids, rnd):
@@ -323,7 +334,7 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
         t0 = time.perf_counter()
         with pytest.raises(copyfmt.CopyDamaged, match=why):
             _verify(_reseal(files, kind, old, obj))
-        assert time.perf_counter() - t0 < 2, why
+        assert time.perf_counter() - t0 < 10, why  # bounded (unbounded work: minutes); generous under load
 
 
 def test_decoded_lists_are_kept_within_their_bound():

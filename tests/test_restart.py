@@ -324,3 +324,52 @@ def test_a_restart_on_an_unchanged_tree_leaves_the_saved_snapshot_as_it_is(home)
     _index(home)
     assert os.stat(snap).st_ino != before.st_ino  # a change: saved anew
     assert "snapshot as saved" in _index(home, INFO)
+
+
+def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
+    """An open that changes nothing (a restart on an unchanged tree) never decodes the saved
+    snapshot, counts its passages from the tables, and leaves the snapshot for the next
+    open; a write that did not need it saves it again under the new stamp; a saved
+    snapshot whose body is broken gives way to the tables."""
+    import random
+
+    from tests.test_snapshot import _same
+
+    from lnkmem.index.store import SNAP, Store
+    rng = random.Random(5)
+    path = str(tmp_path / "index")
+    st = Store.open(path)
+    _commits(st, rng, 12)
+    live = st.snapshot.live
+    st.close()
+    snap = os.path.join(path, SNAP)
+    before = os.stat(snap)
+
+    st = Store.open(path)
+    assert st._snapshot is None and st.live_count() == live
+    st.close()
+    assert (os.stat(snap).st_ino, os.stat(snap).st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+    st = Store.open(path)
+    st.put_meta(b"watched", b"1")  # a transaction that never asked for the snapshot
+    assert st._snapshot is None
+    st.close()
+    st = Store.open(path)
+    try:
+        assert (st.opened_as, st.snapshot_from) == ("sealed", "saved")
+        _same(st.snapshot, st._load(check=True))
+    finally:
+        st.close()
+
+    with open(snap, "r+b") as f:  # the stamp kept, the body broken
+        head = f.readline()
+        f.seek(len(head) + 5)
+        f.write(b"\xff" * 64)
+    st = Store.open(path)
+    try:
+        assert st._snapshot is None  # the stamp agreed: read when asked
+        assert st.snapshot_from == "tables"
+        _same(st.snapshot, st._load(check=True))
+        assert st.snapshot.live == live
+    finally:
+        st.close()

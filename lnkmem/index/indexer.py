@@ -287,7 +287,7 @@ class _Build:
 
     def commit(self) -> None:
         self.store.commit(self.batch)
-        self.store.release_map()
+        self.store.let_go()
         self.batch, self.size, self.vocab = Batch(), 0, _Vocab()
 
     def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:

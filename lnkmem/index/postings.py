@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -119,37 +119,46 @@ def pack(pids, tfs) -> bytes:
         wt = _ROUND_L[(mt - 1).bit_length()]
         return (_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
                 + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
-    p = np.asarray(pids, np.int64)
-    t = np.clip(np.asarray(tfs, np.int64), 1, 65535)
+    p, t = np.asarray(pids), np.asarray(tfs)
+    if p.dtype.kind not in "iu":
+        p = p.astype(np.int64)
     if not (p[1:] > p[:-1]).all():
         order = np.argsort(p, kind="stable")
         p, t = p[order], t[order]
     return _pack_np(p, t)
 
 
-def pack_many(pids: np.ndarray, tfs: np.ndarray, starts: list[int], ends: list[int]) -> list[bytes]:
-    """:func:`pack` of many lists at once (a commit's): list i is
-    ``pids[starts[i]:ends[i]]`` with its tfs, its pids ascending and distinct.
-    The columns are made Python integers once; a list of one block is packed
-    from slices of them, a longer one with numpy."""
-    tfs = np.clip(np.asarray(tfs, np.int64), 1, 65535)
-    pl, tl = np.asarray(pids).tolist(), tfs.tolist()
-    out = []
+# postings made Python integers at a time by pack_many (a window of the columns, not
+# all of a commit's: at 4 MB of text, ~400k postings were ~15 MiB of int objects)
+_WINDOW = 1 << 14
+
+
+def pack_many(pids: np.ndarray, tfs: np.ndarray, starts: list[int], ends: list[int]) -> Iterator[bytes]:
+    """:func:`pack` of many lists at once (a commit's), one by one: list i is
+    ``pids[starts[i]:ends[i]]`` with its tfs, its pids ascending and distinct, the
+    lists in column order. A list of one block is packed from slices of the
+    columns made Python integers a window at a time, a longer one with numpy."""
+    tfs = np.clip(np.asarray(tfs), 1, 65535)
+    w0 = w1 = 0
+    pl: list = []
+    tl: list = []
     for a, b in zip(starts, ends):
         n = b - a
         if n == 0:
-            out.append(b"\x00")
+            yield b"\x00"
         elif n <= BLOCK:
-            p, t = pl[a:b], tl[a:b]
+            if b > w1 or a < w0:
+                w0, w1 = a, max(b, a + _WINDOW)
+                pl, tl = pids[w0:w1].tolist(), tfs[w0:w1].tolist()
+            p, t = pl[a - w0:b - w0], tl[a - w0:b - w0]
             gaps = [y - x - 1 for x, y in zip(p, p[1:])] + [0]
             wp = _ROUND_L[max(gaps).bit_length()]
             mt = max(t)
             wt = _ROUND_L[(mt - 1).bit_length()]
-            out.append(_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
-                       + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
+            yield (_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
+                   + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
         else:
-            out.append(_pack_np(np.asarray(pids[a:b], np.int64), tfs[a:b]))
-    return out
+            yield _pack_np(pids[a:b], tfs[a:b])
 
 
 def _shape(n: int, wp: np.ndarray, wt: np.ndarray):
@@ -201,7 +210,25 @@ def _put(out: np.ndarray, vals: np.ndarray, m, offs, w: np.ndarray) -> None:
         out[offs[blocks][:, None] + np.arange(units * ub)] = rows
 
 
+# postings packed with numpy at a time (whole blocks): a list's int64 work arrays are
+# bounded by this, not by its length (a merge's list of the commonest word at 1.27M
+# passages took ~60 MiB packed at once)
+_PACK_CHUNK = BLOCK * 512
+
+
 def _pack_np(p: np.ndarray, t: np.ndarray) -> bytes:
+    """The stored form of a list of more than one block, pids ascending (tfs clipped
+    here): its blocks are packed a chunk at a time (each block stands alone: its
+    header, then its runs), headers and runs joined in block order."""
+    n = len(p)
+    parts = [_pack_blocks(np.asarray(p[a:a + _PACK_CHUNK], np.int64),
+                          np.clip(np.asarray(t[a:a + _PACK_CHUNK], np.int64), 1, 65535))
+             for a in range(0, n, _PACK_CHUNK)]
+    return _varint(n) + b"".join(h for h, _ in parts) + b"".join(b for _, b in parts)
+
+
+def _pack_blocks(p: np.ndarray, t: np.ndarray) -> tuple[bytes, bytes]:
+    """(headers, runs) of the blocks of (p, t), every block full but the last."""
     n = len(p)
     nb = (n + BLOCK - 1) // BLOCK
     starts = np.arange(nb, dtype=np.int64) * BLOCK
@@ -220,7 +247,7 @@ def _pack_np(p: np.ndarray, t: np.ndarray) -> bytes:
     _put(body, tt, m, to, wt)
     hdr = np.empty(nb, _HDR)
     hdr["last"], hdr["maxtf"], hdr["w"] = p[starts + m - 1], maxtf, wp
-    return _varint(n) + hdr.tobytes() + body.tobytes()
+    return hdr.tobytes(), body.tobytes()
 
 
 def _layout(v):

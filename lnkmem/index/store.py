@@ -644,10 +644,10 @@ class Store:
         self.psize = self.env.stat()["psize"]
         if os.path.isdir(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
             shutil.rmtree(os.path.join(self.path, COMPACTING), ignore_errors=True)
-        saved = self._saved_snapshot(sealed) if self.opened_as == "sealed" else None
-        self._snap_stamp = sealed if saved is not None else None  # the saved snapshot's stamp
-        self.snapshot = saved if saved is not None else self._load(check=self.opened_as != "sealed")
-        self.snapshot_from = "saved" if saved is not None else "tables"
+        self._sealed = sealed
+        if self.opened_as == "sealed" and self._saved_matches(sealed):
+            return  # its snapshot is read when first asked for (a restart that changes nothing never does)
+        self.snapshot = self._load(check=self.opened_as != "sealed")
 
     @classmethod
     def open(cls, path: str) -> "Store":
@@ -661,9 +661,55 @@ class Store:
             return store
 
     rebuilt_because: Optional[str] = None
-    _snap_stamp: Optional[str] = None
+    _snap_stamp: Optional[str] = None  # the saved snapshot's stamp, once it was used
+    _sealed: Optional[str] = None
+    _snapshot: Optional[Snapshot] = None
     opened_as = "new"  # "new", "sealed" (closed whole: not checked again) or "checked" (see _open)
-    snapshot_from = "tables"  # or "saved": the snapshot saved at the last clean close
+    _snapshot_from = "tables"
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """What searches read: the last commit's; an index opened sealed reads the one saved
+        at its close when first asked (a broken one: the tables, then a damaged index)."""
+        snap = self._snapshot
+        if snap is None:
+            with self.write_lock:
+                snap = self._snapshot
+                if snap is None:
+                    saved = self._saved_snapshot(self._sealed)
+                    if saved is not None:
+                        self._snap_stamp, self._snapshot_from = self._sealed, "saved"
+                        snap = saved
+                    else:
+                        try:
+                            snap = self._load(check=False)
+                        except (DamagedIndex, lmdb.Error, msgspec.DecodeError, ValueError, IndexError) as e:
+                            raise self.damage(e) from None
+                    self._snapshot = snap
+        return snap
+
+    @snapshot.setter
+    def snapshot(self, snap: Snapshot) -> None:
+        self._snapshot = snap
+
+    @property
+    def snapshot_from(self) -> str:
+        """Where the snapshot came from: "saved" (at the last clean close) or "tables"."""
+        self.snapshot
+        return self._snapshot_from
+
+    @property
+    def snapshot_saved(self) -> bool:
+        """Whether the snapshot is (or, not read yet, will be) the one saved at the last close."""
+        return self._snapshot_from == "saved" if self._snapshot is not None else self._sealed is not None
+
+    def live_count(self) -> int:
+        """Live passages: the snapshot's, or the passages table's entries when no snapshot was
+        read yet (it holds exactly the live ones)."""
+        if self._snapshot is not None:
+            return self._snapshot.live
+        with self.env.begin() as txn:
+            return txn.stat(self.passages)["entries"]
     on_commit = None  # called after every change that is committed
     on_damage = None  # called (once) when the index is found damaged while serving
     on_alloc = None  # called with the ids a commit gave new passages (ids are reused)
@@ -832,6 +878,18 @@ class Store:
                     self.snapshot = self._load()
         return self.snapshot
 
+    def _saved_matches(self, sealed: Optional[str]) -> bool:
+        """Whether the saved snapshot's first line is the stamp ``sealed`` (its body is read,
+        and checked, when the snapshot is first asked for)."""
+        if sealed is None:
+            return False
+        try:
+            with open(os.path.join(self.path, SNAP), "rb") as f:
+                head = f.readline(len(sealed.encode()) + 1)
+        except OSError:
+            return False
+        return head == sealed.encode() + b"\n"
+
     def _saved_snapshot(self, sealed: str) -> Optional[Snapshot]:
         """The snapshot saved at the last clean close, when it is of the index as sealed
         (same stamp: no transaction since) and the generation it names; else None."""
@@ -872,15 +930,17 @@ class Store:
             snap.doclen.astype("<f4").tobytes(), snap.alive.tobytes(), snap.src.tobytes(),
             snap.refid.astype("<i4").tobytes(), snap.seg_of.astype("<i4").tobytes()))
 
-    MAP_RESIDENT = 48 << 20  # file-backed memory past which a build lets go of the map's pages
+    MAP_RESIDENT = 32 << 20  # file-backed memory (libraries included) past which a build lets go of the map's pages
 
-    def release_map(self) -> None:
-        """Let go of the map's pages this process has touched once its file-backed
-        memory is past :data:`MAP_RESIDENT` (a build: each commit walks the B-trees
-        through the map, and at 1.27M passages ~130 MiB of pages stayed resident)."""
+    def let_go(self) -> None:
+        """Give back what a build's commit leaves held: the map's pages this process has
+        touched once its file-backed memory is past :data:`MAP_RESIDENT` (each commit walks
+        the B-trees through the map: at 1.27M passages ~130 MiB of pages stayed resident),
+        and the heap a batch freed (glibc keeps it in its arenas otherwise)."""
         held = memtrim.resident()
         if held is not None and held[1] > self.MAP_RESIDENT:
             _release_map(self.data)
+        memtrim.trim()
 
     def free_share(self) -> float:
         """The share of data.mdb's pages that no table uses (freed by merges and
@@ -905,13 +965,16 @@ class Store:
             try:
                 if whole:
                     self.env.sync(True)
-                    saved = self._snapshot_bytes()
                     compact = compact and os.path.getsize(self.data) >= COMPACT_MIN \
                         and self.free_share() > COMPACT_FREE
-            except (lmdb.Error, OSError):
+                    # a snapshot never read: the saved one stands while the file is as it was sealed
+                    if self._snapshot is not None or compact or _stamp(self.data, check_file(self.data)) != self._sealed:
+                        saved = self._snapshot_bytes()
+            except (lmdb.Error, OSError, DamagedIndex):
                 whole = False
             self.env.close()
             if whole and compact:
+                memtrim.trim()  # the build's freed heap, before the copy adds its own
                 try:
                     self.compacted = compact_file(self.path)
                 except (lmdb.Error, OSError):
@@ -956,28 +1019,28 @@ class Store:
         # only each record's head: a file's passage ids are not built (every restart's plan)
         return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix, _dec_head)}
 
-    def _records(self, refs: Iterable[str], dec) -> dict:
-        """(ref, record decoded by ``dec``) of each of ``refs`` the index holds (one lookup each)."""
-        out = {}
+    def _records(self, refs: Iterable[str], dec):
+        """(ref, record decoded by ``dec``) of each of ``refs`` the index holds (one lookup
+        each), one at a time."""
         with self.env.begin() as txn:
             for ref in refs:
                 v = txn.get(ref.encode(), db=self.files)
                 if v is not None:
-                    out[ref] = dec.decode(v)
-        return out
+                    yield ref, dec.decode(v)
 
     @_guarded
     def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:
         """The records of ``refs`` that the index holds (one lookup each)."""
-        return self._records(refs, _dec_file)
+        return dict(self._records(refs, _dec_file))
 
     @_guarded
     def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
-        """How each of ``refs`` that the index holds was indexed (its record's kind), its
-        passage ids never built: the people's ``index`` asks it of every file it read
-        (120k records at 1.27M passages held ~60 MiB more as whole records)."""
-        out = {ref: rec.kind for ref, rec in self._records(refs, _dec_kind).items()}
-        self.release_map()
+        """How each of ``refs`` that the index holds was indexed (its record's kind), no
+        record kept: the people's ``index`` asks it of every file it read (at 1.27M
+        passages whole records held ~60 MiB more, and all 120k at once ~100 MiB)."""
+        kinds: dict[str, str] = {}
+        out = {ref: kinds.setdefault(rec.kind, rec.kind) for ref, rec in self._records(refs, _dec_kind)}
+        self.let_go()
         return out
 
     @_guarded
@@ -1125,8 +1188,8 @@ class Store:
             seg_pids: list[int] = []
             seg_lens: list[int] = []
             seg_refs: list[str] = []
-            new_passages: list[tuple[bytes, bytes]] = []
-            raws: list[bytes] = []
+            new_keys: list[bytes] = []
+            new_passages: list[Passage] = []
             for f in batch.files:
                 terms, tids, npost, tfs, lens = f.columns()
                 if len(lens) != len(f.passages) or int(npost.sum()) != len(tids) or len(tfs) != len(tids):
@@ -1138,8 +1201,8 @@ class Store:
                         pid = next_pid
                         next_pid += 1
                     pids.append(pid)
-                    new_passages.append((_k(pid), b""))
-                    raws.append(_enc.encode(passage))
+                    new_keys.append(_k(pid))
+                    new_passages.append(passage)
                 allocated.extend(pids)
                 seg_pids.extend(pids)
                 seg_lens.extend(lens.tolist())
@@ -1154,18 +1217,19 @@ class Store:
                     p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
             mapped.clear()
-            if raws:  # deflated, with the index's dictionary (made once, from the first big commit)
+            if new_keys:  # deflated, with the index's dictionary (made once, from the first big commit)
                 zdict = txn.get(b"zdict", db=self.meta)
                 if zdict is None:
-                    zdict = textpack.make_dict(raws)
+                    zdict = textpack.make_dict([_enc.encode(p) for p in new_passages])
                     if zdict is not None:
                         txn.put(b"zdict", zdict, db=self.meta)
-                packer = textpack.Packer(zdict)
-                new_passages = [(k, packer.pack(r)) for (k, _), r in zip(new_passages, raws)]
-            # new ids only: appending packs the pages full; reused ones go in their place
-            last = txn.cursor(db=self.passages)
-            fresh = not new_passages or not last.last() or last.key() < new_passages[0][0]
-            txn.cursor(db=self.passages).putmulti(new_passages, append=fresh)
+                pack, encode = textpack.Packer(zdict).pack, _enc.encode
+                # new ids only: appending packs the pages full; reused ones go in their place
+                last = txn.cursor(db=self.passages)
+                fresh = not last.last() or last.key() < new_keys[0]
+                # each packed as it is written (all of a batch's at once were ~9 MiB at 4 MB of text)
+                txn.cursor(db=self.passages).putmulti(
+                    zip(new_keys, (pack(encode(p)) for p in new_passages)), append=fresh)
             if seg_pids:
                 sk = _k(seg)
                 names = list(vocab)
@@ -1183,14 +1247,12 @@ class Store:
                 bounds = np.flatnonzero(np.diff(r)) + 1
                 starts = np.concatenate(([0], bounds))
                 ends = np.concatenate((bounds, [len(r)]))
-                if len(r):
+                if len(r):  # made as they are written (a list of them all was ~10 MiB at 4 MB of text)
                     starts, ends = starts.tolist(), ends.tolist()
-                    items = list(zip([sk + names[k].encode() for k in r[starts].tolist()],
-                                     postings.pack_many(pid_arr, tf_arr, starts, ends)))
-                else:
-                    items = []
-                # a new segment's keys sort after every other: appended, no old page touched
-                txn.cursor(db=self.postings).putmulti(items, append=True)
+                    items = zip((sk + names[k].encode() for k in r[starts].tolist()),
+                                postings.pack_many(pid_arr, tf_arr, starts, ends))
+                    # a new segment's keys sort after every other: appended, no old page touched
+                    txn.cursor(db=self.postings).putmulti(items, append=True)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),
                                seg_refs)
                 txn.put(sk, _seg_codec.encode(meta), db=self.segments)
@@ -1455,16 +1517,19 @@ class Store:
                         if drop.any():
                             keep = ~drop
                             v = postings.pack(p[keep], t[keep]) if keep.any() else None
-                else:  # each segment's list ascends and no id lies in two segments: one sort
-                    got = [postings.unpack(w) for w in parts]
-                    p = np.concatenate([g[0] for g in got])
-                    t = np.concatenate([g[1] for g in got])
+                else:  # each segment's list ascends and no id lies in two segments
+                    got = sorted((g for g in map(postings.unpack, parts) if len(g[0])), key=lambda g: int(g[0][0]))
+                    p = np.concatenate([g[0] for g in got]) if got else np.empty(0, np.uint32)
+                    t = np.concatenate([g[1] for g in got]) if got else np.empty(0, np.uint16)
+                    if any(int(a[0][-1]) > int(b[0][0]) for a, b in zip(got, got[1:])):  # their ids interleave: one sort
+                        order = np.argsort(p, kind="stable")
+                        p, t = p[order], t[order]
+                    del got  # (segments of ids apart, a bulk build's: in order as they are, no sort)
                     if dirty:
                         drop = _dead_of(dead, p)
                         if drop.any():
                             p, t = p[~drop], t[~drop]
-                    order = np.argsort(p, kind="stable")
-                    v = postings.pack(p[order], t[order]) if len(p) else None
+                    v = postings.pack(p, t) if len(p) else None
                 if v is None:
                     continue
                 items.append((nk + term, v))

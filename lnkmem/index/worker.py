@@ -188,7 +188,7 @@ class Worker:
                                          msg.terms, f.tids, f.npost, f.tfs, f.lens) for f in msg.files]
                         msg.files = []  # the batch's columns held once
                         b.store.commit(Batch(files, msg.removed))
-                        b.store.release_map()
+                        b.store.let_go()
                         del files
                         self.taken = msg.done
                     elif msg.kind == END:

@@ -206,6 +206,20 @@ def _commits(st, rng, n):
             st.merge(sorted(st.snapshot.segs)[:3])
 
 
+def _opens_as(path: str, opened_as: str, source: str) -> None:
+    """The index at ``path`` opens as ``opened_as``, its snapshot from ``source`` and the
+    tables' own."""
+    from tests.test_snapshot import _same
+
+    from lnkmem.index.store import Store
+    st = Store.open(path)
+    try:
+        assert (st.opened_as, st.snapshot_from) == (opened_as, source)
+        _same(st.snapshot, st._load(check=True))
+    finally:
+        st.close()
+
+
 def test_a_clean_close_saves_the_snapshot_and_a_restart_reads_it_as_the_tables_would(tmp_path):
     import random
 
@@ -231,8 +245,6 @@ def test_a_saved_snapshot_of_an_older_close_is_never_used(tmp_path):
     import random
     import shutil
 
-    from tests.test_snapshot import _same
-
     from lnkmem.index.store import SNAP, Store
     rng = random.Random(4)
     path = str(tmp_path / "index")
@@ -244,22 +256,12 @@ def test_a_saved_snapshot_of_an_older_close_is_never_used(tmp_path):
     _commits(st, rng, 5)
     st.close()
     shutil.copy(tmp_path / "old", os.path.join(path, SNAP))  # the one before the last close
-    st = Store.open(path)
-    try:
-        assert (st.opened_as, st.snapshot_from) == ("sealed", "tables")
-        _same(st.snapshot, st._load(check=True))
-    finally:
-        st.close()
+    _opens_as(path, "sealed", "tables")
     # killed (no seal): the saved snapshot is not used either, whatever it says
     st = Store.open(path)
     _commits(st, rng, 3)
     st.env.close()  # as a killed process leaves it: no seal, no new snapshot file
-    st = Store.open(path)
-    try:
-        assert (st.opened_as, st.snapshot_from) == ("checked", "tables")
-        _same(st.snapshot, st._load(check=True))
-    finally:
-        st.close()
+    _opens_as(path, "checked", "tables")
 
 
 def test_deletions_never_leave_the_file_looking_truncated(tmp_path):
@@ -354,12 +356,7 @@ def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
     st.put_meta(b"watched", b"1")  # a transaction that never asked for the snapshot
     assert st._snapshot is None
     st.close()
-    st = Store.open(path)
-    try:
-        assert (st.opened_as, st.snapshot_from) == ("sealed", "saved")
-        _same(st.snapshot, st._load(check=True))
-    finally:
-        st.close()
+    _opens_as(path, "sealed", "saved")
 
     with open(snap, "r+b") as f:  # the stamp kept, the body broken
         head = f.readline()

@@ -74,6 +74,14 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge)
         return real(v, want)
 
     monkeypatch.setattr(postings, "lookup", counting)
+    bounded = []
+    real_tf = postings.block_tf
+
+    def counting_tf(v, want):
+        bounded.append(len(want))
+        return real_tf(v, want)
+
+    monkeypatch.setattr(postings, "block_tf", counting_tf)
     try:
         assert len(st.snapshot.segs) > 1 and not st.snapshot.alive[1:].all()  # dead passages, several segments
         pruned_some = 0
@@ -91,6 +99,7 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge)
             assert [p for p, _ in on] == [p for p, _ in off], (q, kw)
             assert all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), q
         assert pruned_some >= 20  # the lookups ran: terms were pruned, blocks looked up
+        assert len(bounded) >= 20  # and passages were bounded by their blocks' largest tf
     finally:
         st.close()
 
@@ -141,5 +150,25 @@ def test_scores_of_given_passages_are_the_words_scores(tmp_path, merge):
             dead = [p for p in some if p < len(snap.alive) and not snap.alive[p]]
             assert all(got[some.index(p)] == 0 for p in dead)
         assert not search.scores_of(st, "t0", []).size
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_one_word_ranks_its_passages_by_their_scores(tmp_path, merge):
+    """A query of one word (ranked from its postings' own scores, no score array) gives
+    the best of every passage's BM25 for it, as scores_of gives each one, best first."""
+    rng = random.Random(31 if merge else 32)
+    st = _index(str(tmp_path / "index"), rng, merge)
+    try:
+        every = np.flatnonzero(st.snapshot.alive)
+        for word in ("t0", "t3", "t40", "t120", "t399"):
+            all_scores = search.scores_of(st, word, every)
+            for limit in (1, 10, 50):
+                got = search.words(st, word, limit)[0]
+                want = np.sort(all_scores[all_scores > 0])[::-1][:limit]
+                assert len(got) == len(want), word
+                assert all(abs(s - w) <= 1e-5 * max(1.0, w) for (_, s), w in zip(got, want.tolist())), word
+                assert all(abs(all_scores[np.searchsorted(every, p)] - s) <= 1e-5 * max(1.0, s) for p, s in got)
     finally:
         st.close()

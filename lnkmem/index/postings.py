@@ -406,6 +406,24 @@ def head(v) -> tuple[int, int]:
     return n, int(np.frombuffer(v, _HDR, nb, used)["maxtf"].max())
 
 
+def block_tf(v, want: np.ndarray) -> np.ndarray:
+    """For each pid of ``want`` (ascending), the largest tf of the block of a stored value
+    that may hold it (0 past its last pid): a bound on its tf from the headers alone
+    (block-max, for pruning). ValueError when the value's lengths are broken."""
+    out = np.zeros(len(want), np.int64)
+    n, used = _read_varint(v)
+    if n <= 0 or not len(want):
+        return out
+    nb = (n + BLOCK - 1) // BLOCK
+    if len(v) < used + nb * _HS:
+        raise ValueError("a posting list has a broken length")
+    hdr = np.frombuffer(v, _HDR, nb, used)
+    blk = np.searchsorted(hdr["last"], want)
+    inside = blk < nb
+    out[inside] = hdr["maxtf"][blk[inside]]
+    return out
+
+
 def lookup(v, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(pids, tfs) of the blocks of a stored value that may hold any pid of
     ``want`` (ascending): a block's header gives its last pid, so ``want`` is

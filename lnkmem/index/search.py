@@ -30,6 +30,7 @@ K1 = 1.2  # tuned on BEIR SciFact train (docs/BENCHMARKS.md)
 B = 0.75
 CHECK_CAP = 4000  # passages whose text is checked (phrases, dates) per search, at most
 SAMPLE = 1024  # scores sampled for a floor under the last place's (top)
+FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
 PRUNE = True  # MaxScore: terms that cannot lift a passage into the top are only looked up (bench A/B)
 
 Pairs = list[tuple[int, float]]
@@ -401,6 +402,10 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
                 and snap.seg_of is not None:
             pruned = _maxscore(store, txn, snap, segs, weights, checks, scores, touched, want, sources, under, k1, b)
         else:
+            # one ranked word and nothing to filter by: its postings' scores are the
+            # candidates' own (no scatter into the score array, nothing to zero after)
+            alone = len(weights) == 1 and not checks.any and not checks.dated and not under \
+                and (sources is None or set(sources) >= set(SOURCE_CODE))
             for term, w in weights.items():
                 pids, tfs = postings(txn, segs, term)
                 tfs = tfs.astype(np.float32)
@@ -411,7 +416,11 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
                 if w != 1.0:
                     idf = idf * w
                 dl = snap.doclen[pids]
-                scores[pids] += idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
+                sc = idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
+                if alone:
+                    cand, sc = top(snap, pids.astype(np.int64), sc.astype(np.float32), want)
+                    return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
+                scores[pids] += sc
                 touched.append(pids)
     if pruned is not None:  # the candidates are those the pruning kept (filtered already)
         if not len(pruned):
@@ -551,17 +560,83 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
         theta = float(np.partition(sc, len(sc) - want)[len(sc) - want])
         if rest[i + 1] * (1 + 1e-5) >= theta:
             continue
-        # the terms left cannot lift a passage outside ``cand`` into the top ``want``
+        # the terms left cannot lift a passage outside ``cand`` into the top ``want``, nor one
+        # of ``cand`` whose score with their bounds stays below theta: first their bounds as
+        # a whole, then each passage's own (block-max: the largest tf of the block that may
+        # hold it, its own length), from the lists' headers without decoding them
+        left = terms[i + 1:]
+        cand = cand[sc + rest[i + 1] * (1 + 1e-5) >= theta]
+        bounds = [_bound(store, tm, cand, snap, k1, b) for tm in left]
+        cand, bounds = _reaching(cand, bounds, scores, theta)
+        best = np.zeros(0, np.int64)
+        if len(cand) > FIRST_LOOK * want:
+            # the best so far looked up first: their whole scores raise theta, so far fewer
+            # of the others are looked up
+            sc = scores[cand]
+            k = 2 * want
+            pick = np.zeros(len(cand), bool)
+            pick[np.argpartition(sc, len(sc) - k)[len(sc) - k:]] = True
+            best, cand, bounds = cand[pick], cand[~pick], [x[~pick] for x in bounds]
+            _add(store, left, best, contrib)
+            full = scores[best]
+            theta = max(theta, float(np.partition(full, len(full) - want)[len(full) - want]))
         inc = _scratch.inc
-        inc[cand] = True
-        _scratch.marked.append(cand)
-        for tm2 in terms[i + 1:]:
+        for r, tm2 in enumerate(left):
+            # before each term left, only those that still may reach theta are looked up in it
+            cand, bounds = _reaching(cand, bounds, scores, theta, r)
+            if r == 0:
+                inc[cand] = True  # (those dropped later stay marked: their scores are never read)
+                _scratch.marked.append(cand)
             for ps, ts in _lists_for(store, tm2, cand):
                 hit = inc[ps]
                 if hit.any():
                     contrib(tm2, ps[hit], ts[hit])
-        return cand
+        return np.concatenate((best, cand)) if len(best) else cand
     return kept(_union(touched, seen, cap))
+
+
+def _bound(store: Store, tm: "_Term", pids: np.ndarray, snap: Snapshot, k1: float, b: float) -> np.ndarray:
+    """Each of ``pids``' (ascending) largest possible score from ``tm``: its tf bounded by
+    its block's largest (a decoded list: its tf), with its own length (float32)."""
+    mt = np.zeros(len(pids), np.int64)
+    for key, v, dec in tm.lists:
+        if dec is None:
+            dec = store.decoded.get(key)
+        if dec is None:
+            np.maximum(mt, plists.block_tf(v, pids), out=mt)
+        elif len(dec[0]):
+            ps, ts = dec
+            at = np.minimum(np.searchsorted(ps, pids), len(ps) - 1)
+            np.maximum(mt, np.where(ps[at] == pids, ts[at], 0), out=mt)
+    tf = mt.astype(np.float32)
+    dl = snap.doclen[pids]
+    return np.where(mt > 0, tm.idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / snap.avgdl)), 0).astype(np.float32)
+
+
+def _reaching(cand: np.ndarray, bounds: list, scores: np.ndarray, theta: float, r: int = 0):
+    """Those of ``cand`` whose score with the bounds of the terms ``bounds[r:]`` may reach
+    theta (with room for float32's rounding), and their bounds."""
+    if not len(cand) or r >= len(bounds):
+        return cand, bounds
+    total = scores[cand] + np.sum(bounds[r:], axis=0, dtype=np.float32)
+    keep = total * (1 + 1e-5) + 1e-6 >= theta
+    if keep.all():
+        return cand, bounds
+    return cand[keep], [x[keep] for x in bounds]
+
+
+def _add(store: Store, terms: list, pids: np.ndarray, contrib) -> None:
+    """Add ``terms``' scores of ``pids`` (ascending, none marked in ``_scratch.inc``)."""
+    inc = _scratch.inc
+    inc[pids] = True
+    try:
+        for tm in terms:
+            for ps, ts in _lists_for(store, tm, pids):
+                hit = inc[ps]
+                if hit.any():
+                    contrib(tm, ps[hit], ts[hit])
+    finally:
+        inc[pids] = False
 
 
 def _lists_for(store: Store, tm: "_Term", want: np.ndarray):

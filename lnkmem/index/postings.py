@@ -302,11 +302,22 @@ _MASK = np.array([(1 << w) - 1 for w in range(33)], np.uint64)
 _J = np.arange(BLOCK, dtype=np.int64)
 
 
-def _runs(win: np.ndarray, first: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(blocks, BLOCK) values: block b's run starts at byte ``first[b]``, ``w[b]`` bits a value."""
-    bit = (first * 8)[:, None] + _J * w[:, None]
-    word = np.take(win, bit >> 3) >> (bit & 7).astype(np.uint64)  # take: a strided view's [] is 10x slower
-    return (word & _MASK[w][:, None]).astype(np.int64)
+# value j of a run w bits wide: at byte _BYTE[w, j] of the run, bit _SHIFT[w, j] of that byte
+_BYTE = (np.arange(33)[:, None] * _J) >> 3
+_SHIFT = ((np.arange(33)[:, None] * _J) & 7).astype(np.uint64)
+
+
+def _runs(win: np.ndarray, first: np.ndarray, w: np.ndarray, kind=np.int64) -> np.ndarray:
+    """(blocks, BLOCK) values (of dtype ``kind``): block b's run starts at byte ``first[b]``,
+    ``w[b]`` bits a value."""
+    w0 = int(w[0]) if len(w) else 0
+    if (w == w0).all():  # one width (most tf runs): its offsets broadcast, none gathered
+        at, shift, mask = first[:, None] + _BYTE[w0], _SHIFT[w0], _MASK[w0]
+    else:
+        at, shift, mask = first[:, None] + _BYTE[w], _SHIFT[w], _MASK[w][:, None]
+    word = np.take(win, at) >> shift  # take: a strided view's [] is 10x slower
+    word &= mask
+    return word.astype(kind)
 
 
 def _one_block(v, n: int, used: int) -> tuple[int, int, int, int, int, int]:
@@ -380,16 +391,26 @@ def _decode(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.nda
     ends = blk is None or blk[-1] == len(m) - 1  # the list's last block among them
     count = n if blk is None else len(blk) * BLOCK - (BLOCK - int(m[-1]) if ends else 0)
     win = _window(v, body)
-    d = _runs(win, go[sel], hdr["w"].astype(np.int64)[sel]) + 1
+    # full: int64, so that ids past 32 bits show (check); else u32 throughout: a sum that
+    # wraps past 2**32 comes back, since every id of a list made by pack is below it
+    kind = np.int64 if full else np.uint32
+    d = _runs(win, go[sel], hdr["w"].astype(np.int64)[sel], kind)
+    d += 1
     d[:, -1] = 0  # a block's last pid is its header's
     if ends:
         d[-1, m[-1] - 1:] = 0
-    pids = hdr["last"].astype(np.int64)[sel][:, None] - np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
-    tfs = np.minimum(_runs(win, to[sel], wt[sel]) + 1, 65535)
+    # id j of a block: its last id less the gaps from j on, i.e. its first id (the last less
+    # all its gaps) plus the gaps before j
+    pids = np.cumsum(d, axis=1, dtype=kind)
+    pids -= d
+    pids += (hdr["last"][sel].astype(kind) - pids[:, -1])[:, None]
+    tfs = _runs(win, to[sel], wt[sel], kind if full else np.uint32)
+    tfs += 1
+    np.minimum(tfs, 65535, out=tfs)
     pids, tfs = pids.ravel()[:count], tfs.ravel()[:count]
     if full:
         return pids, tfs
-    return pids.astype(np.uint32), tfs.astype(np.uint16)
+    return pids, tfs.astype(np.uint16)
 
 
 def head(v) -> tuple[int, int]:

@@ -933,14 +933,21 @@ class Store:
     MAP_RESIDENT = 32 << 20  # file-backed memory (libraries included) past which a build lets go of the map's pages
 
     def let_go(self) -> None:
-        """Give back what a build's commit leaves held: the map's pages this process has
-        touched once its file-backed memory is past :data:`MAP_RESIDENT` (each commit walks
-        the B-trees through the map: at 1.27M passages ~130 MiB of pages stayed resident),
+        """Give back what a build's commit leaves held: the map's pages (:meth:`let_go_of_map`)
         and the heap a batch freed (glibc keeps it in its arenas otherwise)."""
+        self.let_go_of_map()
+        memtrim.trim()
+
+    def let_go_of_map(self) -> None:
+        """Let go of the map's pages this process has touched once its file-backed memory is
+        past :data:`MAP_RESIDENT`. Each read of a page not mapped yet maps its cached
+        neighbours too (the kernel's fault-around, 64 KiB), so a walk through the B-trees
+        soon holds many times the pages it read: each commit of a build at 1.27M passages
+        (~130 MiB stayed resident), the people's index asking 120k file records at its end
+        (+111 MiB in 0.3 s), a merge between its steps (~70 MiB)."""
         held = memtrim.resident()
         if held is not None and held[1] > self.MAP_RESIDENT:
             _release_map(self.data)
-        memtrim.trim()
 
     def free_share(self) -> float:
         """The share of data.mdb's pages that no table uses (freed by merges and
@@ -1036,10 +1043,15 @@ class Store:
     @_guarded
     def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
         """How each of ``refs`` that the index holds was indexed (its record's kind), no
-        record kept: the people's ``index`` asks it of every file it read (at 1.27M
-        passages whole records held ~60 MiB more, and all 120k at once ~100 MiB)."""
+        record kept and the map's pages let go as it goes: the people's ``index`` asks it
+        of every file it read (at 1.27M passages whole records held ~60 MiB more, and the
+        pages their lookups mapped ~110 MiB)."""
         kinds: dict[str, str] = {}
-        out = {ref: kinds.setdefault(rec.kind, rec.kind) for ref, rec in self._records(refs, _dec_kind)}
+        out = {}
+        for i, (ref, rec) in enumerate(self._records(refs, _dec_kind)):
+            out[ref] = kinds.setdefault(rec.kind, rec.kind)
+            if i % 4096 == 4095:
+                self.let_go_of_map()
         self.let_go()
         return out
 
@@ -1534,6 +1546,8 @@ class Store:
                     continue
                 items.append((nk + term, v))
                 size += len(v) + len(term) + 4
+                if len(items) % 1024 == 0:
+                    self.let_go_of_map()  # (the read transaction stays: only the pages go)
                 if size >= self.STEP_BYTES:
                     if stop():
                         raise _Abandoned()

@@ -145,15 +145,20 @@ class _SegCodec:
         return _enc.encode(_SegStored(m.pids, m.lens, names, np.asarray(runs, "<u4").tobytes()))
 
     def decode(self, v) -> SegMeta:
+        s, runs = self.stored(v)
+        names = s.names
+        return SegMeta(s.pids, s.lens, [names[i] for i, c in enumerate(runs.tolist()) for _ in range(c)])
+
+    def stored(self, v) -> tuple[_SegStored, np.ndarray]:
+        """The stored form, checked, and its runs (u32): no list a passage."""
         s = self._dec.decode(v)
         n = len(s.pids) // 4
-        if len(s.runs) % 4 or len(s.runs) // 4 != len(s.names):
+        if len(s.runs) % 4 or len(s.runs) // 4 != len(s.names) or len(s.lens) != len(s.pids) or len(s.pids) % 4:
             raise ValueError("a segment's refs are broken")
         runs = np.frombuffer(s.runs, "<u4")
         if int(runs.sum(dtype=np.int64)) != n:  # before any list is made of them
             raise ValueError("a segment's refs do not match its passages")
-        names = s.names
-        return SegMeta(s.pids, s.lens, [names[i] for i, c in enumerate(runs.tolist()) for _ in range(c)])
+        return s, runs
 
 
 _seg_codec = _SegCodec()
@@ -1581,36 +1586,38 @@ class Store:
         dead = self._deadmask
         snap = self.snapshot
         with self.env.begin(write=True) as txn:
-            raw = [txn.get(_k(s), db=self.segments) for s in segs]
-            if any(v is None for v in raw):
+            listed = txn.cursor(db=self.segments)
+            if not all(listed.set_key(_k(s)) for s in segs):
                 return None
-            all_p, all_l, all_r, gone = [], [], [], []
-            intern: dict[str, str] = {}
-            for s, v in zip(segs, raw):
-                m = _seg_codec.decode(v)
-                p = np.frombuffer(m.pids, "<u4")
-                ln = np.frombuffer(m.lens, "<u4")
+            # each segment's record as stored (refs as runs), one at a time: no list a passage
+            all_p, all_l, names, runs, gone = [], [], [], [], []
+            for s in segs:
+                st, rn = _seg_codec.stored(txn.get(_k(s), db=self.segments))
+                p = np.frombuffer(st.pids, "<u4")
+                ln = np.frombuffer(st.lens, "<u4")
+                nm = st.names
                 d = _dead_of(dead, p)
-                refs = [intern.setdefault(r, r) for r in m.refs]
                 if d.any():
-                    keep = np.flatnonzero(~d)
-                    all_p.append(p[keep])
-                    all_l.append(ln[keep])
-                    all_r.extend(refs[i] for i in keep.tolist())
+                    left = np.bincount(np.repeat(np.arange(len(rn)), rn)[~d], minlength=len(rn))
+                    nm = [x for x, k in zip(nm, (left > 0).tolist()) if k]
+                    rn = left[left > 0]
                     for q in p[d].tolist():
                         txn.delete(_k(q), db=self.dead)
                         txn.delete(_k(q), db=self.vectors)
                         txn.delete(_k(q), db=self.vec_pending)
                     gone.append(p[d])
-                else:
-                    all_p.append(p)
-                    all_l.append(ln)
-                    all_r.extend(refs)
+                    p, ln = p[~d], ln[~d]
+                all_p.append(p)
+                all_l.append(ln)
+                names.extend(nm)
+                runs.append(rn)
                 txn.delete(_k(s), db=self.segments)
             kept = np.concatenate(all_p).astype(np.int64) if all_p else np.empty(0, np.int64)
             if len(kept):
-                meta = SegMeta(kept.astype("<u4").tobytes(), np.concatenate(all_l).astype("<u4").tobytes(), all_r)
-                txn.put(_k(new), _seg_codec.encode(meta), db=self.segments)
+                txn.put(_k(new), _enc.encode(_SegStored(
+                    kept.astype("<u4").tobytes(), np.concatenate(all_l).astype("<u4").tobytes(), names,
+                    np.concatenate(runs).astype("<u4").tobytes())), db=self.segments)
+            del all_p, all_l, names, runs
             txn.delete(_MERGING + _k(new), db=self.meta)
             was = int(txn.get(b"gen", db=self.meta))
             gen = was + 1

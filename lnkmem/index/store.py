@@ -1593,6 +1593,7 @@ class Store:
             all_p, all_l, names, runs, gone = [], [], [], [], []
             for s in segs:
                 st, rn = _seg_codec.stored(txn.get(_k(s), db=self.segments))
+                self.let_go_of_map()  # (a record of the final merge's segments: overflow pages, ~16 MB)
                 p = np.frombuffer(st.pids, "<u4")
                 ln = np.frombuffer(st.lens, "<u4")
                 nm = st.names
@@ -1724,11 +1725,7 @@ class Store:
             self._merger_wake.set()
             return False
         merged = False
-        if not self._swept and self._merge_lock.acquire(blocking=False):
-            try:
-                self._sweep()  # what a merge killed before this open left, even when nothing is to merge
-            finally:
-                self._merge_lock.release()
+        self.sweep_once()
         while True:
             if self._merge_lock.locked():
                 return merged  # a merge under way (another thread's): never wait behind it
@@ -1736,6 +1733,14 @@ class Store:
             if not plan or not self.merge(plan):
                 return merged
             merged = True
+
+    def sweep_once(self) -> None:
+        """What a merge killed before this open left, swept once (never behind a merge under way)."""
+        if not self._swept and self._merge_lock.acquire(blocking=False):
+            try:
+                self._sweep()
+            finally:
+                self._merge_lock.release()
 
     def start_merger(self) -> None:
         """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it."""

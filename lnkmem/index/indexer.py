@@ -287,7 +287,8 @@ class _Build:
 
     def commit(self) -> None:
         self.store.commit(self.batch)
-        self.store.let_go()
+        if self.size >= BATCH_BYTES // 4 or len(self.batch.files) >= BATCH_FILES // 4:
+            self.store.let_go()  # a bulk build's: a change of a few files keeps its pages (searches reread them)
         self.batch, self.size, self.vocab = Batch(), 0, _Vocab()
 
     def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:

@@ -61,27 +61,26 @@ def _both(st: Store, q: str, limit: int, **kw):
     return out
 
 
+def _counting(monkeypatch, name: str) -> list:
+    """postings.<name>(v, want) as it is, each call's number of passages asked noted."""
+    calls: list = []
+    real = getattr(postings, name)
+
+    def counting(v, want):
+        calls.append(len(want))
+        return real(v, want)
+
+    monkeypatch.setattr(postings, name, counting)
+    return calls
+
+
 @pytest.mark.parametrize("merge", [False, True])
 def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge):
     rng = random.Random(11 if merge else 12)
     st = _index(str(tmp_path / "index"), rng, merge)
     st.decoded.CACHE_BYTES = 0  # every list read from its bytes: the block lookups run
-    looked = []
-    real = postings.lookup
-
-    def counting(v, want):
-        looked.append(len(want))
-        return real(v, want)
-
-    monkeypatch.setattr(postings, "lookup", counting)
-    bounded = []
-    real_tf = postings.block_tf
-
-    def counting_tf(v, want):
-        bounded.append(len(want))
-        return real_tf(v, want)
-
-    monkeypatch.setattr(postings, "block_tf", counting_tf)
+    looked = _counting(monkeypatch, "lookup")
+    bounded = _counting(monkeypatch, "block_tf")
     try:
         assert len(st.snapshot.segs) > 1 and not st.snapshot.alive[1:].all()  # dead passages, several segments
         pruned_some = 0

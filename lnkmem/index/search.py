@@ -298,6 +298,13 @@ def _newest(store: Store, snap: Snapshot, checks: Checks, want: int, sources, un
     return checks.filter(store, [(int(p), 0.0) for p in cand], want)
 
 
+def _tf_score(idf, tf, dl, avgdl: float, k1: float, b: float):
+    """BM25's score of a term (its ``idf``) in passages with ``tf`` and length ``dl``: one
+    expression for scoring, bounding and the bounds per passage, so a bound is never below
+    the score it bounds by a rounding."""
+    return idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+
+
 class _Scratch(threading.local):
     """A thread's arrays over passage ids, kept between its searches: a search's
     cost is its postings', not the index's size (zeroing a score per passage of a
@@ -416,7 +423,7 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
                 if w != 1.0:
                     idf = idf * w
                 dl = snap.doclen[pids]
-                sc = idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
+                sc = _tf_score(idf, tfs, dl, avgdl, k1, b)
                 if alone:
                     cand, sc = top(snap, pids.astype(np.int64), sc.astype(np.float32), want)
                     return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
@@ -497,7 +504,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
                 tm.lists.append((key, None, (ps, ts)))
         if tm.df:
             tm.idf = float(np.log1p((snap.live - tm.df + 0.5) / (tm.df + 0.5))) * w
-            tm.ub = tm.idf * tm.maxtf * (k1 + 1) / (tm.maxtf + k1 * (1 - b + b * mindl / avgdl))
+            tm.ub = _tf_score(tm.idf, tm.maxtf, mindl, avgdl, k1, b)
             terms.append(tm)
     return terms
 
@@ -532,7 +539,7 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
     def contrib(tm: _Term, pids: np.ndarray, tfs: np.ndarray) -> None:
         tfs = tfs.astype(np.float32)
         dl = snap.doclen[pids]
-        scores[pids] += tm.idf * tfs * (k1 + 1) / (tfs + k1 * (1 - b + b * dl / avgdl))
+        scores[pids] += _tf_score(tm.idf, tfs, dl, avgdl, k1, b)
 
     for i, tm in enumerate(terms):
         pids, tfs = [], []
@@ -587,10 +594,7 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
             if r == 0:
                 inc[cand] = True  # (those dropped later stay marked: their scores are never read)
                 _scratch.marked.append(cand)
-            for ps, ts in _lists_for(store, tm2, cand):
-                hit = inc[ps]
-                if hit.any():
-                    contrib(tm2, ps[hit], ts[hit])
+            _add_marked(store, tm2, cand, contrib)
         return np.concatenate((best, cand)) if len(best) else cand
     return kept(_union(touched, seen, cap))
 
@@ -610,7 +614,7 @@ def _bound(store: Store, tm: "_Term", pids: np.ndarray, snap: Snapshot, k1: floa
             np.maximum(mt, np.where(ps[at] == pids, ts[at], 0), out=mt)
     tf = mt.astype(np.float32)
     dl = snap.doclen[pids]
-    return np.where(mt > 0, tm.idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / snap.avgdl)), 0).astype(np.float32)
+    return np.where(mt > 0, _tf_score(tm.idf, tf, dl, snap.avgdl, k1, b), 0).astype(np.float32)
 
 
 def _reaching(cand: np.ndarray, bounds: list, scores: np.ndarray, theta: float, r: int = 0):
@@ -631,12 +635,19 @@ def _add(store: Store, terms: list, pids: np.ndarray, contrib) -> None:
     inc[pids] = True
     try:
         for tm in terms:
-            for ps, ts in _lists_for(store, tm, pids):
-                hit = inc[ps]
-                if hit.any():
-                    contrib(tm, ps[hit], ts[hit])
+            _add_marked(store, tm, pids, contrib)
     finally:
         inc[pids] = False
+
+
+def _add_marked(store: Store, tm: "_Term", pids: np.ndarray, contrib) -> None:
+    """Add ``tm``'s scores of the passages marked in ``_scratch.inc``, its lists looked up for
+    ``pids`` (ascending, those marked among them)."""
+    inc = _scratch.inc
+    for ps, ts in _lists_for(store, tm, pids):
+        hit = inc[ps]
+        if hit.any():
+            contrib(tm, ps[hit], ts[hit])
 
 
 def _lists_for(store: Store, tm: "_Term", want: np.ndarray):
@@ -686,7 +697,7 @@ def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1
                     continue
                 ps, ts, at = ps[hit], ts[hit].astype(np.float32), at[hit]
                 dl = snap.doclen[ps]
-                acc[at] += tm.idf * ts * (k1 + 1) / (ts + k1 * (1 - b + b * dl / avgdl))
+                acc[at] += _tf_score(tm.idf, ts, dl, avgdl, k1, b)
     out[ok] = acc[np.searchsorted(want, pids[ok])]
     return out
 

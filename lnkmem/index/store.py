@@ -142,7 +142,11 @@ class _SegCodec:
             else:
                 names.append(r)
                 runs.append(1)
-        return _enc.encode(_SegStored(m.pids, m.lens, names, np.asarray(runs, "<u4").tobytes()))
+        return self.encode_runs(m.pids, m.lens, names, np.asarray(runs))
+
+    def encode_runs(self, pids: bytes, lens: bytes, names: list[str], runs: np.ndarray) -> bytes:
+        """Stored bytes of a segment whose refs are given as runs (``names[i]``, ``runs[i]`` times)."""
+        return _enc.encode(_SegStored(pids, lens, names, runs.astype("<u4").tobytes()))
 
     def decode(self, v) -> SegMeta:
         s, runs = self.stored(v)
@@ -945,23 +949,24 @@ class Store:
         and, once the anonymous memory has grown by :data:`TRIM_STEP` since the last time, the
         heap freed (glibc keeps it in its arenas otherwise). Not after every commit: each trim
         hands back pages the next batch faults in again (a 1x build 5-10 % slower)."""
-        self.let_go_of_map()
-        held = memtrim.resident()
+        held = self.let_go_of_map()  # (letting go of the map leaves the anonymous memory as it was)
         if held is None or held[0] > self._trimmed_at + self.TRIM_STEP:
             memtrim.trim()
             after = memtrim.resident()
             self._trimmed_at = after[0] if after is not None else 0
 
-    def let_go_of_map(self) -> None:
+    def let_go_of_map(self) -> Optional[tuple[int, int]]:
         """Let go of the map's pages this process has touched once its file-backed memory is
         past :data:`MAP_RESIDENT`. Each read of a page not mapped yet maps its cached
         neighbours too (the kernel's fault-around, 64 KiB), so a walk through the B-trees
         soon holds many times the pages it read: each commit of a build at 1.27M passages
         (~130 MiB stayed resident), the people's index asking 120k file records at its end
-        (+111 MiB in 0.3 s), a merge between its steps (~70 MiB)."""
+        (+111 MiB in 0.3 s), a merge between its steps (~70 MiB). Returns the resident
+        memory read before (:func:`memtrim.resident`)."""
         held = memtrim.resident()
         if held is not None and held[1] > self.MAP_RESIDENT:
             _release_map(self.data)
+        return held
 
     def free_share(self) -> float:
         """The share of data.mdb's pages that no table uses (freed by merges and
@@ -1624,9 +1629,8 @@ class Store:
                 txn.delete(_k(s), db=self.segments)
             kept = np.concatenate(all_p).astype(np.int64) if all_p else np.empty(0, np.int64)
             if len(kept):
-                txn.put(_k(new), _enc.encode(_SegStored(
-                    kept.astype("<u4").tobytes(), np.concatenate(all_l).astype("<u4").tobytes(), names,
-                    np.concatenate(runs).astype("<u4").tobytes())), db=self.segments)
+                txn.put(_k(new), _seg_codec.encode_runs(kept.astype("<u4").tobytes(), np.concatenate(all_l).astype(
+                    "<u4").tobytes(), names, np.concatenate(runs)), db=self.segments)
             del all_p, all_l, names, runs
             txn.delete(_MERGING + _k(new), db=self.meta)
             was = int(txn.get(b"gen", db=self.meta))

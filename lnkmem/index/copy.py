@@ -447,6 +447,7 @@ def load(store: Store, v: Verified, version: str) -> dict:
     """Replace the whole cache with this verified copy version in one write transaction."""
     import lmdb
     with store.write_lock:
+        store.forget_listed()  # (the lock is reentrant) every file replaced
         while True:
             try:
                 seg_map = _load_txn(store, v, version)

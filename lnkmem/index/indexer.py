@@ -8,6 +8,8 @@ process killed half-way keeps every batch committed before it.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import time
@@ -15,6 +17,8 @@ from array import array
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
+
+import msgspec
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
 from lnkmem.index import analyze, chats, documents, worker
@@ -42,10 +46,22 @@ class Plan:
     removed: list[str] = field(default_factory=list)
     listed: int = 0
     skipped: int = 0
+    # each source listed whole: the digest of its listing (noted in the index once a
+    # build has made the index match it exactly, so a restart that lists the same
+    # compares no file; see Store.note_listed)
+    digests: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
         return len(self.todo) + len(self.removed)
+
+
+def listing_digest(entries: list[Entry], converting: bool) -> bytes:
+    """What a whole listing says (every path, size and version, in the order listed),
+    and whether documents are converted: equal digests, equal listings."""
+    h = hashlib.blake2b(msgspec.msgpack.encode(entries), digest_size=16)
+    h.update(b"documents converted" if converting else b"documents by name")
+    return h.digest()
 
 
 def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
@@ -74,6 +90,13 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
             continue
         p.skipped += getattr(place, "skipped", 0)
         p.listed += len(entries)
+        converting = source != "chats" and documents.converter() is not None
+        if not sub:
+            p.digests[source] = digest = listing_digest(entries, converting)
+            if store.listed(source) == digest:  # the index matched this very listing, nothing committed since
+                logging.getLogger("lnkmem").info("%s: %d files listed as the index last matched them; none compared",
+                                                 source, len(entries))
+                continue
         prefix = ref_of(source, sub)
         # what the index holds there: below the prefix, and the prefix itself (a file, or the
         # notes: one file named by its source), never its siblings ("home/a.md" vs "home/a.md2")
@@ -84,7 +107,7 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
         # §3.3 rev. 2: documents indexed by name while lnk-documents was missing are
         # converted once it is installed (not those it failed on: they stay "name-failed")
         unconverted = set()
-        if source != "chats" and documents.converter() is not None:
+        if converting:
             unconverted = {r for r in store.refs_of_kind(prefix, "name") if documents.is_document(r)}
         todo = p.todo
         head = source + "/"
@@ -265,6 +288,11 @@ def index_file(source: str, entry: Entry, place, tmpdir: str, vocab: Optional[_V
                    vocab.names, tids, npost, tfs, lens)
 
 
+def as_listed(nf: NewFile, entry: Entry) -> bool:
+    """Whether a file was indexed as its listing said (not changed between the two)."""
+    return nf.version == entry.version and nf.size == entry.size
+
+
 ProgressFn = Callable[[int, int], None]
 
 
@@ -279,6 +307,7 @@ class _Build:
         self.size = 0
         self.vocab = _Vocab()
         self.last_report = 0.0
+        self.inexact = 0  # files not indexed as listed (unreadable, gone, or changed since)
 
     def report(self, force: bool = False) -> None:
         if self.progress and (force or time.monotonic() - self.last_report > 0.1):
@@ -294,6 +323,8 @@ class _Build:
     def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:
         """Index one file into the batch; the batch committed when full."""
         nf = index_file(source, entry, places[source], tmpdir, self.vocab)
+        if nf is None or not as_listed(nf, entry):
+            self.inexact += 1
         if nf is None:
             self.batch.removed.append(ref_of(source, entry.path))
         else:
@@ -330,12 +361,16 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
         if w is not None:
             todo = [x for x in todo if not worker.forkable(places[x[0]])]
     try:
-        if b.run(todo, places, tmpdir, should_stop) and w is not None:
-            w.share_with(b, places, tmpdir, should_stop)
+        whole = b.run(todo, places, tmpdir, should_stop)
+        if whole and w is not None:
+            whole = w.share_with(b, places, tmpdir, should_stop)
     finally:
         if w is not None:
             w.close()
     b.commit()
+    if whole and not b.inexact:  # the index is now each whole listing, file for file
+        for source, digest in the_plan.digests.items():
+            store.note_listed(source, digest)
     if the_plan.total:
         store.maybe_merge()  # once, at the end: merging during a bulk build rewrites the same postings again and again
     else:  # nothing changed, nothing to merge (a restart never reads the snapshot); a killed merge's leftovers go

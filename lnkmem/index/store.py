@@ -32,6 +32,7 @@ where a search holding it can see, so searches read a consistent snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -71,6 +72,12 @@ class Passage(msgspec.Struct, array_like=True, omit_defaults=True):
     thread: Optional[str] = None
     role: Optional[str] = None
     at: Optional[str] = None
+
+
+class _Listed(msgspec.Struct):
+    """The file LISTED: the stamp it is valid beside, and per source a listing's digest (hex)."""
+    stamp: str
+    listed: dict[str, str]
 
 
 class SegMeta(msgspec.Struct, array_like=True):
@@ -282,6 +289,7 @@ def deep_check(path: str) -> None:
 
 SEAL = "sealed"  # beside data.mdb: its size, mtime, inode and last transaction when it was last closed whole
 SNAP = "snapshot"  # beside it: the snapshot at that close, after the same stamp (used only when both agree)
+LISTED = "listed"  # beside it: the stamp, and per source the digest of the listing the index matched at that close
 
 
 COMPACT_FREE = 0.2  # close(compact=True) rewrites data.mdb when more of it than this is free pages
@@ -654,6 +662,7 @@ class Store:
         if os.path.isdir(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
             shutil.rmtree(os.path.join(self.path, COMPACTING), ignore_errors=True)
         self._sealed = sealed
+        self._listed = self._saved_listed(sealed) if self.opened_as == "sealed" else {}
         if self.opened_as == "sealed" and self._saved_matches(sealed):
             return  # its snapshot is read when first asked for (a restart that changes nothing never does)
         self.snapshot = self._load(check=self.opened_as != "sealed")
@@ -887,6 +896,47 @@ class Store:
                     self.snapshot = self._load()
         return self.snapshot
 
+    # --- the listings the index matches ----------------------------------
+
+    def listed(self, source: str) -> Optional[bytes]:
+        """The digest of the listing of ``source`` (indexer.listing_digest) that the index
+        matched file for file when it was noted, no file committed since: a listing
+        with this digest needs no file compared (a restart on an unchanged tree)."""
+        return self._listed.get(source)
+
+    def note_listed(self, source: str, digest: bytes) -> None:
+        """The index now holds exactly what this listing of ``source`` lists (a build
+        that read every file of it as listed); kept at a clean close."""
+        with self.write_lock:
+            self._listed[source] = digest
+
+    def forget_listed(self) -> None:
+        """Files were written: no listing noted before is known to match any more."""
+        with self.write_lock:
+            self._listed = {}
+
+    def _saved_listed(self, sealed: Optional[str]) -> dict[str, bytes]:
+        """The listings noted at the last clean close, when it was of the index as sealed."""
+        try:
+            with open(os.path.join(self.path, LISTED), "rb") as f:
+                saved = msgspec.json.decode(f.read(), type=_Listed)
+            if sealed is None or saved.stamp != sealed:
+                return {}
+            return {k: bytes.fromhex(v) for k, v in saved.listed.items()}
+        except (OSError, ValueError, msgspec.DecodeError):
+            return {}
+
+    def _save_listed(self, stamp: str) -> None:
+        where = os.path.join(self.path, LISTED)
+        if not self._listed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(where)
+            return
+        tmp = where + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(msgspec.json.encode(_Listed(stamp, {k: v.hex() for k, v in self._listed.items()})))
+        os.replace(tmp, where)
+
     def _saved_matches(self, sealed: Optional[str]) -> bool:
         """Whether the saved snapshot's first line is the stamp ``sealed`` (its body is read,
         and checked, when the snapshot is first asked for)."""
@@ -1015,6 +1065,7 @@ class Store:
                         with open(tmp, "wb") as f:
                             f.write(stamp.encode() + b"\n" + saved)
                         os.replace(tmp, os.path.join(self.path, SNAP))
+                    self._save_listed(stamp)  # valid only beside a seal of the same stamp
                     tmp = os.path.join(self.path, SEAL + ".tmp")
                     with open(tmp, "w") as f:
                         f.write(stamp)
@@ -1147,6 +1198,7 @@ class Store:
         if not batch:
             return
         with self.write_lock:
+            self._listed = {}
             while True:
                 try:
                     allocated, delta = self._commit(batch)
@@ -1937,7 +1989,7 @@ def _vector_rows(pids: list[int], rows: list[bytes], dim: int) -> tuple[np.ndarr
 
 def wipe(path: str) -> None:
     """Remove an index environment (only its own files)."""
-    for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp", SNAP, SNAP + ".tmp"):
+    for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp", SNAP, SNAP + ".tmp", LISTED, LISTED + ".tmp"):
         try:
             os.unlink(os.path.join(path, name))
         except FileNotFoundError:

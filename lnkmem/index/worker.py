@@ -68,6 +68,7 @@ class _Msg(msgspec.Struct, array_like=True):
     removed: list[str] = []
     files: list[_File] = []
     error: str = ""
+    inexact: int = 0  # of the entries gone through since the last batch: not indexed as listed
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -190,6 +191,7 @@ class Worker:
                         b.store.commit(Batch(files, msg.removed))
                         b.store.let_go()
                         del files
+                        b.inexact += msg.inexact
                         self.taken = msg.done
                     elif msg.kind == END:
                         self.taken = msg.done
@@ -308,7 +310,7 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
         vocab = indexer._Vocab()
         files: list[_File] = []
         removed: list[str] = []
-        size = 0
+        size = inexact = 0
         last = time.monotonic()
         for i, (source, entry) in enumerate(items):
             head.value = i + 1  # taken; then: had the parent taken it first?
@@ -316,6 +318,8 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
                 break
             nf = indexer.index_file(source, entry, places[source], tmpdir, vocab)
             done = i + 1
+            if nf is None or not indexer.as_listed(nf, entry):
+                inexact += 1
             if nf is None:
                 removed.append(indexer.ref_of(source, entry.path))
             else:
@@ -323,14 +327,14 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
                                    nf.tids.tobytes(), nf.npost.tobytes(), nf.tfs.tobytes(), nf.lens.tobytes()))
                 size += nf.size
             if size >= indexer.BATCH_BYTES or len(files) >= indexer.BATCH_FILES:
-                _send(w, _Msg(BATCH, done, vocab.names, removed, files))
-                vocab, files, removed, size = indexer._Vocab(), [], [], 0
+                _send(w, _Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
+                vocab, files, removed, size, inexact = indexer._Vocab(), [], [], 0, 0
                 last = time.monotonic()
             elif time.monotonic() - last > 0.1:
                 _send(w, _Msg(PROGRESS, done))
                 last = time.monotonic()
         if files or removed:
-            _send(w, _Msg(BATCH, done, vocab.names, removed, files))
+            _send(w, _Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
         _send(w, _Msg(END, done))
     except BrokenPipeError:
         raise

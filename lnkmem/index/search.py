@@ -302,7 +302,8 @@ def _tf_score(idf, tf, dl, avgdl: float, k1: float, b: float):
     """BM25's score of a term (its ``idf``) in passages with ``tf`` and length ``dl``: one
     expression for scoring, bounding and the bounds per passage, so a bound is never below
     the score it bounds by a rounding."""
-    return idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+    # (folded so that an array goes through five operations, not eight)
+    return idf * (k1 + 1) * tf / (tf + (k1 * (1 - b) + k1 * b / avgdl * dl))
 
 
 class _Scratch(threading.local):
@@ -364,6 +365,44 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
     return out
 
 
+def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str) -> tuple[np.ndarray, np.ndarray]:
+    """(pids as intp, tfs) of ``term``'s live postings in ``snap``: a segment's list is only
+    checked against the live passages where the segment holds a dead one (a merged or
+    fresh index has none: its lists as decoded), and against the snapshot's end where
+    the segment is newer than the snapshot."""
+    t = term.encode()
+    cap = len(snap.alive)
+    known = snap.segs if snap.segs is not None and snap.seg_of is not None else None
+    dirty = _facts(snap)[1] if known is not None else None
+    pids, tfs = [], []
+    for sk in segs:
+        got = store.decoded.get(sk + t)
+        if got is None:
+            v = txn.get(sk + t, db=store.postings)
+            if v is None:
+                continue
+            got = store.decoded.put(sk + t, plists.unpack(v))
+        ps, ts = got
+        if not len(ps):
+            continue
+        ps = ps.astype(np.intp)  # (once: every gather by them would convert them again)
+        seg = int.from_bytes(sk, "big")
+        if known is None or seg not in known or seg in dirty:
+            inside = ps < cap
+            if not inside.all():
+                ps, ts = ps[inside], ts[inside]
+            live = snap.alive[ps]
+            if not live.all():
+                ps, ts = ps[live], ts[live]
+        pids.append(ps)
+        tfs.append(ts)
+    if not pids:
+        return np.empty(0, np.intp), np.empty(0, np.uint16)
+    if len(pids) == 1:
+        return pids[0], tfs[0]
+    return np.concatenate(pids), np.concatenate(tfs)
+
+
 def _words(store: Store, query, limit: int, sources, under, k1: float, b: float, candidates, after, before):
     q = qlang.parse(query) if isinstance(query, str) else query
     checks = Checks(q, after, before)
@@ -378,14 +417,7 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
     touched = _scratch.touched
 
     def postings(txn, segs, term):
-        pids, tfs = store.postings_of(txn, term, segs)
-        if not len(pids):
-            return pids, tfs
-        inside = pids < cap
-        if not inside.all():
-            pids, tfs = pids[inside], tfs[inside]
-        live = snap.alive[pids]
-        return pids[live], tfs[live]
+        return _live_postings(store, txn, snap, segs, term)
 
     with store.env.begin() as txn:
         segs = store.segment_keys(txn)
@@ -419,13 +451,11 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
                 df = len(pids)
                 if df == 0:
                     continue
-                idf = np.log1p((snap.live - df + 0.5) / (df + 0.5))
-                if w != 1.0:
-                    idf = idf * w
+                idf = float(np.log1p((snap.live - df + 0.5) / (df + 0.5))) * w
                 dl = snap.doclen[pids]
                 sc = _tf_score(idf, tfs, dl, avgdl, k1, b)
                 if alone:
-                    cand, sc = top(snap, pids.astype(np.int64), sc.astype(np.float32), want)
+                    cand, sc = top(snap, pids, sc, want)
                     return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
                 scores[pids] += sc
                 touched.append(pids)
@@ -551,6 +581,7 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
             pids.append(ps)
             tfs.append(ts)
         p = np.concatenate(pids) if len(pids) > 1 else pids[0]
+        p = p.astype(np.intp)  # once: the gather, the scatter and the marks below would each convert it
         t = np.concatenate(tfs) if len(tfs) > 1 else tfs[0]
         contrib(tm, p, t)
         seen[p] = True

@@ -1156,12 +1156,9 @@ class Store:
         t = term.encode()
         pids, tfs = [], []
         for sk in segs if segs is not None else self.segment_keys(txn):
-            got = self.decoded.get(sk + t)
+            got = self.decoded_list(txn, sk + t)
             if got is None:
-                v = txn.get(sk + t, db=self.postings)
-                if v is None:
-                    continue
-                got = self.decoded.put(sk + t, postings.unpack(v))
+                continue
             ps, ts = got
             pids.append(ps)
             tfs.append(ts)
@@ -1170,6 +1167,17 @@ class Store:
         if len(pids) == 1:
             return pids[0], tfs[0]
         return np.concatenate(pids), np.concatenate(tfs)
+
+    def decoded_list(self, txn, key: bytes) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(pids, tfs) of one segment's list of a term (segment key + term), decoded once and
+        kept in :attr:`decoded`; None when the segment has no such list."""
+        got = self.decoded.get(key)
+        if got is None:
+            v = txn.get(key, db=self.postings)
+            if v is None:
+                return None
+            got = self.decoded.put(key, postings.unpack(v))
+        return got
 
     def segment_postings(self, txn, seg: bytes):
         """(term bytes, posting bytes) of one segment, in term order."""

@@ -36,6 +36,7 @@ QUERY_CACHE = 256
 EMBED_BATCH = 256
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
 BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
+IDLE_LET_GO_S = 2.0  # no change for this long: the map's pages that searches touched are let go
 PATH_ITEM = "\0path/"  # a queued `changed` path as Link names it, resolved on the index thread
 POLL_S = 1.0  # local sources looked at this often when they cannot be watched
 REWATCH_S = 30.0  # and watching tried again after this long
@@ -279,7 +280,13 @@ class Memory:
             self.ready.set()
             self._embed_wake.set()
             while not self._stop.is_set():
-                ref, done = self._queue.get()
+                try:
+                    ref, done = self._queue.get(timeout=IDLE_LET_GO_S)
+                except queue.Empty:
+                    # quiet: the pages searches mapped (the kernel maps 64 KiB of neighbours
+                    # with each one read) go back, so a serve at rest holds what it needs
+                    self.store.let_go_of_map()
+                    continue
                 if self._stop.is_set():
                     break
                 refs = {ref}
@@ -438,6 +445,7 @@ class Memory:
         if plan.total:
             indexer.build(self.store, self.places, plan, self.tmpdir)
             self._trim_if_grown(force=plan.total > 50)
+            self.store.let_go_of_map()  # serve's memory does not grow with each change (issue 12)
 
     _anon_floor = 0  # bytes of anonymous memory held after the last trim
 

@@ -691,7 +691,10 @@ def bench_scale(out: str, scale: float, seed: int, tantivy_version: Optional[str
     log(f"  {wall:.1f}s, peak RSS {peak / 1024:.0f} MiB, {o['disk'] / MB:.1f} MB on disk")
     wall, rc, _, err, _ = timed_index_run(argv, env)
     o.update(restart_s=wall, restart_reread=files_reread(err))
-    log(f"  restart {wall:.2f}s ({o['restart_reread']} files re-read)")
+    # at once again: on this VM the page cache is dropped within minutes and a build evicts
+    # the tree's metadata, so the first restart after a build mostly reads inodes from disk
+    o["restart_warm_s"] = timed_index_run(argv, env)[0]
+    log(f"  restart {wall:.2f}s ({o['restart_reread']} files re-read), again at once {o['restart_warm_s']:.2f}s")
 
     npass, text_bytes, of_ref, fno = export_passages(state, os.path.join(work, "passages.jsonl"))
     r.update(passages=npass, text_bytes=text_bytes)
@@ -772,6 +775,7 @@ def bench_scale(out: str, scale: float, seed: int, tantivy_version: Optional[str
         log(f"  {e['build_s']:.1f}s, peak RSS {peak / 1024:.0f} MiB, {e['disk'] / MB:.1f} MB on disk")
         wall, _, ans, _ = run_child(worker(f"{name}-query", queries=queries, restart=True, **{key: where}))
         e["restart_s"] = wall
+        e["restart_warm_s"] = run_child(worker(f"{name}-query", queries=queries, restart=True, **{key: where}))[0]
         log(f"[{scale:g}] {name}: queries, then {len(tasks)} updates ...")
         _, peak, ans, _ = run_child(worker(f"{name}-query", queries=queries, updates=tasks, **{key: where}))
         e.update(passes=ans["passes"], updates=ans["updates"], query_rss_kib=peak, tops=ans["tops"])
@@ -842,6 +846,8 @@ def table(r: dict) -> str:
             return e["query_rss_kib"] / 1024
         if what == "restart":
             return e["restart_s"]
+        if what == "restart_warm":
+            return e.get("restart_warm_s")
         return None
 
     rows = [("Build, s", "build_s", "{:.1f}"), ("Build CPU (user + sys), s", "build_cpu", "{:.1f}"), ("Build throughput, MB/s of text", "mbps", "{:.2f}"),
@@ -850,7 +856,8 @@ def table(r: dict) -> str:
             ("One-file update searchable, worst ms", "updmax", "{:.1f}"),
             ("Query p50, in-process, ms", "q50", "{:.2f}"), ("Query p99, in-process, ms", "q99", "{:.2f}"),
             ("Peak RSS, queries + updates process, MiB", "query_rss", "{:.0f}"),
-            ("Restart (a new process, first answer), s", "restart", "{:.2f}")]
+            ("Restart (a new process, first answer), s", "restart", "{:.2f}"),
+            ("Restart again at once (caches warm), s", "restart_warm", "{:.2f}")]
     head = "| Figure | ours | " + " | ".join({"fts5": "FTS5", "tantivy": "tantivy"}[n] for n in names)
     head += " | " + " | ".join(f"ours ÷ {'FTS5' if n == 'fts5' else 'tantivy'}" for n in names) + " |"
     lines = [head, "|---" * (2 + 2 * len(names)) + "|"]
@@ -921,8 +928,11 @@ NOTE = ("Each engine runs in its own subprocess, one at a time: ours' build is `
         "which after vfork + exec starts at the bench process's own peak). A one-file update: ours appends a sentence with a new word to a Home file and times, in one "
         "process, from the write through `indexer.plan`/`build` (a new segment, the snapshot, any merge) until "
         "`bm25` finds it; the references delete that file's passages and add the passages ours made of it, "
-        "commit, and search the word. Restart: ours runs `index` again on the unchanged tree (listing it and "
-        "comparing versions); the references open the index in a new process and answer one query. Over MCP, "
+        "commit, and search the word. Restart: ours runs `index` again on the unchanged tree (listing it; "
+        "comparing versions only where a source's listing differs from the one the index last matched); the "
+        "references open the index in a new process and answer one query; each once right after its build "
+        "and once more at once (this VM drops its page cache within minutes, and ours' build evicts the "
+        "tree's metadata, so its first restart mostly reads inodes from disk). Over MCP, "
         "a changed file is timed from the write until `search` (polled every 5 ms) lists it: the watcher's "
         "100 ms debounce is part of it. On this "
         "small shared VM (2 cores, other work running) every figure moves by ±30% or more from run to run, wall "

@@ -22,7 +22,7 @@ import numpy as np
 
 from lnkmem.index import postings as plists
 from lnkmem.index import query as qlang
-from lnkmem.index.store import SOURCE_CODE, Passage, Snapshot, Store
+from lnkmem.index.store import SOURCE_CODE, Passage, Snapshot, Store, joined
 
 _CHATS = SOURCE_CODE["chats"]
 
@@ -399,11 +399,7 @@ def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: s
                 ps, ts = ps[live], ts[live]
         pids.append(ps)
         tfs.append(ts)
-    if not pids:
-        return np.empty(0, np.intp), np.empty(0, np.uint16)
-    if len(pids) == 1:
-        return pids[0], tfs[0]
-    return np.concatenate(pids), np.concatenate(tfs)
+    return joined(pids, tfs, np.intp)
 
 
 def _words(store: Store, query, limit: int, sources, under, k1: float, b: float, candidates, after, before):

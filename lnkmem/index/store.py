@@ -388,6 +388,15 @@ def _copy_packed(src: str, dst: str) -> None:
         senv.close()
 
 
+def joined(pids: list, tfs: list, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One term's (pids, tfs) from its segments' lists (pids of ``dtype`` when none)."""
+    if not pids:
+        return np.empty(0, dtype), np.empty(0, np.uint16)
+    if len(pids) == 1:
+        return pids[0], tfs[0]
+    return np.concatenate(pids), np.concatenate(tfs)
+
+
 def _stamp(data: str, txnid: Optional[int]) -> str:
     """What the seal says of ``data``: a file changed in any of these since (a write,
     a copy, a restore, a transaction by a process that did not close) is checked whole."""
@@ -1162,11 +1171,7 @@ class Store:
             ps, ts = got
             pids.append(ps)
             tfs.append(ts)
-        if not pids:
-            return np.empty(0, np.uint32), np.empty(0, np.uint16)
-        if len(pids) == 1:
-            return pids[0], tfs[0]
-        return np.concatenate(pids), np.concatenate(tfs)
+        return joined(pids, tfs, np.uint32)
 
     def decoded_list(self, txn, key: bytes) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """(pids, tfs) of one segment's list of a term (segment key + term), decoded once and

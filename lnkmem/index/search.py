@@ -31,7 +31,6 @@ B = 0.75
 CHECK_CAP = 4000  # passages whose text is checked (phrases, dates) per search, at most
 SAMPLE = 1024  # scores sampled for a floor under the last place's (top)
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
-LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept
 PRUNE = True  # MaxScore: terms that cannot lift a passage into the top are only looked up (bench A/B)
 
 Pairs = list[tuple[int, float]]
@@ -683,16 +682,13 @@ def _add_marked(store: Store, tm: "_Term", pids: np.ndarray, contrib) -> None:
 
 def _lists_for(store: Store, tm: "_Term", want: np.ndarray):
     """Each of a term's lists as (pids, tfs), for the passages ``want`` (ascending): a
-    list decoded already (cached, or masked for its dead passages) whole, a short one
-    (:data:`LOOKUP_WHOLE` bytes packed) decoded whole and cached, else only the blocks
-    that may hold them (:func:`postings.lookup`)."""
+    list decoded already (cached, or masked for its dead passages) whole, else only
+    the blocks that may hold them (:func:`postings.lookup`)."""
     for key, v, dec in tm.lists:
         if dec is not None:
             yield dec
         else:
             got = store.decoded.get(key)
-            if got is None and len(v) <= LOOKUP_WHOLE and store.decoded.CACHE_BYTES:  # (kept: read again)
-                got = store.decoded.put(key, plists.unpack(v))
             yield got if got is not None else plists.lookup(v, want)
 
 

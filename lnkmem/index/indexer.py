@@ -288,9 +288,9 @@ def index_file(source: str, entry: Entry, place, tmpdir: str, vocab: Optional[_V
                    vocab.names, tids, npost, tfs, lens)
 
 
-def as_listed(nf: NewFile, entry: Entry) -> bool:
-    """Whether a file was indexed as its listing said (not changed between the two)."""
-    return nf.version == entry.version and nf.size == entry.size
+def as_listed(nf: Optional[NewFile], entry: Entry) -> bool:
+    """Whether a file was indexed as its listing said (read, and not changed between the two)."""
+    return nf is not None and nf.version == entry.version and nf.size == entry.size
 
 
 ProgressFn = Callable[[int, int], None]
@@ -323,7 +323,7 @@ class _Build:
     def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:
         """Index one file into the batch; the batch committed when full."""
         nf = index_file(source, entry, places[source], tmpdir, self.vocab)
-        if nf is None or not as_listed(nf, entry):
+        if not as_listed(nf, entry):
             self.inexact += 1
         if nf is None:
             self.batch.removed.append(ref_of(source, entry.path))

@@ -123,13 +123,19 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
 _snap_facts: dict = {}  # for the last snapshot: (snapshot, shortest live length, segments holding dead)
 
 
+def _facts_known(snap: Snapshot) -> Optional[tuple[float, frozenset]]:
+    """:func:`_facts` of ``snap`` when a search has computed them already, else None."""
+    got = _snap_facts.get("v")
+    return (got[1], got[2]) if got is not None and got[0] is snap else None
+
+
 def _facts(snap: Snapshot) -> tuple[float, frozenset]:
     """The shortest live passage's length (the bound of every BM25 score) and the
     segments that hold dead passages (a list there is decoded for its live count;
     elsewhere its header's count is the live count), computed once a snapshot."""
-    got = _snap_facts.get("v")
-    if got is not None and got[0] is snap:
-        return got[1], got[2]
+    known = _facts_known(snap)
+    if known is not None:
+        return known
     live = snap.doclen[snap.alive]
     mindl = float(live.min()) if len(live) else 0.0
     dead = (~snap.alive) & (snap.seg_of[:len(snap.alive)] >= 0)
@@ -367,19 +373,27 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
     return out
 
 
+def _alive_in(snap: Snapshot, ps: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The postings (pids ``ps``, tfs ``ts``) of passages alive in ``snap`` (none past its end)."""
+    inside = ps < len(snap.alive)
+    if not inside.all():
+        ps, ts = ps[inside], ts[inside]
+    live = snap.alive[ps]
+    if not live.all():
+        ps, ts = ps[live], ts[live]
+    return ps, ts
+
+
 def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str) -> tuple[np.ndarray, np.ndarray]:
     """(pids as intp, tfs) of ``term``'s live postings in ``snap``: a segment's list is only
     checked against the live passages where the segment holds a dead one (a merged or
     fresh index has none: its lists as decoded) or that is not known yet (:func:`_facts`),
     and against the snapshot's end where the segment is newer than the snapshot."""
     t = term.encode()
-    cap = len(snap.alive)
     # the dead passages' segments only where a search has found them for this snapshot
     # already: a one-word search right after a commit (a change made searchable) does
     # not wait for them (2-10 ms at 1.27M passages), it checks its lists instead
-    got = _snap_facts.get("v")
-    known = snap.segs if got is not None and got[0] is snap and snap.segs is not None else None
-    dirty = got[2] if known is not None else None
+    facts = _facts_known(snap) if snap.segs is not None else None
     pids, tfs = [], []
     for sk in segs:
         got = store.decoded_list(txn, sk + t)
@@ -390,13 +404,8 @@ def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: s
             continue
         ps = ps.astype(np.intp)  # (once: every gather by them would convert them again)
         seg = int.from_bytes(sk, "big")
-        if known is None or seg not in known or seg in dirty:
-            inside = ps < cap
-            if not inside.all():
-                ps, ts = ps[inside], ts[inside]
-            live = snap.alive[ps]
-            if not live.all():
-                ps, ts = ps[live], ts[live]
+        if facts is None or seg not in snap.segs or seg in facts[1]:
+            ps, ts = _alive_in(snap, ps, ts)
         pids.append(ps)
         tfs.append(ts)
     return joined(pids, tfs, np.intp)
@@ -495,7 +504,6 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
     packed when every posting in it is live: its header gives the count and the
     largest tf; else decoded, its live postings), live df, idf (times its weight)
     and score bound (the largest tf in the shortest live passage)."""
-    cap = len(snap.alive)
     avgdl = snap.avgdl
     mindl, dirty = _facts(snap)
     terms = []
@@ -521,12 +529,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
                 continue
             if got is None:
                 got = store.decoded.put(key, plists.unpack(v))
-            ps, ts = got
-            inside = ps < cap
-            if not inside.all():
-                ps, ts = ps[inside], ts[inside]
-            live = snap.alive[ps]
-            ps, ts = ps[live], ts[live]
+            ps, ts = _alive_in(snap, *got)
             if len(ps):
                 tm.df += len(ps)
                 tm.maxtf = max(tm.maxtf, int(ts.max()))

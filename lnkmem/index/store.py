@@ -1211,7 +1211,7 @@ class Store:
         if not batch:
             return
         with self.write_lock:
-            self._listed = {}
+            self.forget_listed()
             while True:
                 try:
                     allocated, delta = self._commit(batch)

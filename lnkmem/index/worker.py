@@ -318,7 +318,7 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
                 break
             nf = indexer.index_file(source, entry, places[source], tmpdir, vocab)
             done = i + 1
-            if nf is None or not indexer.as_listed(nf, entry):
+            if not indexer.as_listed(nf, entry):
                 inexact += 1
             if nf is None:
                 removed.append(indexer.ref_of(source, entry.path))

@@ -74,11 +74,16 @@ def _counting(monkeypatch, name: str) -> list:
     return calls
 
 
-@pytest.mark.parametrize("merge", [False, True])
-def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge):
+@pytest.mark.parametrize("merge,kept", [(False, False), (True, False), (True, True)])
+def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge, kept):
+    """MaxScore ranks as scoring every posting does, with its terms left looked up block
+    by block (no list decoded whole is kept) or, ``kept``, short ones decoded once and kept
+    apart (``Store.looked_up``)."""
     rng = random.Random(11 if merge else 12)
     st = _index(str(tmp_path / "index"), rng, merge)
     st.decoded.CACHE_BYTES = 0  # every list read from its bytes: the block lookups run
+    if not kept:
+        st.looked_up.CACHE_BYTES = 0
     looked = _counting(monkeypatch, "lookup")
     bounded = _counting(monkeypatch, "block_tf")
     try:
@@ -97,8 +102,11 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge)
             pruned_some += len(looked) > before
             assert [p for p, _ in on] == [p for p, _ in off], (q, kw)
             assert all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), q
-        assert pruned_some >= 20  # the lookups ran: terms were pruned, blocks looked up
-        assert len(bounded) >= 20  # and passages were bounded by their blocks' largest tf
+        if kept:  # terms were pruned, and each list they were looked up in (all short here) kept
+            assert not looked and len(st.looked_up.lists) >= 20
+        else:
+            assert pruned_some >= 20  # the lookups ran: terms were pruned, blocks looked up
+            assert len(bounded) >= 20  # and passages were bounded by their blocks' largest tf
     finally:
         st.close()
 
@@ -125,7 +133,7 @@ def test_scores_of_given_passages_are_the_words_scores(tmp_path, merge):
     as there; every list read from its bytes, so the block lookups run."""
     rng = random.Random(21 if merge else 22)
     st = _index(str(tmp_path / "index"), rng, merge)
-    st.decoded.CACHE_BYTES = 0
+    st.decoded.CACHE_BYTES = st.looked_up.CACHE_BYTES = 0
     try:
         snap = st.snapshot
         every = np.arange(len(snap.alive) + 5)

@@ -500,7 +500,9 @@ class Decoded:
     CACHE_BYTES = 16 << 20
     ENTRY = 256  # bytes of a cached list beside its arrays (key, tuple, array headers)
 
-    def __init__(self):
+    def __init__(self, budget: Optional[int] = None):
+        if budget is not None:
+            self.CACHE_BYTES = budget
         self.lists: OrderedDict = OrderedDict()
         self.size = 0
         self.lock = threading.Lock()

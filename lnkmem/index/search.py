@@ -31,6 +31,7 @@ B = 0.75
 CHECK_CAP = 4000  # passages whose text is checked (phrases, dates) per search, at most
 SAMPLE = 1024  # scores sampled for a floor under the last place's (top)
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
+LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.looked_up)
 PRUNE = True  # MaxScore: terms that cannot lift a passage into the top are only looked up (bench A/B)
 
 Pairs = list[tuple[int, float]]
@@ -638,7 +639,7 @@ def _bound(store: Store, tm: "_Term", pids: np.ndarray, snap: Snapshot, k1: floa
     mt = np.zeros(len(pids), np.int64)
     for key, v, dec in tm.lists:
         if dec is None:
-            dec = store.decoded.get(key)
+            dec = store.decoded.get(key) or store.looked_up.get(key)
         if dec is None:
             np.maximum(mt, plists.block_tf(v, pids), out=mt)
         elif len(dec[0]):
@@ -685,14 +686,19 @@ def _add_marked(store: Store, tm: "_Term", pids: np.ndarray, contrib) -> None:
 
 def _lists_for(store: Store, tm: "_Term", want: np.ndarray):
     """Each of a term's lists as (pids, tfs), for the passages ``want`` (ascending): a
-    list decoded already (cached, or masked for its dead passages) whole, else only
-    the blocks that may hold them (:func:`postings.lookup`)."""
+    list decoded already (cached, or masked for its dead passages) whole; a short one
+    (:data:`LOOKUP_WHOLE` bytes packed) decoded whole once and kept in
+    ``store.looked_up``; else only the blocks that may hold them (:func:`postings.lookup`)."""
     for key, v, dec in tm.lists:
         if dec is not None:
             yield dec
-        else:
-            got = store.decoded.get(key)
-            yield got if got is not None else plists.lookup(v, want)
+            continue
+        got = store.decoded.get(key)
+        if got is None and len(v) <= LOOKUP_WHOLE and store.looked_up.CACHE_BYTES:
+            got = store.looked_up.get(key)
+            if got is None:
+                got = store.looked_up.put(key, plists.unpack(v))
+        yield got if got is not None else plists.lookup(v, want)
 
 
 def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1, b: float = B) -> np.ndarray:

@@ -598,6 +598,9 @@ class Batch:
         return sum(f.size for f in self.files)
 
 
+LOOKED_UP_BYTES = 4 << 20  # Store.looked_up's budget
+
+
 class Store:
     """One agent's words index, in one LMDB environment."""
 
@@ -608,6 +611,9 @@ class Store:
         self.write_lock = threading.RLock()  # re-entrant: refresh() from a commit's own on_alloc
         self._merge_lock = threading.Lock()  # one merge at a time (each step takes write_lock)
         self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
+        # short lists search only looks up, decoded whole and kept apart, so that many
+        # of them never evict the long ones above (search.LOOKUP_WHOLE)
+        self.looked_up = postings.Decoded(LOOKED_UP_BYTES)
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
         try:
             self._open()

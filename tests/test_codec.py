@@ -70,6 +70,44 @@ def test_a_long_list_packed_a_chunk_at_a_time_is_the_same_bytes(n, monkeypatch):
     assert _round_trip(p, t) == whole
 
 
+def _by_widths(rng, gap_bits: list, tf_bits: list):
+    """A list of one block per entry of ``gap_bits``/``tf_bits`` (the last one short),
+    each block's gaps and tfs as wide as asked (their largest hits the width)."""
+    p, t, at = [], [], 0
+    for i, (gb, tb) in enumerate(zip(gap_bits, tf_bits)):
+        n = postings.BLOCK if i + 1 < len(gap_bits) else 77
+        g = rng.integers(0, 1 << gb, n) if gb else np.zeros(n, np.int64)
+        g[rng.integers(0, n - 1)] = (1 << gb) - 1 if gb else 0  # (a block's last gap is not stored)
+        ids = at + np.cumsum(g + 1)
+        at = int(ids[-1])
+        f = rng.integers(1, 1 << tb, n) + 1 if tb else np.ones(n, np.int64)
+        f[rng.integers(0, n)] = 1 << tb if tb else 1
+        p.append(ids)
+        t.append(f)
+    return np.concatenate(p), np.concatenate(t)
+
+
+@pytest.mark.parametrize("gap_bits,tf_bits", [
+    ([5] * 9, [2] * 9),  # one width each: the units' shifts broadcast
+    ([0, 1, 3, 5, 7, 8, 2, 4, 6], [0, 1, 2, 3, 4, 5, 6, 7, 8]),  # mixed, all <= 8 bits
+    ([3, 12, 5, 20, 8, 24, 0, 10, 6], [1, 9, 2, 14, 3, 15, 0, 4, 2]),  # some wider than 8 (ids within 32 bits)
+])
+def test_postings_decode_by_block_widths_and_lookups(gap_bits, tf_bits):
+    """Lists whose blocks have every width a run may have, one block to another, decode
+    whole and by lookup to what was packed (a run of <= 8 bits is read a 64-bit unit of
+    8 values at a time, a wider one a value at a time)."""
+    rng = np.random.default_rng(sum(gap_bits) * 31 + sum(tf_bits))
+    p, t = _by_widths(rng, gap_bits, tf_bits)
+    v = _round_trip(p, t)
+    tf_of = dict(zip(p.tolist(), np.clip(t, 1, 65535).tolist()))
+    for k in (1, 3, 40, len(p) // 9):
+        want = np.sort(rng.choice(p, k, replace=False)).astype(np.int64)
+        gp, gt = postings.lookup(v, want)
+        got = dict(zip(gp.tolist(), gt.tolist()))
+        assert all(got[x] == tf_of[x] for x in want.tolist())  # every one asked, with its tf
+        assert all(tf_of.get(x) == f for x, f in got.items())  # and nothing not in the list
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(0, 2 ** 32 - 1), unique=True, max_size=600), st.randoms(use_true_random=False))
 def test_postings_round_trip_of_any_list(pids, rnd):

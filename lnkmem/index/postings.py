@@ -24,10 +24,12 @@ Widths are 0-8, 10, 12, 14, 16, 20, 24, 28 or 32 bits (a width is rounded up to
 the next of these), so that a run is made of whole *units* of at most 64 bits: 8
 values of up to 8 bits, 4 of 10-16, 2 of 20-32 (a run is padded with zeros to a
 whole unit; a full block's run of width w is 16·w bytes). A list decodes as a
-(blocks, 128) array in a dozen numpy calls whatever its widths: each value's
-bit offset, one gather of the unaligned 64-bit word holding it, a shift and a
-mask, a cumulative sum back from each block's last pid -- never a Python loop
-per posting or per block. Lists of up to :data:`SMALL` postings are read, and
+(blocks, 128) array in a few dozen numpy calls whatever its widths, never a
+Python loop per posting or per block: runs of up to 8 bits (nearly all) one
+gather of an unaligned 64-bit word per unit of 8 values, shifted out into 8 rows
+and transposed; wider ones one gather per value, a shift and a mask; then a
+cumulative sum back from each block's last pid. A lookup gathers only its blocks'
+words. Lists of up to :data:`SMALL` postings are read, and
 lists of one block packed, with Python integers (numpy's fixed cost is more at
 that size). tfs are held in [1, 65535]. :class:`Decoded` keeps decoded lists for
 searches (a segment's lists never change).
@@ -300,6 +302,9 @@ def _window(v, at: int) -> np.ndarray:
 _SLACK = BLOCK * 32 // 8 + 8
 _MASK = np.array([(1 << w) - 1 for w in range(33)], np.uint64)
 _J = np.arange(BLOCK, dtype=np.int64)
+_UNITS = BLOCK // 8  # units of a full run of width <= 8 (8 values a unit)
+_U = np.arange(_UNITS, dtype=np.int64)
+_K8 = np.arange(8, dtype=np.uint64)
 
 
 # value j of a run w bits wide: at byte _BYTE[w, j] of the run, bit _SHIFT[w, j] of that byte
@@ -309,13 +314,33 @@ _SHIFT = ((np.arange(33)[:, None] * _J) & 7).astype(np.uint64)
 
 def _runs(win: np.ndarray, first: np.ndarray, w: np.ndarray, kind=np.int64) -> np.ndarray:
     """(blocks, BLOCK) values (of dtype ``kind``): block b's run starts at byte ``first[b]``,
-    ``w[b]`` bits a value."""
-    w0 = int(w[0]) if len(w) else 0
-    if (w == w0).all():  # one width (most tf runs): its offsets broadcast, none gathered
+    ``w[b]`` bits a value. Gathers by fancy index, which reads only the words asked for
+    (``np.take`` on this strided view copies all of it first: a lookup of a few blocks
+    of a long list paid for the whole list, 8 bytes a byte)."""
+    nb = len(first)
+    w0 = int(w[0]) if nb else 0
+    one = bool((w == w0).all())
+    if (w0 if one else int(w.max())) <= 8:
+        # a run of width <= 8 is 16 units of 8 values, each unit w bytes: one 64-bit
+        # word gathered a unit (an eighth of the gathers), its 8 values shifted out of
+        # it into 8 rows, turned to value order by one transposing copy
+        if one:
+            word = win[(first[:, None] + _U * w0).ravel()]
+            shift, mask = _K8 * np.uint64(w0), _MASK[w0]
+        else:
+            word = win[(first[:, None] + _U * w[:, None]).ravel()]
+            wu = np.repeat(w, _UNITS).astype(np.uint64)
+            shift, mask = _K8[:, None] * wu, np.repeat(_MASK[w], _UNITS)
+        rows = np.empty((8, len(word)), np.uint64)
+        for k in range(8):
+            np.right_shift(word, shift[k], out=rows[k])
+        rows &= mask
+        return rows.T.astype(kind, order="C").reshape(nb, BLOCK)
+    if one:  # one width (most tf runs): its offsets broadcast
         at, shift, mask = first[:, None] + _BYTE[w0], _SHIFT[w0], _MASK[w0]
     else:
         at, shift, mask = first[:, None] + _BYTE[w], _SHIFT[w], _MASK[w][:, None]
-    word = np.take(win, at) >> shift  # take: a strided view's [] is 10x slower
+    word = win[at] >> shift
     word &= mask
     return word.astype(kind)
 
@@ -404,13 +429,16 @@ def _decode(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.nda
     pids = np.cumsum(d, axis=1, dtype=kind)
     pids -= d
     pids += (hdr["last"][sel].astype(kind) - pids[:, -1])[:, None]
-    tfs = _runs(win, to[sel], wt[sel], kind if full else np.uint32)
+    wts = wt[sel]
+    narrow = not full and int(wts.max()) < 16  # every tf - 1 below 2**14: u16 holds tf
+    tfs = _runs(win, to[sel], wts, np.uint16 if narrow else kind if full else np.uint32)
     tfs += 1
-    np.minimum(tfs, 65535, out=tfs)
+    if not narrow:
+        np.minimum(tfs, 65535, out=tfs)
     pids, tfs = pids.ravel()[:count], tfs.ravel()[:count]
     if full:
         return pids, tfs
-    return pids, tfs.astype(np.uint16)
+    return pids, tfs.astype(np.uint16, copy=False)
 
 
 def head(v) -> tuple[int, int]:

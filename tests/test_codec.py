@@ -375,15 +375,52 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
         assert time.perf_counter() - t0 < 10, why  # bounded (unbounded work: minutes); generous under load
 
 
-def test_decoded_lists_are_kept_within_their_bound():
-    d = postings.Decoded()
-    d.CACHE_BYTES = 100_000
-    for i in range(100):
-        v = postings.pack(np.arange(1000) * 3 + i, np.ones(1000))
-        got = d.put(b"seg%d" % i, postings.unpack(v))
-        assert not got[0].flags.writeable  # a search never changes a list it shares
-    assert d.size <= d.CACHE_BYTES and 0 < len(d.lists) < 100
-    assert d.get(b"seg0") is None and d.get(b"seg99") is not None  # the least recently used went first
+def _ask(d, key: bytes, i: int) -> bool:
+    """A search's use of the cache: get, else decode and put; True on a hit."""
+    if d.get(key) is not None:
+        return True
+    got = d.put(key, postings.unpack(postings.pack(np.arange(1000) * 3 + i, np.ones(1000))))
+    assert not got[0].flags.writeable  # a search never changes a list it shares
+    return False
+
+
+def test_decoded_lists_are_kept_within_their_bound_the_often_asked_first():
+    d = postings.Decoded(100_000)  # room for 16 lists of 1000 postings
+    for i in range(100):  # a stream of lists each asked once: the first ones fill it, the rest pass by
+        _ask(d, b"seg%d" % i, i)
+        assert d.size <= d.CACHE_BYTES
+    assert 0 < len(d.lists) < 100
+
+    d = postings.Decoded(100_000)
+    hot = [b"hot%d" % i for i in range(8)]
+    for _ in range(3):
+        for i, k in enumerate(hot):
+            _ask(d, k, i)
+    for i in range(200):  # one search of many common words: lists asked once each
+        _ask(d, b"once%d" % i, i)
+    assert all(d.get(k) is not None for k in hot)  # never pushed out by lists asked for once
+    for _ in range(6):  # a list asked for more often than the least used one gets in
+        got = _ask(d, b"new", 7)
+    assert got and d.size <= d.CACHE_BYTES
+
+    # searches cycling through more lists than fit keep most of them (least recently used
+    # first would keep none: each list pushed out just before it is asked for again)
+    d = postings.Decoded(100_000)
+    keys = [b"c%d" % i for i in range(20)]
+    for _ in range(4):
+        hits = sum(_ask(d, k, i) for i, k in enumerate(keys))
+    assert hits >= 14
+
+    # counts fade: lists hot long ago give way to the ones asked for now
+    d = postings.Decoded(100_000)
+    d.AGE_EVERY = 64
+    for _ in range(10):
+        for i in range(16):
+            _ask(d, b"old%d" % i, i)
+    for _ in range(40):
+        for i in range(8):
+            _ask(d, b"now%d" % i, i)
+    assert all(d.get(b"now%d" % i) is not None for i in range(8))
 
 
 def test_segment_refs_are_stored_as_runs_and_broken_runs_are_damage(tmp_path):

@@ -179,3 +179,49 @@ def test_one_word_ranks_its_passages_by_their_scores(tmp_path, merge):
                 assert all(abs(all_scores[np.searchsorted(every, p)] - s) <= 1e-5 * max(1.0, s) for p, s in got)
     finally:
         st.close()
+
+
+def test_a_few_dead_passages_in_a_large_segment_leave_its_lists_packed(tmp_path, monkeypatch):
+    """After a change replaces a few passages of one large segment (a serve's edit of a
+    file after a full index), its long lists stay packed (the dead ones counted by a
+    lookup, never decoded and filtered at every search), and the answers are still
+    those of scoring every live posting: no dead passage, the same scores."""
+    rng = random.Random(31)
+    st = Store.open(str(tmp_path / "index"))
+    try:
+        for i in range(4):
+            st.commit(Batch(files=[_file(rng, f"home/d{i}/f{j}.md", "v1", 40) for j in range(60)]))
+        # the file to be replaced: short passages dense in the common words, which would
+        # rank first for them were its dead passages not dropped
+        st.commit(Batch(files=[random_file(rng, "home/d0/f3.md", "v1", WORDS[:6], 40, (3, 6))]))
+        st.merge(sorted(st.snapshot.segs))
+        big = max(st.snapshot.segs)
+        st.commit(Batch(files=[_file(rng, "home/d0/f3.md", "v2", 40)]))  # 40 dead in the big one
+        st.commit(Batch(removed=["home/d2/f7.md"]))
+        snap = st.refresh()
+        dead = np.flatnonzero(~snap.alive[1:]) + 1
+        dead = dead[snap.seg_of[dead] >= 0]  # (ids never used are not dead passages)
+        assert len(dead) >= 40 and set(snap.seg_of[dead].tolist()) == {big}
+        checked = 0
+        for i in range(120):
+            q = _query(rng) if i % 2 else " ".join(rng.sample(WORDS[:6], rng.randint(2, 3)))  # the dead ones' words
+            limit = rng.choice([1, 5, 10, 30])
+            off, on = _both(st, q, limit)
+            assert [p for p, _ in on] == [p for p, _ in off], q
+            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), q
+            assert all(snap.alive[p] for p, _ in on)
+            checked += len(on)
+        assert checked > 500
+        # the commonest words' lists in the big segment stay packed, their live counts exact
+        st.decoded = postings.Decoded()
+        weights = {w: 1.0 for w in WORDS[:3]}
+        with st.env.begin() as txn:
+            segs = st.segment_keys(txn)
+            terms = search._terms(st, txn, snap, segs, weights, search.K1, search.B)
+            live = {w: len(search._live_postings(st, txn, snap, segs, w)[0]) for w in weights}
+        bk = big.to_bytes(4, "big")
+        for tm in terms:
+            assert tm.dead and tm.df == live[tm.term]
+            assert [dec for key, v, dec in tm.lists if key.startswith(bk)] == [None]
+    finally:
+        st.close()

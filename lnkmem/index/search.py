@@ -124,38 +124,51 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
 _snap_facts: dict = {}  # for the last snapshot: (snapshot, shortest live length, segments holding dead)
 
 
-def _facts_known(snap: Snapshot) -> Optional[tuple[float, frozenset]]:
+def _facts_known(snap: Snapshot) -> Optional[tuple[float, dict]]:
     """:func:`_facts` of ``snap`` when a search has computed them already, else None."""
     got = _snap_facts.get("v")
     return (got[1], got[2]) if got is not None and got[0] is snap else None
 
 
-def _facts(snap: Snapshot) -> tuple[float, frozenset]:
+def _facts(snap: Snapshot) -> tuple[float, dict]:
     """The shortest live passage's length (the bound of every BM25 score) and the
-    segments that hold dead passages (a list there is decoded for its live count;
-    elsewhere its header's count is the live count), computed once a snapshot."""
+    segments that hold dead passages, each with their ids (ascending): a list there
+    is checked for its live count; elsewhere its header's count is the live count.
+    Computed once a snapshot."""
     known = _facts_known(snap)
     if known is not None:
         return known
     live = snap.doclen[snap.alive]
     mindl = float(live.min()) if len(live) else 0.0
-    dead = (~snap.alive) & (snap.seg_of[:len(snap.alive)] >= 0)
-    dirty = frozenset(np.unique(snap.seg_of[:len(snap.alive)][dead]).tolist())
+    seg_of = snap.seg_of[:len(snap.alive)]
+    dead = np.flatnonzero((~snap.alive) & (seg_of >= 0))
+    of = seg_of[dead]
+    order = np.argsort(of, kind="stable")  # (ids ascend within each segment)
+    segs, first = np.unique(of[order], return_index=True)
+    dirty = {int(sg): part for sg, part in zip(segs.tolist(), np.split(dead[order], first[1:]))}
     _snap_facts["v"] = (snap, mindl, dirty)
     return mindl, dirty
+
+
+# a segment's list of this many times more postings than its segment has dead passages
+# is counted live by looking those up (only the blocks that may hold them decoded: a
+# changed file's passages are neighbours), its dead postings left in and their passages
+# dropped from the candidates; a shorter one is decoded and its dead postings dropped
+FEW_DEAD = 8
 
 
 class _Term:
     """One ranked term: its lists (a segment's, decoded and live, or still packed
     when every posting in it is live), its live df, weight, idf and score bound."""
 
-    __slots__ = ("term", "w", "lists", "df", "maxtf", "idf", "ub")
+    __slots__ = ("term", "w", "lists", "df", "maxtf", "idf", "ub", "dead")
 
     def __init__(self, term: str, w: float):
         self.term, self.w = term, w
         self.lists: list = []  # (key, packed bytes or None, (pids, tfs) live or None)
         self.df = self.maxtf = 0
         self.idf = self.ub = 0.0
+        self.dead = False  # a packed list holds postings of dead passages (FEW_DEAD)
 
 
 def _expand(store: Store, txn, segs: list[bytes], prefix: str, room: int) -> list[str]:
@@ -503,8 +516,10 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
 def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, k1: float, b: float) -> list:
     """The ranked terms that have a live posting: each one's lists (a segment's still
     packed when every posting in it is live: its header gives the count and the
-    largest tf; else decoded, its live postings), live df, idf (times its weight)
-    and score bound (the largest tf in the shortest live passage)."""
+    largest tf; or when its segment's dead passages are few beside it: counted off by
+    looking them up, left in for :func:`_maxscore` to drop from its candidates; else
+    decoded, its live postings), live df, idf (times its weight) and score bound (the
+    largest tf in the shortest live passage)."""
     avgdl = snap.avgdl
     mindl, dirty = _facts(snap)
     terms = []
@@ -520,13 +535,24 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
                 if v is None:
                     continue
             seg = int.from_bytes(sk, "big")
-            if got is None and seg in snap.segs and seg not in dirty:  # every posting live: the header says
-                n, mt = plists.head(v)
-                if n < 0:
-                    raise ValueError("a posting list has a broken length")
-                tm.df += n
-                tm.maxtf = max(tm.maxtf, mt)
-                tm.lists.append((key, v, None))
+            dp = dirty.get(seg) if seg in snap.segs else None  # (a segment newer than snap: checked below)
+            if seg in snap.segs and (dp is None or len(dp) * FEW_DEAD <= _count(got, v)):
+                # every posting live (the header's count), or so few dead that they are
+                # counted by looking them up, left in, and dropped from the candidates
+                if got is None:
+                    n, mt = plists.head(v)
+                    if n < 0:
+                        raise ValueError("a posting list has a broken length")
+                else:
+                    n, mt = len(got[0]), (int(got[1].max()) if len(got[1]) else 0)
+                if dp is not None:
+                    gone = _holding(got[0] if got is not None else plists.lookup(v, dp)[0], dp)
+                    n -= gone
+                    tm.dead = tm.dead or gone > 0
+                if n > 0:
+                    tm.df += n
+                    tm.maxtf = max(tm.maxtf, mt)
+                    tm.lists.append((key, v, got))
                 continue
             if got is None:
                 got = store.decoded.put(key, plists.unpack(v))
@@ -540,6 +566,19 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
             tm.ub = _tf_score(tm.idf, tm.maxtf, mindl, avgdl, k1, b)
             terms.append(tm)
     return terms
+
+
+def _count(got, v) -> int:
+    """Postings of a list, decoded (``got``) or packed (``v``)."""
+    return len(got[0]) if got is not None else max(plists.head(v)[0], 0)
+
+
+def _holding(ps: np.ndarray, dead: np.ndarray) -> int:
+    """How many of ``dead`` (ascending) are among ``ps`` (ascending)."""
+    if not len(ps) or not len(dead):
+        return 0
+    at = np.minimum(np.searchsorted(ps, dead), len(ps) - 1)
+    return int(np.count_nonzero(ps[at] == dead))
 
 
 def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
@@ -563,7 +602,11 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
     done = 0.0  # bound of the terms scored
     seen = _scratch.seen
 
+    dead_in = any(tm.dead for tm in terms)  # lists left holding dead passages (FEW_DEAD)
+
     def kept(cand: np.ndarray) -> np.ndarray:
+        if dead_in:
+            cand = cand[snap.alive[cand]]
         cand = snap.keep(cand, sources, under)
         if checks.banned is not None or checks.required is not None:
             cand = cand[checks.mask_ok(cand)]

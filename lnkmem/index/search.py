@@ -158,14 +158,15 @@ FEW_DEAD = 8
 
 
 class _Term:
-    """One ranked term: its lists (a segment's, decoded and live, or still packed
-    when every posting in it is live), its live df, weight, idf and score bound."""
+    """One ranked term: its lists (a segment's decoded and live; or as stored or as
+    cached, when every posting in it is live or its segment's dead are few: see
+    :func:`_terms`), its live df, weight, idf and score bound."""
 
     __slots__ = ("term", "w", "lists", "df", "maxtf", "idf", "ub", "dead")
 
     def __init__(self, term: str, w: float):
         self.term, self.w = term, w
-        self.lists: list = []  # (key, packed bytes or None, (pids, tfs) live or None)
+        self.lists: list = []  # (key, packed bytes or None, (pids, tfs) decoded or None)
         self.df = self.maxtf = 0
         self.idf = self.ub = 0.0
         self.dead = False  # a packed list holds postings of dead passages (FEW_DEAD)

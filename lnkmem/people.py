@@ -363,10 +363,12 @@ def cmd_index(args) -> int:
     if holder is not None:
         who = f"process {holder}" if holder > 0 else "another process"
         raise UsageError(f"index: {who} is building this index now; run again when it has finished")
+    from lnkmem.errors import DamagedIndex
     t0 = time.monotonic()
     bar = Bar(sys.stderr)
     memory = None
     run = None
+    failed: Optional[BaseException] = None  # the state folder failed under the run
     old = signal.getsignal(signal.SIGINT)
     try:
         memory = _open_memory(cfg)
@@ -382,14 +384,26 @@ def cmd_index(args) -> int:
     except KeyboardInterrupt:  # while opening the index
         lines = [f"{PROG}: stopped; the index is as it was, run again to finish"]
         run = None
+    except (OSError, DamagedIndex) as e:  # removed, full or changed under it: said below, in one line
+        failed = e
     finally:
         signal.signal(signal.SIGINT, old)
         bar.close()
-        if memory is not None and memory.store is not None:
-            if memory.embedder is not None:
-                memory.embedder.close()
-            memory.store.close(compact=run is not None and not run.stop)  # a build's merges leave free pages
-        lock.release()
+        try:
+            if memory is not None and memory.store is not None:
+                if memory.embedder is not None:
+                    memory.embedder.close()
+                # a build's merges leave free pages: compacted, unless it failed
+                memory.store.close(compact=failed is None and run is not None and not run.stop)
+            lock.release()
+        except (OSError, DamagedIndex):
+            if failed is None:
+                raise
+    if failed is not None:
+        why = (f"{failed.strerror}: {failed.filename}" if isinstance(failed, OSError) and failed.strerror
+               and failed.filename else f"{failed}" if isinstance(failed, OSError) else "its files changed or went away")
+        raise UsageError(f"state: indexing stopped, the index in {cfg.state} failed under it ({why}); "
+                         "run again to finish") from None
     for line in lines:
         print(line, file=sys.stderr)
     return 130 if run is None or run.stop else 0

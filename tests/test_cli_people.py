@@ -340,6 +340,31 @@ def test_ctrl_c_stops_cleanly_and_the_next_run_finishes(home):
     assert [h["ref"] for h in json.loads(r.stdout)["hits"]] == ["home/d19/f2499.md"]
 
 
+def test_a_state_folder_removed_while_indexing_ends_in_one_line_not_a_traceback(home):
+    """The state folder taken away under a running `index` (a person's rm -rf, a volume
+    gone): the run ends saying so in one line, never with a traceback."""
+    import shutil
+    _many_files(home, 2500, size=2000)
+    env = base_env()
+    env["LNKMEM_BATCH_FILES"] = "50"
+    p = subprocess.Popen([PROGRAM, "index", *_flags(home)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    data = home.state / "index" / "data.mdb"
+    deadline = time.monotonic() + 60
+    while not data.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.3)  # a few batches in
+    assert p.poll() is None, "the index finished before its state could be taken away"
+    shutil.rmtree(home.state)
+    out, err = p.communicate(timeout=120)
+    text = err.decode()
+    assert "Traceback" not in text, text[-2000:]
+    lines = [x for x in text.splitlines() if x.strip()]
+    if p.returncode != 0:  # (the store's own warning that it found its files gone may come first)
+        assert p.returncode == 2 and lines[-1].startswith("lnk-lnkmem: state: indexing stopped"), text
+        assert all(x.startswith(("lnkmem: WARNING", "lnk-lnkmem: state:")) for x in lines), text
+
+
 def test_index_embeds_with_a_phase_of_its_own_and_says_how_much(home, tmp_path):
     from fakes.harness import FakeServer
     for i in range(6):

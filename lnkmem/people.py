@@ -400,8 +400,12 @@ def cmd_index(args) -> int:
             if failed is None:
                 raise
     if failed is not None:
-        why = (f"{failed.strerror}: {failed.filename}" if isinstance(failed, OSError) and failed.strerror
-               and failed.filename else f"{failed}" if isinstance(failed, OSError) else "its files changed or went away")
+        if not isinstance(failed, OSError):
+            why = "its files changed or went away"
+        elif failed.strerror and failed.filename:
+            why = f"{failed.strerror}: {failed.filename}"
+        else:
+            why = str(failed)
         raise UsageError(f"state: indexing stopped, the index in {cfg.state} failed under it ({why}); "
                          "run again to finish") from None
     for line in lines:

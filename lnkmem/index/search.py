@@ -169,7 +169,7 @@ class _Term:
         self.lists: list = []  # (key, packed bytes or None, (pids, tfs) decoded or None)
         self.df = self.maxtf = 0
         self.idf = self.ub = 0.0
-        self.dead = False  # a packed list holds postings of dead passages (FEW_DEAD)
+        self.dead = False  # a list of it was left holding postings of dead passages (FEW_DEAD)
 
 
 def _expand(store: Store, txn, segs: list[bytes], prefix: str, room: int) -> list[str]:
@@ -536,25 +536,28 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
                 if v is None:
                     continue
             seg = int.from_bytes(sk, "big")
-            dp = dirty.get(seg) if seg in snap.segs else None  # (a segment newer than snap: checked below)
-            if seg in snap.segs and (dp is None or len(dp) * FEW_DEAD <= _count(got, v)):
-                # every posting live (the header's count), or so few dead that they are
-                # counted by looking them up, left in, and dropped from the candidates
+            if seg in snap.segs:  # (a segment newer than snap: checked below)
+                dp = dirty.get(seg)
                 if got is None:
                     n, mt = plists.head(v)
                     if n < 0:
                         raise ValueError("a posting list has a broken length")
                 else:
-                    n, mt = len(got[0]), (int(got[1].max()) if len(got[1]) else 0)
-                if dp is not None:
-                    gone = _holding(got[0] if got is not None else plists.lookup(v, dp)[0], dp)
-                    n -= gone
-                    tm.dead = tm.dead or gone > 0
-                if n > 0:
-                    tm.df += n
-                    tm.maxtf = max(tm.maxtf, mt)
-                    tm.lists.append((key, v, got))
-                continue
+                    n = len(got[0])
+                if dp is None or len(dp) * FEW_DEAD <= n:
+                    # every posting live (the header's count), or so few dead that they are
+                    # counted by looking them up, left in, and dropped from the candidates
+                    if got is not None:
+                        mt = int(got[1].max()) if n else 0
+                    if dp is not None:
+                        gone = _holding(got[0] if got is not None else plists.lookup(v, dp)[0], dp)
+                        n -= gone
+                        tm.dead = tm.dead or gone > 0
+                    if n > 0:
+                        tm.df += n
+                        tm.maxtf = max(tm.maxtf, mt)
+                        tm.lists.append((key, v, got))
+                    continue
             if got is None:
                 got = store.decoded.put(key, plists.unpack(v))
             ps, ts = _alive_in(snap, *got)
@@ -567,11 +570,6 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
             tm.ub = _tf_score(tm.idf, tm.maxtf, mindl, avgdl, k1, b)
             terms.append(tm)
     return terms
-
-
-def _count(got, v) -> int:
-    """Postings of a list, decoded (``got``) or packed (``v``)."""
-    return len(got[0]) if got is not None else max(plists.head(v)[0], 0)
 
 
 def _holding(ps: np.ndarray, dead: np.ndarray) -> int:

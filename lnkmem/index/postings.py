@@ -3,7 +3,8 @@
 The only module that knows their layout: the store writes them with :func:`pack`
 and reads them with :func:`unpack`; the copy checks them with :func:`count` and
 :func:`check`; :func:`max_tf` reads a list's largest tf from its headers alone
-(with the shortest passage, an upper bound of the list's BM25 scores).
+(with the shortest passage, an upper bound of the list's BM25 scores); a merge
+joins one term's lists of several segments with :func:`join`.
 :func:`pack` takes the distinct pids of one list, ascending or not (a list that
 is not, as a merge's concatenation of segments may be, is sorted first), and
 :func:`unpack` gives them ascending.
@@ -115,12 +116,7 @@ def pack(pids, tfs) -> bytes:
         if any(a >= b for a, b in zip(p, p[1:])):
             order = sorted(range(n), key=p.__getitem__)
             p, t = [p[i] for i in order], [t[i] for i in order]
-        gaps = [b - a - 1 for a, b in zip(p, p[1:])] + [0]
-        wp = _ROUND_L[max(gaps).bit_length()]
-        mt = max(t)
-        wt = _ROUND_L[(mt - 1).bit_length()]
-        return (_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
-                + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
+        return _pack_ints(p, t)
     p, t = np.asarray(pids), np.asarray(tfs)
     if p.dtype.kind not in "iu":
         p = p.astype(np.int64)
@@ -128,6 +124,19 @@ def pack(pids, tfs) -> bytes:
         order = np.argsort(p, kind="stable")
         p, t = p[order], t[order]
     return _pack_np(p, t)
+
+
+def _pack_ints(p: list, t: list) -> bytes:
+    """The stored form of one block's postings as Python integers: ``p`` ascending and
+    distinct, ``t`` in [1, 65535], 1 to BLOCK of them."""
+    n = len(p)
+    gaps = [b - a - 1 for a, b in zip(p, p[1:])]
+    gaps.append(0)
+    wp = _ROUND_L[max(gaps).bit_length()]
+    mt = max(t)
+    wt = _ROUND_L[(mt - 1).bit_length()]
+    return (_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
+            + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
 
 
 # postings made Python integers at a time by pack_many (a window of the columns, not
@@ -152,13 +161,7 @@ def pack_many(pids: np.ndarray, tfs: np.ndarray, starts: list[int], ends: list[i
             if b > w1 or a < w0:
                 w0, w1 = a, max(b, a + _WINDOW)
                 pl, tl = pids[w0:w1].tolist(), tfs[w0:w1].tolist()
-            p, t = pl[a - w0:b - w0], tl[a - w0:b - w0]
-            gaps = [y - x - 1 for x, y in zip(p, p[1:])] + [0]
-            wp = _ROUND_L[max(gaps).bit_length()]
-            mt = max(t)
-            wt = _ROUND_L[(mt - 1).bit_length()]
-            yield (_varint(n) + p[-1].to_bytes(4, "little") + mt.to_bytes(2, "little") + bytes((wp,))
-                   + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
+            yield _pack_ints(pl[a - w0:b - w0], tl[a - w0:b - w0])
         else:
             yield _pack_np(pids[a:b], tfs[a:b])
 
@@ -405,6 +408,150 @@ def unpack(v) -> tuple[np.ndarray, np.ndarray]:
     if lay is None:
         raise ValueError("a posting list has a broken length")
     return _decode(v, *lay)
+
+
+def _ints(v, n: int, used: int) -> tuple[list, list]:
+    """(pids, tfs) of a list of one block of ``n`` postings, as Python integers;
+    ValueError when its lengths are broken."""
+    o = used + _HS  # (_one_block's reading and checks, inline: a merge calls this a part)
+    last = int.from_bytes(v[used:used + 4], "little")
+    mt = int.from_bytes(v[used + 4:used + 6], "little")
+    wp = v[used + 6] if len(v) >= o else 255
+    if mt < 1 or wp > 32 or _ROUND_L[wp] != wp:
+        raise ValueError("a posting list has a broken length")
+    wt = _ROUND_L[(mt - 1).bit_length()]
+    gb, tb = _run_bytes(n, wp), _run_bytes(n, wt)
+    if o + gb + tb != len(v):
+        raise ValueError("a posting list has a broken length")
+    if wp:
+        gi = int.from_bytes(v[o:o + gb], "little")
+        mp = (1 << wp) - 1
+        ps = [last] * n
+        p = last
+        for j in range(n - 2, -1, -1):
+            p -= ((gi >> (j * wp)) & mp) + 1
+            ps[j] = p
+    else:
+        ps = list(range(last - n + 1, last + 1))
+    if wt:
+        ti = int.from_bytes(v[o + gb:o + gb + tb], "little")
+        mk = (1 << wt) - 1
+        ts = [min(((ti >> (j * wt)) & mk) + 1, 65535) for j in range(n)]
+    else:
+        ts = [1] * n
+    return ps, ts
+
+
+def join(parts: list, dead: Optional[np.ndarray] = None) -> Optional[bytes]:
+    """The stored form of several stored lists together, each list's pids apart from
+    every other's (a merge's segments' lists of one term), less the pids the mask
+    ``dead`` (by pid; None: none) marks; None when no posting is left. ValueError when a
+    part's lengths are broken. When all of them together fit one block they are read
+    and packed with Python integers; else every block of every part is decoded at once
+    (:func:`_blocks`): a merge's many short lists never cost numpy calls each."""
+    heads = []  # (last pid, count, count's bytes, value) of each part not empty
+    total = 0
+    for v in parts:
+        n = v[0] if len(v) else 0x80
+        used = 1
+        if n >= 0x80:
+            n, used = _read_varint(v)
+        if n <= 0:
+            if n == 0 and len(v) == used:
+                continue
+            raise ValueError("a posting list has a broken length")
+        at = used + (n - 1) // BLOCK * _HS  # the last block's header
+        if len(v) < at + _HS:
+            raise ValueError("a posting list has a broken length")
+        heads.append((int.from_bytes(v[at:at + 4], "little"), n, used, v))
+        total += n
+    if not heads:
+        return None
+    heads.sort()  # by last pid (no two alike): by first pid too, unless they interleave
+    if total <= BLOCK:  # one block: Python integers throughout
+        p, t = [], []
+        for last, n, used, v in heads:
+            if n == 1:  # (most parts) its tf is its header's largest
+                mt = int.from_bytes(v[used + 4:used + 6], "little")
+                if not mt or v[used + 6] or len(v) != used + _HS + _run_bytes(1, _ROUND_L[(mt - 1).bit_length()]):
+                    raise ValueError("a posting list has a broken length")
+                p.append(last)
+                t.append(mt)
+                continue
+            ps, ts = _ints(v, n, used)
+            p += ps
+            t += ts
+        if any(a >= b for a, b in zip(p, p[1:])):  # their ids interleave
+            order = sorted(range(len(p)), key=p.__getitem__)
+            p, t = [p[i] for i in order], [t[i] for i in order]
+        if dead is not None:
+            top = len(dead)
+            keep = [i for i, x in enumerate(p) if x >= top or not dead[x]]
+            if len(keep) < len(p):
+                if not keep:
+                    return None
+                p, t = [p[i] for i in keep], [t[i] for i in keep]
+        return _pack_ints(p, t)
+    p, t = _blocks([(n, used, v) for _, n, used, v in heads])
+    if not (p[1:] > p[:-1]).all():  # their ids interleave: one sort
+        order = np.argsort(p, kind="stable")
+        p, t = p[order], t[order]
+    if dead is not None:
+        inside = p < len(dead)
+        drop = np.zeros(len(p), bool)
+        drop[inside] = dead[p[inside]]
+        if drop.any():
+            p, t = p[~drop], t[~drop]
+    return pack(p, t) if len(p) else None
+
+
+def _blocks(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """(pids u32, tfs u16) of stored values (each given as (count, count's bytes, value),
+    none empty), one after another: every block of all of them decoded at once from their
+    bodies joined (a block stands alone: its header's last pid, then its runs), so the
+    numpy calls are a few dozen whatever the number of values. ValueError when one's
+    lengths are broken."""
+    hs, bodies, ns = [], [], []
+    for n, used, v in parts:
+        b = used + (n + BLOCK - 1) // BLOCK * _HS
+        hs.append(v[used:b])
+        bodies.append(v[b:])
+        ns.append(n)
+    hdr = np.frombuffer(b"".join(hs), _HDR)
+    ns = np.array(ns, np.int64)
+    nbs = (ns + BLOCK - 1) // BLOCK
+    wp = hdr["w"].astype(np.int64)
+    wt = _WT[hdr["maxtf"]]  # -1 for a largest tf of 0
+    if not _VALID[wp].all() or wt.min() < 0:
+        raise ValueError("a posting list has a broken length")
+    m = np.full(len(hdr), BLOCK, np.int64)  # postings a block: the last of each value's short
+    m[np.cumsum(nbs) - 1] = ns - BLOCK * (nbs - 1)
+
+    def run_bytes(w):
+        g = _UNIT[w]
+        return np.where(w > 0, (m + g - 1) // np.maximum(g, 1) * (g * w >> 3), 0)
+
+    gb, tb = run_bytes(wp), run_bytes(wt)
+    size = gb + tb
+    ends = np.cumsum(size)
+    lens = np.fromiter(map(len, bodies), np.int64, len(bodies))
+    if not (ends[np.cumsum(nbs) - 1] == np.cumsum(lens)).all():
+        raise ValueError("a posting list has a broken length")
+    go = ends - size
+    win = _window(b"".join(bodies), 0)  # (a short block read as a full one reads on: masked)
+    d = _runs(win, go, wp, np.uint32)
+    d += 1
+    d[_J >= (m - 1)[:, None]] = 0  # a block's last pid is its header's
+    pids = np.cumsum(d, axis=1, dtype=np.uint32)
+    pids -= d
+    pids += (hdr["last"].astype(np.uint32) - pids[:, -1])[:, None]
+    narrow = int(wt.max()) < 16
+    tfs = _runs(win, go + gb, wt, np.uint16 if narrow else np.uint32)
+    tfs += 1
+    if not narrow:
+        np.minimum(tfs, 65535, out=tfs)
+    keep = _J < m[:, None]
+    return pids[keep], tfs[keep].astype(np.uint16, copy=False)
 
 
 def _decode(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.ndarray] = None):

@@ -1620,18 +1620,7 @@ class Store:
                             keep = ~drop
                             v = postings.pack(p[keep], t[keep]) if keep.any() else None
                 else:  # each segment's list ascends and no id lies in two segments
-                    got = sorted((g for g in map(postings.unpack, parts) if len(g[0])), key=lambda g: int(g[0][0]))
-                    p = np.concatenate([g[0] for g in got]) if got else np.empty(0, np.uint32)
-                    t = np.concatenate([g[1] for g in got]) if got else np.empty(0, np.uint16)
-                    if any(int(a[0][-1]) > int(b[0][0]) for a, b in zip(got, got[1:])):  # their ids interleave: one sort
-                        order = np.argsort(p, kind="stable")
-                        p, t = p[order], t[order]
-                    del got  # (segments of ids apart, a bulk build's: in order as they are, no sort)
-                    if dirty:
-                        drop = _dead_of(dead, p)
-                        if drop.any():
-                            p, t = p[~drop], t[~drop]
-                    v = postings.pack(p, t) if len(p) else None
+                    v = postings.join(parts, dead if dirty else None)
                 if v is None:
                     continue
                 items.append((nk + term, v))

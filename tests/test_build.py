@@ -245,6 +245,44 @@ def test_packing_a_commits_lists_at_once_gives_each_lists_bytes(window, monkeypa
     assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_packing_lists_of_every_width_at_once_gives_each_lists_bytes(seed, monkeypatch):
+    """Lists of one block packed together (one gather a window of lists) make the bytes
+    each makes alone: counts 1 to 128 (128's count is two bytes), gaps and tfs of every
+    width a run may have, dense ids (no gap bits), the largest ids, lists longer than a
+    block among them."""
+    import numpy as np
+
+    from lnkmem.index import postings
+
+    rng = np.random.default_rng(seed)
+    lists = []
+    for _ in range(400):
+        n = int(rng.choice([1, 1, 2, 3, 7, 8, 9, 31, 127, 128, 129, 300]))
+        kind = int(rng.integers(0, 4))
+        if kind == 0:  # dense
+            p = np.arange(n, dtype=np.int64) + int(rng.integers(0, 10**6))
+        elif kind == 1:  # the largest ids there are
+            p = np.sort(rng.choice(2**20, n, replace=False)).astype(np.int64) + 2**32 - 2**20
+        else:  # gaps of up to 2**bits
+            p = np.cumsum(rng.integers(1, 2 ** int(rng.integers(1, 32 // max(1, n.bit_length() - 2))) + 1, n))
+            p = p[p < 2**32] if p[-1] >= 2**32 else p
+        t = rng.integers(1, 2 ** int(rng.integers(1, 18)), len(p))  # some above u16: held at 65535
+        lists.append((p, t))
+    lens = np.array([len(p) for p, _ in lists])
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    pids = np.concatenate([p for p, _ in lists]).astype(np.uint32)
+    tfs = np.concatenate([t for _, t in lists]).astype(np.uint32)
+    if seed % 2:
+        monkeypatch.setattr(postings, "_WINDOW", 1000)  # windows' edges among the lists
+    many = list(postings.pack_many(pids, tfs, starts.tolist(), ends.tolist()))
+    assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]
+    for v, (p, t) in zip(many, lists):
+        got_p, got_t = postings.unpack(v)
+        assert np.array_equal(got_p, p.astype(np.uint32)) and np.array_equal(got_t, np.minimum(t, 65535))
+
+
 def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
     home.write("a.md", "alpha\n")
     r = run_cli("index", *_flags(home), env={"LNKMEM_WORKER": "yes"})

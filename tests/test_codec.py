@@ -117,38 +117,50 @@ def test_postings_round_trip_of_any_list(pids, rnd):
     _round_trip(pids, tfs)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([1, 5, 60, 128, 129, 300, 1500]), st.sampled_from([2 ** 32, 10 ** 5, 5000]),
-       st.randoms(use_true_random=False))
-def test_a_merge_joins_lists_to_the_bytes_packing_them_whole_makes(most, span, rnd):
-    """A merge joins one term's lists of several segments (ids apart from list to list,
-    in ranges apart or interleaving, any lengths: Python integers when all fit a block,
-    every block at once otherwise) less the dead ids: the very bytes that packing the
-    live postings at once makes."""
+def _group(rnd, most: int, span: int, dead):
+    """One term's lists in several segments (ids apart from list to list: in ranges apart,
+    as a bulk build's segments, or interleaving, as segments merged before), and the bytes
+    that packing its live postings at once makes."""
     pids = rnd.sample(range(span), rnd.randint(0, min(most, span)))
-    tfs = [rnd.choice([1, 1, 2, 3, 200, 65535]) for _ in pids]
-    pairs = sorted(zip(pids, tfs))
+    pairs = sorted(zip(pids, (rnd.choice([1, 1, 2, 3, 200, 65535]) for _ in pids)))
     k = rnd.randint(1, 12)
-    if rnd.random() < 0.5:  # ranges apart, as a bulk build's segments
+    if rnd.random() < 0.5:
         cuts = sorted(rnd.sample(range(len(pairs) + 1), min(k - 1, len(pairs) + 1)))
         groups = [pairs[a:b] for a, b in zip([0] + cuts, cuts + [len(pairs)])]
-    else:  # interleaving, as segments merged before
+    else:
         groups = [[] for _ in range(k)]
         for x in pairs:
             groups[rnd.randrange(k)].append(x)
     rnd.shuffle(groups)
     parts = [postings.pack(np.array([p for p, _ in g], np.int64), np.array([t for _, t in g], np.int64))
              for g in groups]
-    dead = None
-    if pairs and rnd.random() < 0.5:
-        top = rnd.choice([max(pids) + 1, max(pids) // 2 + 1])  # (ids past the mask are not dead)
-        dead = np.zeros(top, bool)
-        for p, _ in pairs:
-            if p < top and rnd.random() < 0.3:
-                dead[p] = True
     live = [(p, t) for p, t in pairs if dead is None or p >= len(dead) or not dead[p]]
-    want = postings.pack(np.array([p for p, _ in live], np.int64), np.array([t for _, t in live], np.int64)) if live else None
-    assert postings.join(parts, dead) == want
+    want = postings.pack(np.array([p for p, _ in live], np.int64),
+                         np.array([t for _, t in live], np.int64)) if live else None
+    return parts, want
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([1, 5, 60, 128, 129, 300, 1500]), st.sampled_from([2 ** 32, 10 ** 5, 5000]),
+       st.integers(1, 6), st.sampled_from([None, 40, 1000]), st.randoms(use_true_random=False))
+def test_a_merge_joins_lists_to_the_bytes_packing_them_whole_makes(most, span, terms, window, rnd):
+    """A merge joins terms' lists of several segments a batch of terms at a time (any
+    lengths, ranges apart or interleaving, decoded and packed a window of postings at a
+    time) less the dead ids: for each term the very bytes that packing its live postings
+    at once makes, None for a term left with none."""
+    dead = None
+    if rnd.random() < 0.5:
+        dead = np.zeros(rnd.choice([span, span // 2]), bool)  # (ids past the mask are not dead)
+        dead[rnd.sample(range(len(dead)), min(len(dead), rnd.choice([0, 3, 100, 4000])))] = True
+    made = [_group(rnd, most, span, dead) for _ in range(terms)]
+    was = postings._WINDOW
+    try:
+        if window:
+            postings._WINDOW = window
+        got = postings.join_many([parts for parts, _ in made], dead)
+    finally:
+        postings._WINDOW = was
+    assert got == [want for _, want in made]
 
 
 @settings(max_examples=300, deadline=None)
@@ -156,7 +168,7 @@ def test_a_merge_joins_lists_to_the_bytes_packing_them_whole_makes(most, span, r
 def test_a_merge_of_broken_lists_stops_with_a_value_error(bs):
     good = postings.pack(np.arange(300, dtype=np.int64) * 3, np.ones(300, np.int64))
     try:
-        postings.join(bs + [good])
+        postings.join_many([bs + [good], [good]])
     except ValueError:
         pass
 

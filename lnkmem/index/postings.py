@@ -4,7 +4,7 @@ The only module that knows their layout: the store writes them with :func:`pack`
 and reads them with :func:`unpack`; the copy checks them with :func:`count` and
 :func:`check`; :func:`max_tf` reads a list's largest tf from its headers alone
 (with the shortest passage, an upper bound of the list's BM25 scores); a merge
-joins one term's lists of several segments with :func:`join`.
+joins terms' lists of several segments with :func:`join_many`.
 :func:`pack` takes the distinct pids of one list, ascending or not (a list that
 is not, as a merge's concatenation of segments may be, is sorted first), and
 :func:`unpack` gives them ascending.
@@ -139,31 +139,117 @@ def _pack_ints(p: list, t: list) -> bytes:
             + _bits(gaps, wp) + _bits([x - 1 for x in t], wt))
 
 
-# postings made Python integers at a time by pack_many (a window of the columns, not
-# all of a commit's: at 4 MB of text, ~400k postings were ~15 MiB of int objects)
-_WINDOW = 1 << 14
+# lists packed together at a time by pack_many: its work arrays (a dozen int64 a
+# posting) are bounded by this many postings, not by a commit's
+_WINDOW = 1 << 16
 
 
 def pack_many(pids: np.ndarray, tfs: np.ndarray, starts: list[int], ends: list[int]) -> Iterator[bytes]:
     """:func:`pack` of many lists at once (a commit's), one by one: list i is
     ``pids[starts[i]:ends[i]]`` with its tfs, its pids ascending and distinct, the
-    lists in column order. A list of one block is packed from slices of the
-    columns made Python integers a window at a time, a longer one with numpy."""
-    tfs = np.clip(np.asarray(tfs), 1, 65535)
-    w0 = w1 = 0
-    pl: list = []
-    tl: list = []
-    for a, b in zip(starts, ends):
-        n = b - a
-        if n == 0:
-            yield b"\x00"
-        elif n <= BLOCK:
-            if b > w1 or a < w0:
-                w0, w1 = a, max(b, a + _WINDOW)
-                pl, tl = pids[w0:w1].tolist(), tfs[w0:w1].tolist()
-            yield _pack_ints(pl[a - w0:b - w0], tl[a - w0:b - w0])
+    lists in column order. The lists of a window of the columns are packed together
+    with a few dozen numpy calls whatever their number (:func:`_pack_lists`: a
+    commit's are ~50,000, most of one or two postings); a list longer than the
+    window alone, a chunk at a time."""
+    i, k = 0, len(starts)
+    while i < k:
+        j, first = i, starts[i]
+        while j < k and (ends[j] - first <= _WINDOW or j == i):
+            j += 1
+        s = np.array(starts[i:j], np.int64)
+        e = np.array(ends[i:j], np.int64)
+        n = e - s
+        if j == i + 1 and n[0] > _WINDOW:
+            yield pack(pids[first:ends[i]], tfs[first:ends[i]])
+        elif (n > 0).all() and (s[1:] == e[:-1]).all():  # (a commit's: one after another)
+            yield from _pack_lists(pids[first:ends[j - 1]], tfs[first:ends[j - 1]], n)
         else:
-            yield _pack_np(pids[a:b], tfs[a:b])
+            some = n > 0
+            sn = n[some]
+            if len(sn):
+                at = np.repeat(s[some] - np.cumsum(sn) + sn, sn) + np.arange(int(sn.sum()))
+                packed = iter(_pack_lists(pids[at], tfs[at], sn))
+            for x in some.tolist():
+                yield next(packed) if x else b"\x00"
+        i = j
+
+
+def _pack_lists(p: np.ndarray, t: np.ndarray, n: np.ndarray) -> list[bytes]:
+    """The stored forms of lists given one after another: list i is the next ``n[i]``
+    (> 0) of (p, t), pids ascending and distinct. The same bytes as :func:`pack`
+    makes of each: its count, its blocks' headers, their bodies."""
+    nb = (n + BLOCK - 1) // BLOCK  # blocks a list
+    fb = np.cumsum(nb) - nb  # a list's first block
+    m = np.full(int(nb.sum()), BLOCK, np.int64)
+    m[fb + nb - 1] = n - BLOCK * (nb - 1)
+    hdr, size, body = _pack_blocks(p, t, m)
+    vl = 1 + (n >= 1 << 7) + (n >= 1 << 14) + (n >= 1 << 21) + (n >= 1 << 28)  # the count's varint
+    lb = np.add.reduceat(size, fb)  # a list's bodies
+    total = vl + _HS * nb + lb
+    off = np.cumsum(total) - total
+    out = np.zeros(int(total.sum()), np.uint8)
+    for k in range(int(vl.max())):
+        sel = vl > k
+        out[off[sel] + k] = ((n[sel] >> (7 * k)) & 0x7F) | np.where(vl[sel] > k + 1, 0x80, 0)
+    at = off + vl  # the headers'
+    own = np.arange(len(m)) - np.repeat(fb, nb)  # a block's place in its list
+    out[(np.repeat(at, nb) + _HS * own)[:, None] + np.arange(_HS)] = hdr.view(np.uint8).reshape(-1, _HS)
+    at += _HS * nb  # the bodies'
+    out[np.repeat(at - (np.cumsum(lb) - lb), lb) + np.arange(len(body))] = body
+    b = out.tobytes()
+    return [b[o:o + z] for o, z in zip(off.tolist(), total.tolist())]
+
+
+def _pack_blocks(p: np.ndarray, t: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(headers, body bytes a block, bodies one after another) of blocks given one after
+    another: block i is the next ``m[i]`` (1 to BLOCK) of (p, t), pids ascending within
+    it. A block's body: its pid gaps, then its tfs less one, each a run."""
+    p = np.asarray(p, np.int64)
+    t = np.clip(np.asarray(t, np.int64), 1, 65535)
+    bs = np.cumsum(m) - m  # a block's first posting
+    be = bs + m - 1  # and last
+    g = np.zeros(len(p), np.int64)
+    g[:-1] = np.diff(p) - 1
+    g[be] = 0  # a block's last pid is in its header
+    wp = _ROUND[_bitlen(np.maximum.reduceat(g, bs))]
+    mt = np.maximum.reduceat(t, bs)
+    wt = _ROUND[_bitlen(mt - 1)]
+    gb, gbytes = _pack_runs(g, wp, m, bs)
+    tb, tbytes = _pack_runs(t - 1, wt, m, bs)
+    size = gb + tb
+    at = np.cumsum(size) - size
+    body = np.zeros(int(size.sum()), np.uint8)
+    for runs, rb in ((gbytes, gb), (tbytes, tb)):
+        if len(runs):
+            body[np.repeat(at - (np.cumsum(rb) - rb), rb) + np.arange(len(runs))] = runs
+        at = at + rb
+    hdr = np.empty(len(m), _HDR)
+    hdr["last"], hdr["maxtf"], hdr["w"] = p[be], mt, wp
+    return hdr, size, body
+
+
+def _pack_runs(vals: np.ndarray, w: np.ndarray, n: np.ndarray, ls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes a run, the runs' bytes one after another) of runs given one after another
+    (run i: the ``n[i]`` values of ``vals`` from ``ls[i]``, ``w[i]`` bits each): units of
+    64 bits at most (``_UNIT[w]`` values), each the sum of its values shifted into
+    place (their bits never overlap), its first ``_UNIT[w]·w/8`` bytes kept."""
+    g = _UNIT[w]
+    units = np.where(w > 0, (n + g - 1) // np.maximum(g, 1), 0)
+    ub = g * w >> 3
+    nb = units * ub
+    on = w > 0
+    if not on.any():
+        return nb, np.zeros(0, np.uint8)
+    if not on.all():
+        keep = np.repeat(on, n)
+        vals, n, w, g, units, ub = vals[keep], n[on], w[on], g[on], units[on], ub[on]
+        ls = np.cumsum(n) - n
+    j = np.arange(len(vals)) - np.repeat(ls, n)  # place in its run
+    k = j % np.repeat(g, n)  # place in its unit
+    word = np.add.reduceat(vals.astype(np.uint64) << (k * np.repeat(w, n)).astype(np.uint64),
+                           np.flatnonzero(k == 0))
+    wb = word.astype("<u8").view(np.uint8).reshape(-1, 8)
+    return nb, wb[np.arange(8) < np.repeat(ub, units)[:, None]]
 
 
 def _shape(n: int, wp: np.ndarray, wt: np.ndarray):
@@ -182,39 +268,6 @@ def _shape(n: int, wp: np.ndarray, wt: np.ndarray):
     return m, go, go + gb, int(ends[-1])
 
 
-def _groups(m: np.ndarray, w: np.ndarray):
-    """(blocks, width, values a block): full blocks by width, the last alone when short."""
-    nb = len(m)
-    full = nb if m[-1] == BLOCK else nb - 1
-    out = []
-    if full:
-        wf = w[:full]
-        first = int(wf[0])
-        if (wf == first).all():
-            out.append((np.arange(full), first, BLOCK))
-        else:
-            for x in np.unique(wf).tolist():
-                out.append((np.flatnonzero(wf == x), x, BLOCK))
-    if full < nb:
-        out.append((np.array([nb - 1]), int(w[-1]), int(m[-1])))
-    return out
-
-
-def _put(out: np.ndarray, vals: np.ndarray, m, offs, w: np.ndarray) -> None:
-    """Pack ``vals`` (BLOCK a block, the last m[-1]; padded to whole blocks) into
-    ``out`` at each block's run offset."""
-    for blocks, x, cnt in _groups(m, w):
-        if not x:
-            continue
-        g = _UNIT_L[x]
-        units = (cnt + g - 1) // g
-        ub = g * x >> 3
-        v = vals[blocks[:, None] * BLOCK + np.arange(units * g)].astype(np.uint64).reshape(-1, g)
-        word = np.bitwise_or.reduce(v << (np.arange(g, dtype=np.uint64) * np.uint64(x)), axis=1)
-        rows = word.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :ub].reshape(len(blocks), units * ub)
-        out[offs[blocks][:, None] + np.arange(units * ub)] = rows
-
-
 # postings packed with numpy at a time (whole blocks): a list's int64 work arrays are
 # bounded by this, not by its length (a merge's list of the commonest word at 1.27M
 # passages took ~60 MiB packed at once)
@@ -222,37 +275,18 @@ _PACK_CHUNK = BLOCK * 512
 
 
 def _pack_np(p: np.ndarray, t: np.ndarray) -> bytes:
-    """The stored form of a list of more than one block, pids ascending (tfs clipped
-    here): its blocks are packed a chunk at a time (each block stands alone: its
-    header, then its runs), headers and runs joined in block order."""
+    """The stored form of a list of more than one block, pids ascending: its blocks
+    are packed a chunk at a time (each block stands alone: its header, then its runs),
+    headers and runs joined in block order."""
     n = len(p)
-    parts = [_pack_blocks(np.asarray(p[a:a + _PACK_CHUNK], np.int64),
-                          np.clip(np.asarray(t[a:a + _PACK_CHUNK], np.int64), 1, 65535))
-             for a in range(0, n, _PACK_CHUNK)]
+    parts = []
+    for a in range(0, n, _PACK_CHUNK):
+        k = min(n - a, _PACK_CHUNK)
+        m = np.full((k + BLOCK - 1) // BLOCK, BLOCK, np.int64)
+        m[-1] = k - BLOCK * (len(m) - 1)
+        hdr, _, body = _pack_blocks(p[a:a + k], t[a:a + k], m)
+        parts.append((hdr.tobytes(), body.tobytes()))
     return _varint(n) + b"".join(h for h, _ in parts) + b"".join(b for _, b in parts)
-
-
-def _pack_blocks(p: np.ndarray, t: np.ndarray) -> tuple[bytes, bytes]:
-    """(headers, runs) of the blocks of (p, t), every block full but the last."""
-    n = len(p)
-    nb = (n + BLOCK - 1) // BLOCK
-    starts = np.arange(nb, dtype=np.int64) * BLOCK
-    g = np.zeros(nb * BLOCK, np.int64)
-    g[:n - 1] = np.diff(p) - 1
-    m = np.minimum(starts + BLOCK, n) - starts
-    g[starts + m - 1] = 0  # a block's last pid is in its header
-    tt = np.zeros(nb * BLOCK, np.int64)
-    tt[:n] = t - 1
-    wp = _ROUND[_bitlen(np.maximum.reduceat(g[:n], starts))]
-    maxtf = np.maximum.reduceat(t, starts)
-    wt = _ROUND[_bitlen(maxtf - 1)]
-    m, go, to, size = _shape(n, wp, wt)
-    body = np.zeros(size, np.uint8)
-    _put(body, g, m, go, wp)
-    _put(body, tt, m, to, wt)
-    hdr = np.empty(nb, _HDR)
-    hdr["last"], hdr["maxtf"], hdr["w"] = p[starts + m - 1], maxtf, wp
-    return hdr.tobytes(), body.tobytes()
 
 
 def _layout(v):
@@ -410,99 +444,78 @@ def unpack(v) -> tuple[np.ndarray, np.ndarray]:
     return _decode(v, *lay)
 
 
-def _ints(v, n: int, used: int) -> tuple[list, list]:
-    """(pids, tfs) of a list of one block of ``n`` postings, as Python integers;
-    ValueError when its lengths are broken."""
-    o = used + _HS  # (_one_block's reading and checks, inline: a merge calls this a part)
-    last = int.from_bytes(v[used:used + 4], "little")
-    mt = int.from_bytes(v[used + 4:used + 6], "little")
-    wp = v[used + 6] if len(v) >= o else 255
-    if mt < 1 or wp > 32 or _ROUND_L[wp] != wp:
-        raise ValueError("a posting list has a broken length")
-    wt = _ROUND_L[(mt - 1).bit_length()]
-    gb, tb = _run_bytes(n, wp), _run_bytes(n, wt)
-    if o + gb + tb != len(v):
-        raise ValueError("a posting list has a broken length")
-    if wp:
-        gi = int.from_bytes(v[o:o + gb], "little")
-        mp = (1 << wp) - 1
-        ps = [last] * n
-        p = last
-        for j in range(n - 2, -1, -1):
-            p -= ((gi >> (j * wp)) & mp) + 1
-            ps[j] = p
-    else:
-        ps = list(range(last - n + 1, last + 1))
-    if wt:
-        ti = int.from_bytes(v[o + gb:o + gb + tb], "little")
-        mk = (1 << wt) - 1
-        ts = [min(((ti >> (j * wt)) & mk) + 1, 65535) for j in range(n)]
-    else:
-        ts = [1] * n
-    return ps, ts
-
-
-def join(parts: list, dead: Optional[np.ndarray] = None) -> Optional[bytes]:
-    """The stored form of several stored lists together, each list's pids apart from
-    every other's (a merge's segments' lists of one term), less the pids the mask
-    ``dead`` (by pid; None: none) marks; None when no posting is left. ValueError when a
-    part's lengths are broken. When all of them together fit one block they are read
-    and packed with Python integers; else every block of every part is decoded at once
-    (:func:`_blocks`): a merge's many short lists never cost numpy calls each."""
-    heads = []  # (last pid, count, count's bytes, value) of each part not empty
-    total = 0
-    for v in parts:
-        n = v[0] if len(v) else 0x80
-        used = 1
-        if n >= 0x80:
-            n, used = _read_varint(v)
-        if n <= 0:
-            if n == 0 and len(v) == used:
-                continue
-            raise ValueError("a posting list has a broken length")
-        at = used + (n - 1) // BLOCK * _HS  # the last block's header
-        if len(v) < at + _HS:
-            raise ValueError("a posting list has a broken length")
-        heads.append((int.from_bytes(v[at:at + 4], "little"), n, used, v))
-        total += n
-    if not heads:
-        return None
-    heads.sort()  # by last pid (no two alike): by first pid too, unless they interleave
-    if total <= BLOCK:  # one block: Python integers throughout
-        p, t = [], []
-        for last, n, used, v in heads:
-            if n == 1:  # (most parts) its tf is its header's largest
-                mt = int.from_bytes(v[used + 4:used + 6], "little")
-                if not mt or v[used + 6] or len(v) != used + _HS + _run_bytes(1, _ROUND_L[(mt - 1).bit_length()]):
-                    raise ValueError("a posting list has a broken length")
-                p.append(last)
-                t.append(mt)
-                continue
-            ps, ts = _ints(v, n, used)
-            p += ps
-            t += ts
-        if any(a >= b for a, b in zip(p, p[1:])):  # their ids interleave
-            order = sorted(range(len(p)), key=p.__getitem__)
-            p, t = [p[i] for i in order], [t[i] for i in order]
-        if dead is not None:
-            top = len(dead)
-            keep = [i for i, x in enumerate(p) if x >= top or not dead[x]]
-            if len(keep) < len(p):
-                if not keep:
-                    return None
-                p, t = [p[i] for i in keep], [t[i] for i in keep]
-        return _pack_ints(p, t)
-    p, t = _blocks([(n, used, v) for _, n, used, v in heads])
-    if not (p[1:] > p[:-1]).all():  # their ids interleave: one sort
-        order = np.argsort(p, kind="stable")
+def join_many(groups: list, dead: Optional[np.ndarray] = None) -> list:
+    """For each group of stored lists (a merge's lists of one term in several segments,
+    each list's pids apart from every other's of its group), the stored form of their
+    postings together less the pids the mask ``dead`` (by pid; None: none) marks, or
+    None when none is left. ValueError when a list's lengths are broken. Every block of
+    every list is decoded at once (:func:`_blocks`; a block stands alone) and the groups
+    packed at once (:func:`_pack_lists`): a few dozen numpy calls whatever the number of
+    groups and lists (a merge's are mostly of one or two postings)."""
+    flat = []  # (count, count's bytes, value) of each list not empty, a group's by last pid
+    counts = []  # postings a group, for the groups not empty
+    some = []  # which groups those are
+    for gi, parts in enumerate(groups):
+        heads = []
+        total = 0
+        for v in parts:
+            n = v[0] if len(v) else 0x80
+            used = 1
+            if n >= 0x80:
+                n, used = _read_varint(v)
+            if n <= 0:
+                if n == 0 and len(v) == used:
+                    continue
+                raise ValueError("a posting list has a broken length")
+            at = used + (n - 1) // BLOCK * _HS  # the last block's header
+            if len(v) < at + _HS:
+                raise ValueError("a posting list has a broken length")
+            heads.append((int.from_bytes(v[at:at + 4], "little"), n, used, v))
+            total += n
+        if heads:
+            heads.sort()  # by last pid (no two alike): by first pid too, unless they interleave
+            flat += [h[1:] for h in heads]
+            counts.append(total)
+            some.append(gi)
+    out: list = [None] * len(groups)
+    if not flat:
+        return out
+    ps, ts = [], []  # decoded a window of postings at a time (work arrays ~40 B a posting)
+    i = 0
+    while i < len(flat):
+        j, k = i, 0
+        while j < len(flat) and (k + flat[j][0] <= _WINDOW or j == i):
+            k += flat[j][0]
+            j += 1
+        a, b = _blocks(flat[i:j])
+        ps.append(a)
+        ts.append(b)
+        i = j
+    p, t = (ps[0], ts[0]) if len(ps) == 1 else (np.concatenate(ps), np.concatenate(ts))
+    del ps, ts
+    n = np.array(counts, np.int64)
+    gs = np.cumsum(n) - n  # a group's first posting
+    up = p[1:] > p[:-1]
+    up[gs[1:] - 1] = True  # (from one group to the next)
+    if not up.all():  # some group's ids interleave: each group sorted by pid
+        order = np.lexsort((p, np.repeat(np.arange(len(n)), n)))
         p, t = p[order], t[order]
     if dead is not None:
         inside = p < len(dead)
         drop = np.zeros(len(p), bool)
         drop[inside] = dead[p[inside]]
         if drop.any():
-            p, t = p[~drop], t[~drop]
-    return pack(p, t) if len(p) else None
+            keep = ~drop
+            n = np.add.reduceat(keep.astype(np.int64), gs)
+            p, t = p[keep], t[keep]
+            some = [g for g, k in zip(some, (n > 0).tolist()) if k]
+            n = n[n > 0]
+            if not len(n):
+                return out
+    gs = np.cumsum(n) - n
+    for g, v in zip(some, pack_many(p, t, gs.tolist(), (gs + n).tolist())):
+        out[g] = v
+    return out
 
 
 def _blocks(parts: list) -> tuple[np.ndarray, np.ndarray]:
@@ -538,20 +551,38 @@ def _blocks(parts: list) -> tuple[np.ndarray, np.ndarray]:
     if not (ends[np.cumsum(nbs) - 1] == np.cumsum(lens)).all():
         raise ValueError("a posting list has a broken length")
     go = ends - size
-    win = _window(b"".join(bodies), 0)  # (a short block read as a full one reads on: masked)
-    d = _runs(win, go, wp, np.uint32)
+    win = _window(b"".join(bodies), 0)
+    total = int(ns.sum())
+    first = np.cumsum(m) - m  # a block's first posting
+    d = np.empty(total, np.int64)  # gaps, then gaps + 1 (0 at a block's last)
+    f = np.empty(total, np.int64)  # tfs less one
+    full = m == BLOCK
+    if full.any():  # whole blocks: a 64-bit word a unit of 8 values (_runs)
+        fb = np.flatnonzero(full)
+        at = (first[fb][:, None] + _J).ravel()
+        d[at] = _runs(win, go[fb], wp[fb]).ravel()
+        f[at] = _runs(win, go[fb] + gb[fb], wt[fb]).ravel()
+    if not full.all():  # short ones (most of a merge's): a word a value, only their values
+        sb = np.flatnonzero(~full)
+        ms = m[sb]
+        blk = np.repeat(sb, ms)
+        j = np.arange(int(ms.sum())) - np.repeat(np.cumsum(ms) - ms, ms)  # place in its block
+        at = first[blk] + j
+        for out, w, o in ((d, wp, go), (f, wt, go + gb)):
+            wv = w[blk]
+            bit = j * wv
+            out[at] = (win[o[blk] + (bit >> 3)] >> (bit & 7).astype(np.uint64)) & _MASK[wv]
     d += 1
-    d[_J >= (m - 1)[:, None]] = 0  # a block's last pid is its header's
-    pids = np.cumsum(d, axis=1, dtype=np.uint32)
-    pids -= d
-    pids += (hdr["last"].astype(np.uint32) - pids[:, -1])[:, None]
-    narrow = int(wt.max()) < 16
-    tfs = _runs(win, go + gb, wt, np.uint16 if narrow else np.uint32)
-    tfs += 1
-    if not narrow:
-        np.minimum(tfs, 65535, out=tfs)
-    keep = _J < m[:, None]
-    return pids[keep], tfs[keep].astype(np.uint16, copy=False)
+    last = first + m - 1
+    d[last] = 0  # a block's last pid is its header's
+    # id j of a block: its last id less (gaps + 1) from j on, i.e. with c the running sum
+    # of d, c[j] - d[j] - (c[its last] - its last id)
+    c = np.cumsum(d)
+    pids = c - d
+    pids -= np.repeat(c[last] - hdr["last"].astype(np.int64), m)
+    f += 1
+    np.minimum(f, 65535, out=f)
+    return pids.astype(np.uint32), f.astype(np.uint16)
 
 
 def _decode(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.ndarray] = None):

@@ -1486,6 +1486,7 @@ class Store:
     TIER_FLOOR = 16  # passages: smaller segments are all in the lowest tier
     DEAD_SHARE = 0.5  # a segment with more dead passages than this share is merged alone
     STEP_BYTES = 4 << 20  # postings written (or keys deleted, x64 B) per write transaction of a merge
+    JOIN_BYTES = 64 << 10  # stored lists of terms in several segments joined at a time by a merge
 
     _merger: Optional[threading.Thread] = None
     _swept = False
@@ -1600,8 +1601,22 @@ class Store:
 
             for i in range(len(segs)):
                 advance(i, True)
-            items: list[tuple[bytes, bytes]] = []
+            items: list = []  # (key, value); None where a joined term is still pending
             size = 0
+            pending: list = []  # (place in items, key, the term's lists): joined a batch at a time
+            pend = [0, False]  # their bytes, whether one is of a segment holding dead ids
+
+            def join_pending() -> int:
+                vals = postings.join_many([g for _, _, g in pending], dead if pend[1] else None)
+                got = 0
+                for (at, key, _), v in zip(pending, vals):
+                    if v is not None:
+                        items[at] = (key, v)
+                        got += len(v) + len(key)
+                pending.clear()
+                pend[:] = [0, False]
+                return got
+
             while heap:
                 term, i, v = heapq.heappop(heap)
                 parts = [v]
@@ -1619,20 +1634,28 @@ class Store:
                         if drop.any():
                             keep = ~drop
                             v = postings.pack(p[keep], t[keep]) if keep.any() else None
-                else:  # each segment's list ascends and no id lies in two segments
-                    v = postings.join(parts, dead if dirty else None)
-                if v is None:
-                    continue
-                items.append((nk + term, v))
-                size += len(v) + len(term) + 4
+                else:  # each segment's list ascends and no id lies in two segments: joined
+                    # with others (postings.join_many), a few dozen numpy calls a batch
+                    pending.append((len(items), nk + term, parts))
+                    items.append(None)
+                    pend[0] += sum(map(len, parts))
+                    pend[1] = pend[1] or dirty
+                    if pend[0] >= self.JOIN_BYTES:
+                        size += join_pending()
+                    v = None
+                if v is not None:
+                    items.append((nk + term, v))
+                    size += len(v) + len(term) + 4
                 if len(items) % 1024 == 0:
                     self.let_go_of_map()  # (the read transaction stays: only the pages go)
-                if size >= self.STEP_BYTES:
+                if size + pend[0] >= self.STEP_BYTES:  # (the pending lists' bytes: about what they join to)
                     if stop():
                         raise _Abandoned()
+                    size += join_pending()
                     # no read transaction open across a write step: a full map is grown there (a
                     # remap), and an old reader would pin the pages commits free meanwhile
                     txn.abort()
+                    items = [x for x in items if x is not None]
                     self._step(lambda: self._put_postings(segs, items))
                     items, size = [], 0
                     _release_map(self.data)
@@ -1641,7 +1664,10 @@ class Store:
                     for t_, j, _ in heap:
                         if not curs[j].set_key(keys[j] + t_):
                             raise _Abandoned()  # the segment went away meanwhile
+            if pending:
+                join_pending()
             txn.abort()
+            items = [x for x in items if x is not None]
             if items:
                 self._step(lambda: self._put_postings(segs, items))
         finally:

@@ -67,6 +67,11 @@ def log(msg: str) -> None:
 
 
 def program() -> str:
+    # the package's bytecode, as an install compiles it: the children run with
+    # PYTHONDONTWRITEBYTECODE (nothing written into the tree by them), so in a fresh
+    # checkout every start compiled every module from source (+0.25 s a restart)
+    import compileall
+    compileall.compile_dir(os.path.join(ROOT, "lnkmem"), quiet=1)
     beside = os.path.join(os.path.dirname(sys.executable), "lnk-lnkmem")
     if os.path.exists(beside):
         return beside

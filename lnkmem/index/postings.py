@@ -141,7 +141,7 @@ def _pack_ints(p: list, t: list) -> bytes:
 
 # lists packed together at a time by pack_many: its work arrays (a dozen int64 a
 # posting) are bounded by this many postings, not by a commit's
-_WINDOW = 1 << 16
+_WINDOW = 1 << 14
 
 
 def pack_many(pids: np.ndarray, tfs: np.ndarray, starts: list[int], ends: list[int]) -> Iterator[bytes]:

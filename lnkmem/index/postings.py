@@ -144,25 +144,25 @@ def _pack_ints(p: list, t: list) -> bytes:
 _WINDOW = 1 << 14
 
 
-def pack_many(pids: np.ndarray, tfs: np.ndarray, starts: list[int], ends: list[int]) -> Iterator[bytes]:
+def pack_many(pids: np.ndarray, tfs: np.ndarray, starts, ends) -> Iterator[bytes]:
     """:func:`pack` of many lists at once (a commit's), one by one: list i is
     ``pids[starts[i]:ends[i]]`` with its tfs, its pids ascending and distinct, the
-    lists in column order. The lists of a window of the columns are packed together
-    with a few dozen numpy calls whatever their number (:func:`_pack_lists`: a
-    commit's are ~50,000, most of one or two postings); a list longer than the
-    window alone, a chunk at a time."""
+    lists in column order (``ends`` ascending). The lists of a window of the columns
+    are packed together with a few dozen numpy calls whatever their number
+    (:func:`_pack_lists`: a commit's are ~50,000, most of one or two postings); a list
+    longer than the window alone, a chunk at a time."""
+    starts = np.asarray(starts, np.int64)
+    ends = np.asarray(ends, np.int64)
     i, k = 0, len(starts)
     while i < k:
-        j, first = i, starts[i]
-        while j < k and (ends[j] - first <= _WINDOW or j == i):
-            j += 1
-        s = np.array(starts[i:j], np.int64)
-        e = np.array(ends[i:j], np.int64)
+        first = int(starts[i])
+        j = max(int(np.searchsorted(ends, first + _WINDOW, side="right")), i + 1)
+        s, e = starts[i:j], ends[i:j]
         n = e - s
         if j == i + 1 and n[0] > _WINDOW:
-            yield pack(pids[first:ends[i]], tfs[first:ends[i]])
+            yield pack(pids[first:int(e[0])], tfs[first:int(e[0])])
         elif (n > 0).all() and (s[1:] == e[:-1]).all():  # (a commit's: one after another)
-            yield from _pack_lists(pids[first:ends[j - 1]], tfs[first:ends[j - 1]], n)
+            yield from _pack_lists(pids[first:int(e[-1])], tfs[first:int(e[-1])], n)
         else:
             some = n > 0
             sn = n[some]
@@ -228,14 +228,20 @@ def _pack_blocks(p: np.ndarray, t: np.ndarray, m: np.ndarray) -> tuple[np.ndarra
     return hdr, size, body
 
 
+def _units(n: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(units, bytes a unit) of runs of ``n`` values ``w`` bits wide (none for width 0):
+    :func:`_run_bytes` of many runs is their product."""
+    g = _UNIT[w]
+    return np.where(w > 0, (n + g - 1) // np.maximum(g, 1), 0), g * w >> 3
+
+
 def _pack_runs(vals: np.ndarray, w: np.ndarray, n: np.ndarray, ls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(bytes a run, the runs' bytes one after another) of runs given one after another
     (run i: the ``n[i]`` values of ``vals`` from ``ls[i]``, ``w[i]`` bits each): units of
     64 bits at most (``_UNIT[w]`` values), each the sum of its values shifted into
     place (their bits never overlap), its first ``_UNIT[w]·w/8`` bytes kept."""
     g = _UNIT[w]
-    units = np.where(w > 0, (n + g - 1) // np.maximum(g, 1), 0)
-    ub = g * w >> 3
+    units, ub = _units(n, w)
     nb = units * ub
     on = w > 0
     if not on.any():
@@ -513,7 +519,7 @@ def join_many(groups: list, dead: Optional[np.ndarray] = None) -> list:
             if not len(n):
                 return out
     gs = np.cumsum(n) - n
-    for g, v in zip(some, pack_many(p, t, gs.tolist(), (gs + n).tolist())):
+    for g, v in zip(some, pack_many(p, t, gs, gs + n)):
         out[g] = v
     return out
 
@@ -539,12 +545,7 @@ def _blocks(parts: list) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("a posting list has a broken length")
     m = np.full(len(hdr), BLOCK, np.int64)  # postings a block: the last of each value's short
     m[np.cumsum(nbs) - 1] = ns - BLOCK * (nbs - 1)
-
-    def run_bytes(w):
-        g = _UNIT[w]
-        return np.where(w > 0, (m + g - 1) // np.maximum(g, 1) * (g * w >> 3), 0)
-
-    gb, tb = run_bytes(wp), run_bytes(wt)
+    gb, tb = np.multiply(*_units(m, wp)), np.multiply(*_units(m, wt))
     size = gb + tb
     ends = np.cumsum(size)
     lens = np.fromiter(map(len, bodies), np.int64, len(bodies))

@@ -1350,7 +1350,6 @@ class Store:
                 starts = np.concatenate(([0], bounds))
                 ends = np.concatenate((bounds, [len(r)]))
                 if len(r):  # made as they are written (a list of them all was ~10 MiB at 4 MB of text)
-                    starts, ends = starts.tolist(), ends.tolist()
                     items = zip((sk + names[k].encode() for k in r[starts].tolist()),
                                 postings.pack_many(pid_arr, tf_arr, starts, ends))
                     # a new segment's keys sort after every other: appended, no old page touched
@@ -1603,18 +1602,21 @@ class Store:
                 advance(i, True)
             items: list = []  # (key, value); None where a joined term is still pending
             size = 0
-            pending: list = []  # (place in items, key, the term's lists): joined a batch at a time
-            pend = [0, False]  # their bytes, whether one is of a segment holding dead ids
+            pending: list = []  # (place in items, key, the term's lists, whether one is of a
+            # segment holding dead ids): joined a batch at a time
+            pend_bytes = 0  # their lists' bytes
 
             def join_pending() -> int:
-                vals = postings.join_many([g for _, _, g in pending], dead if pend[1] else None)
+                nonlocal pend_bytes
+                dirty_ = any(p[3] for p in pending)
+                vals = postings.join_many([p[2] for p in pending], dead if dirty_ else None)
                 got = 0
-                for (at, key, _), v in zip(pending, vals):
+                for (at, key, _, _), v in zip(pending, vals):
                     if v is not None:
                         items[at] = (key, v)
                         got += len(v) + len(key)
                 pending.clear()
-                pend[:] = [0, False]
+                pend_bytes = 0
                 return got
 
             while heap:
@@ -1636,11 +1638,10 @@ class Store:
                             v = postings.pack(p[keep], t[keep]) if keep.any() else None
                 else:  # each segment's list ascends and no id lies in two segments: joined
                     # with others (postings.join_many), a few dozen numpy calls a batch
-                    pending.append((len(items), nk + term, parts))
+                    pending.append((len(items), nk + term, parts, dirty))
                     items.append(None)
-                    pend[0] += sum(map(len, parts))
-                    pend[1] = pend[1] or dirty
-                    if pend[0] >= self.JOIN_BYTES:
+                    pend_bytes += sum(map(len, parts))
+                    if pend_bytes >= self.JOIN_BYTES:
                         size += join_pending()
                     v = None
                 if v is not None:
@@ -1648,7 +1649,7 @@ class Store:
                     size += len(v) + len(term) + 4
                 if len(items) % 1024 == 0:
                     self.let_go_of_map()  # (the read transaction stays: only the pages go)
-                if size + pend[0] >= self.STEP_BYTES:  # (the pending lists' bytes: about what they join to)
+                if size + pend_bytes >= self.STEP_BYTES:  # (the pending lists' bytes: about what they join to)
                     if stop():
                         raise _Abandoned()
                     size += join_pending()

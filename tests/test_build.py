@@ -283,6 +283,88 @@ def test_packing_lists_of_every_width_at_once_gives_each_lists_bytes(seed, monke
         assert np.array_equal(got_p, p.astype(np.uint32)) and np.array_equal(got_t, np.minimum(t, 65535))
 
 
+def _counts_by_the_rules(ref, passages):
+    """What a file's passages hold, counted plainly by the rules (term -> tf, length):
+    the file's name words once in each passage, its path whole; a conversation
+    message's own words twice beside its context's; a file's title twice."""
+    from lnkmem.index import analyze, chats, indexer
+
+    path = ref.split("/", 1)[-1]
+    name, name_len = analyze.term_counts(path.replace("/", " "))
+    for i in analyze.idents(path, inner=True):
+        name[i] = name.get(i, 0) + 1
+    conversation = ref.startswith("chats/")
+    title = None if conversation and passages[0].role is not None else indexer._title(passages)
+    title_terms = analyze.term_counts(title)[0] if title else {}
+    out = []
+    for p in passages:
+        if conversation and p.role is not None:
+            cut = chats.own_start(p.text)
+            own, length = analyze.term_counts(p.text[cut:])
+            counts = {t: n * chats.OWN_WEIGHT for t, n in own.items()}
+            ctx, ctx_len = analyze.term_counts(p.text[:cut])
+            for t, n in ctx.items():
+                counts[t] = counts.get(t, 0) + n
+            length += ctx_len
+        else:
+            counts, length = analyze.term_counts(p.text)
+            counts = dict(counts)
+            if p is passages[0]:
+                for t, n in title_terms.items():
+                    counts[t] = counts.get(t, 0) + n * (indexer.TITLE_WEIGHT - 1)
+        for t, n in name.items():
+            counts[t] = counts.get(t, 0) + n
+        out.append((counts, length + name_len))
+    return out
+
+
+def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
+    """A file is counted straight into term ids with repeats (byte tables for ASCII,
+    one sort a file); what its columns hold, passage by passage, is what counting each
+    passage by the rules gives: titles, a conversation's context, identifiers in text
+    and name, stop words, non-ASCII text, a message with no context."""
+    import numpy as np
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index import indexer
+
+    home = tmp_path / "home"
+    (home / "docs").mkdir(parents=True)
+    files = {
+        "docs/plan-b.md": "# The Plan B for PIO-1384\n\nWe run the runners; see docs/api/v2.3.1.md and x_y.\n\n"
+                          + "\n\n".join(f"Part {i}: café — “quoted” naïve résumé of IL-6 and the the the." for i in range(60)),
+        "notes.txt": "Short title\n\nbody text with foo@example.com and a:b and ~tilde~ words\n",
+        "chats/2025-01-01-talk-0001.jsonl": "\n".join(json.dumps(m) for m in [
+            {"role": "user", "text": "Where is PIO-1384 deployed?", "at": "2025-01-01T10:00:00Z"},
+            {"role": "assistant", "text": "On host-7.example.com … " + "and more words " * 40, "at": "2025-01-01T10:01:00Z"},
+            {"role": "user", "text": "Thanks! Über gut.", "at": "2025-01-02T09:00:00Z"}]) + "\n",
+    }
+    for path, text in files.items():
+        (home / path).parent.mkdir(parents=True, exist_ok=True)
+        (home / path).write_text(text, encoding="utf-8")
+    place = LocalPlace(str(home))
+    vocab = indexer._Vocab()
+    for path in files:
+        source, sub = ("chats", path.split("/", 1)[1]) if path.startswith("chats/") else ("home", path)
+        if source == "chats":
+            place = LocalPlace(str(home / "chats"))
+        else:
+            place = LocalPlace(str(home))
+        e = next(x for x in place.list("") if x.path == sub)
+        nf = indexer.index_file(source, e, place, str(tmp_path), vocab)
+        terms, tids, npost, tfs, lens = nf.columns()
+        want = _counts_by_the_rules(nf.ref, nf.passages)
+        assert len(npost) == len(want) == len(nf.passages) > 0
+        at = 0
+        for k, (counts, length) in enumerate(want):
+            got = {terms[t]: int(n) for t, n in zip(tids[at:at + npost[k]].tolist(), tfs[at:at + npost[k]].tolist())}
+            at += int(npost[k])
+            assert got == counts, (path, k)
+            assert int(lens[k]) == length, (path, k)
+        assert at == len(tids)
+    assert len(nf.passages) == 3 and nf.passages[0].role == "user"
+
+
 def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
     home.write("a.md", "alpha\n")
     r = run_cli("index", *_flags(home), env={"LNKMEM_WORKER": "yes"})

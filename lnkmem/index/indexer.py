@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 import msgspec
+import numpy as np
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
 from lnkmem.index import analyze, chats, documents, worker
@@ -179,40 +180,6 @@ def _title(passages: list[Passage]) -> Optional[str]:
     return None
 
 
-def _counts(ref: str, passages: list[Passage]) -> list[tuple[dict, int]]:
-    """Terms of each passage; its file's name words count once in each, and its
-    path whole (``docs/plan.md``, an identifier: no length); a conversation
-    message's own words above its context's, a file's title above its body."""
-    path = ref.split("/", 1)[-1]
-    name_terms, name_len = analyze.term_counts(path.replace("/", " "))
-    for i in analyze.idents(path, inner=True):
-        name_terms[i] = name_terms.get(i, 0) + 1
-    out = []
-    conversation = ref.startswith("chats/")
-    title = None if conversation and passages and passages[0].role is not None else _title(passages)
-    title_terms = analyze.term_counts(title)[0] if title else {}
-    for p in passages:
-        if conversation and p.role is not None:  # a message: its own words above its context's
-            cut = chats.own_start(p.text)
-            counts, length = analyze.term_counts(p.text[cut:])
-            w = chats.OWN_WEIGHT  # (its length stays its words': one normalisation for every passage)
-            counts = {t: n * w for t, n in counts.items()}
-            if cut:
-                ctx, ctx_len = analyze.term_counts(p.text[:cut])
-                for t, n in ctx.items():
-                    counts[t] = counts.get(t, 0) + n
-                length += ctx_len
-        else:
-            counts, length = analyze.term_counts(p.text)
-            if title_terms and p is passages[0]:
-                for t, n in title_terms.items():
-                    counts[t] = counts.get(t, 0) + n * (TITLE_WEIGHT - 1)
-        for t, n in name_terms.items():
-            counts[t] = counts.get(t, 0) + n
-        out.append((counts, length + name_len))
-    return out
-
-
 _LOCAL_VERSION = re.compile(r"^([0-9a-f]+)-[0-9a-f]+-[0-9a-f]+$")
 
 
@@ -235,34 +202,88 @@ def file_time(place, entry: Entry, version: str) -> Optional[str]:
 
 
 class _Vocab(dict):
-    """term -> its id among the terms of one batch, given in order of first sight;
-    ``names``: the terms by id (what a file's ``tids`` index)."""
+    """What a batch's files are counted into: a word (bytes or str, as
+    :func:`analyze.scan` gives it) or a whole identifier -> the id of its term
+    among the terms of the batch (-1: a word not indexed, a stop word), filled
+    on first sight; ``names``: the terms by id (what a file's ``tids`` index).
+    A word never holds a connector and an identifier always does, so one map
+    holds both."""
 
-    __slots__ = ("names",)
+    __slots__ = ("names", "ids")
 
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
+        self.ids: dict[str, int] = {}  # term -> its id
 
-    def __missing__(self, term: str) -> int:
-        i = len(self.names)
-        self.names.append(term)
-        self[term] = i
+    def __missing__(self, key) -> int:
+        text = key.decode("ascii") if isinstance(key, bytes) else key
+        term = text if _is_ident(text) else analyze.term_of(text)
+        if not term:
+            i = -1
+        else:
+            i = self.ids.get(term)
+            if i is None:
+                i = self.ids[term] = len(self.names)
+                self.names.append(term)
+        self[key] = i
         return i
 
 
-def _columns(counts: list[tuple[dict, int]], vocab: _Vocab) -> tuple[array, array, array, array]:
-    """A file's postings as flat u32 columns (tids, npost, tfs, lens): the term
-    counts of its passages are dropped once their file is counted, so a batch
-    holds four compact arrays a file, not a dict a passage."""
-    tids, npost, tfs, lens = array("I"), array("I"), array("I"), array("I")
-    get = vocab.__getitem__
-    for c, n in counts:
-        tids.extend(map(get, c))
-        tfs.extend(c.values())
-        npost.append(len(c))
-        lens.append(n)
-    return tids, npost, tfs, lens
+def _is_ident(text: str) -> bool:
+    return any(c in text for c in analyze.CONNECTORS)
+
+
+def _ids(text: str, vocab: _Vocab) -> tuple[list[int], int]:
+    """The term ids of a text's words and whole identifiers, with repeats (stop
+    words as -1), and its length (its indexed words: identifiers not counted)."""
+    words, whole = analyze.scan(text)
+    ids = list(map(vocab.__getitem__, words))
+    length = len(ids) - ids.count(-1)
+    if whole:
+        ids += map(vocab.__getitem__, whole)
+    return ids, length
+
+
+def _columns(ref: str, passages: list[Passage], vocab: _Vocab) -> tuple[np.ndarray, ...]:
+    """A file's postings as flat u32 columns (tids, npost, tfs, lens), counted
+    from the term ids of each passage with repeats: its file's name words
+    once, and its path whole (``docs/plan.md``, an identifier: no length); a
+    conversation message's own words above its context's, a file's title
+    above its body (BM25F by repetition: one length, the passage's words)."""
+    path = ref.split("/", 1)[-1]
+    name, name_len = _ids(path.replace("/", " "), vocab)
+    name += map(vocab.__getitem__, analyze.idents(path, inner=True))
+    conversation = ref.startswith("chats/")
+    title = None if conversation and passages and passages[0].role is not None else _title(passages)
+    extra = _ids(title, vocab)[0] * (TITLE_WEIGHT - 1) if title else []
+    flat: list[int] = []
+    sizes = array("I")
+    lens = array("I")
+    for p in passages:
+        at = len(flat)
+        if conversation and p.role is not None:  # a message: its own words above its context's
+            cut = chats.own_start(p.text)
+            own, length = _ids(p.text[cut:], vocab)
+            flat += own * chats.OWN_WEIGHT
+            if cut:
+                ctx, ctx_len = _ids(p.text[:cut], vocab)
+                flat += ctx
+                length += ctx_len
+        else:
+            ids, length = _ids(p.text, vocab)
+            flat += ids
+            if extra:
+                flat += extra
+                extra = []
+        flat += name
+        sizes.append(len(flat) - at)
+        lens.append(length + name_len)
+    ids = np.array(flat, np.int64)
+    key = np.repeat(np.arange(len(passages), dtype=np.int64) << 32, np.frombuffer(sizes, np.uint32)) | ids
+    key, tfs = np.unique(key[ids >= 0], return_counts=True)
+    npost = np.bincount(key >> 32, minlength=len(passages)).astype(np.uint32)
+    return ((key & 0xFFFFFFFF).astype(np.uint32), npost, tfs.astype(np.uint32), np.frombuffer(lens, np.uint32))
 
 
 def index_file(source: str, entry: Entry, place, tmpdir: str, vocab: Optional[_Vocab] = None) -> Optional[NewFile]:
@@ -283,7 +304,7 @@ def index_file(source: str, entry: Entry, place, tmpdir: str, vocab: Optional[_V
     version = version if version else entry.version
     if vocab is None:
         vocab = _Vocab()
-    tids, npost, tfs, lens = _columns(_counts(ref, passages), vocab)
+    tids, npost, tfs, lens = _columns(ref, passages, vocab)
     return NewFile(ref, version, len(data), kind, passages, None, file_time(place, entry, version),
                    vocab.names, tids, npost, tfs, lens)
 

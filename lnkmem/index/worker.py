@@ -20,8 +20,9 @@ sent, in its own thread.
 
 Forking (not spawning a new interpreter) keeps the start at a few ms and
 shares the place objects and the stem memo as they are; the child runs
-only the reading and counting code (no lock of another thread's, no LMDB,
-no numpy) and leaves with ``os._exit``.
+only the reading and counting code (no lock of another thread's, no LMDB;
+numpy only on its own arrays: a sort a file, no BLAS) and leaves with
+``os._exit``.
 """
 
 from __future__ import annotations

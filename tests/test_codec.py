@@ -237,6 +237,50 @@ def test_passages_round_trip_with_and_without_a_dictionary():
         textpack.unpack(textpack.Packer(zdict).pack(raws[5]), None)
 
 
+def test_passages_packed_where_they_were_counted_are_stored_as_given_or_packed_again(tmp_path):
+    """A build's worker sends its passages deflated with the index's dictionary (made
+    before it starts, from a sample): the commit stores them as they are; packed with
+    a dictionary that is not the index's (the index replaced meanwhile), they are
+    packed again with the index's; either way they read back as they were."""
+    import numpy as np
+
+    from lnkmem.index.store import Batch, NewFile, Passage
+
+    rng = random.Random(7)
+    words = ["harbour", "crane", "ledger", "ember", "quartz", "violet", "the", "of", "north"]
+
+    def passages(ref, n):
+        return [Passage(ref, i + 1, i + 1, " ".join(rng.choices(words, k=120))) for i in range(n)]
+
+    def file(ref, ps, packer=None):
+        one = np.ones(len(ps), np.uint32)
+        return NewFile(ref, "v1", 10, "text", [] if packer else ps, None, None, ["harbour"],
+                       np.zeros(len(ps), np.uint32), one, one, one * 120,
+                       [packer.pack(msgspec.msgpack.encode(p)) for p in ps] if packer else None)
+
+    st_ = Store.open(str(tmp_path / "index"))
+    try:
+        sample = passages("home/sample.md", 200)
+        zdict = st_.passage_dict(lambda: sample)
+        assert zdict is not None and st_.passage_dict(lambda: 1 / 0) == zdict  # made once, then kept
+        other = textpack.make_dict([msgspec.msgpack.encode(p) for p in passages("home/x.md", 200)])
+        assert other != zdict
+        mine, theirs, plain = passages("home/a.md", 30), passages("home/b.md", 30), passages("home/c.md", 5)
+        st_.commit(Batch([file("home/a.md", mine, textpack.Packer(zdict))], [], zdict))
+        st_.commit(Batch([file("home/b.md", theirs, textpack.Packer(other))], [], other))
+        st_.commit(Batch([file("home/c.md", plain)]))
+        recs = st_.file_recs(["home/a.md", "home/b.md", "home/c.md"])
+        for ref, want in (("home/a.md", mine), ("home/b.md", theirs), ("home/c.md", plain)):
+            assert st_.passages_of(recs[ref].pids) == want, ref
+        with st_.env.begin() as txn:  # all stored with the index's dictionary
+            stored = [bytes(txn.get(k.to_bytes(4, "big"), db=st_.passages))
+                      for r in recs.values() for k in r.pids]
+        assert {v[0] for v in stored} == {textpack.DICT}
+        assert all(textpack.unpack(v, zdict) for v in stored)
+    finally:
+        st_.close()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_passage_garbage_never_crashes(b):

@@ -365,6 +365,29 @@ class _Build:
         return True
 
 
+SAMPLE_FILES = 512  # at most, spread over the plan
+SAMPLE_BYTES = 256 << 10  # of text: enough for textpack.make_dict (which keeps 32 KiB of it)
+
+
+def _sample(items: list, places, tmpdir: str) -> list[Passage]:
+    """Passages of files spread over ``items`` (up to SAMPLE_BYTES of text): what the
+    index's dictionary is made from (:func:`textpack.make_dict`) before a worker starts."""
+    out: list[Passage] = []
+    size = 0
+    for source, entry in items[:: max(1, len(items) // SAMPLE_FILES)][:SAMPLE_FILES]:
+        if size >= SAMPLE_BYTES:
+            break
+        try:
+            data, _ = places[source].read(entry.path)
+        except (NotFound, Forbidden, OSError):
+            continue
+        passages, kind = passages_of(source, entry.path, data, tmpdir, None)
+        if kind == "text":
+            out += passages
+            size += sum(len(p.text) for p in passages)
+    return out
+
+
 def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: str,
           progress: Optional[ProgressFn] = None, should_stop: Callable[[], bool] = lambda: False) -> int:
     """Apply a plan; returns the number of files indexed.
@@ -377,8 +400,9 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
     todo = the_plan.todo
     w = None
     far = worker.share(places, todo)
-    if far:
-        w = worker.start(far, places, tmpdir)
+    if far:  # the worker deflates the passages it sends: with the index's dictionary, made now if need be
+        zdict = store.passage_dict(lambda: _sample(far, places, tmpdir))
+        w = worker.start(far, places, tmpdir, zdict)
         if w is not None:
             todo = [x for x in todo if not worker.forkable(places[x[0]])]
     try:

@@ -566,6 +566,14 @@ class NewFile:
     npost: Any = None
     tfs: Any = None
     lens: Any = None
+    # the passages as stored (textpack, with the dictionary ``Batch.packed_with``),
+    # when they were packed where the file was counted (the build's worker); then
+    # ``passages`` is not needed
+    packed: Optional[list[bytes]] = None
+
+    def count(self) -> int:
+        """How many passages the file has."""
+        return len(self.packed) if self.packed is not None else len(self.passages)
 
     def columns(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(terms, tids, npost, tfs, lens) as numpy arrays."""
@@ -589,6 +597,7 @@ class Batch:
 
     files: list[NewFile] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    packed_with: Optional[bytes] = None  # the dictionary its files' ``packed`` passages were packed with
 
     def __bool__(self) -> bool:
         return bool(self.files or self.removed)
@@ -1205,6 +1214,26 @@ class Store:
             return txn.get(key, db=self.meta)
 
     @_guarded
+    @_guarded
+    def passage_dict(self, sample) -> Optional[bytes]:
+        """The index's dictionary for passages' text (:mod:`textpack`); when it has
+        none yet, made now from ``sample()`` (passages) and kept, so that a build's
+        worker packs what it sends with it (None: the sample was too small)."""
+        with self.env.begin() as txn:
+            zdict = txn.get(b"zdict", db=self.meta)
+        if zdict is not None:
+            return bytes(zdict)
+        made = textpack.make_dict([_enc.encode(p) for p in sample()])
+        if made is None:
+            return None
+        with self.write_lock:
+            with self.env.begin(write=True) as txn:
+                zdict = txn.get(b"zdict", db=self.meta)
+                if zdict is not None:  # another's meanwhile
+                    return bytes(zdict)
+                txn.put(b"zdict", made, db=self.meta)
+        return made
+
     def put_meta(self, key: bytes, value: bytes) -> None:
         with self.write_lock, self.env.begin(write=True) as txn:
             txn.put(key, value, db=self.meta)
@@ -1294,17 +1323,17 @@ class Store:
             new_passages: list[Passage] = []
             for f in batch.files:
                 terms, tids, npost, tfs, lens = f.columns()
-                if len(lens) != len(f.passages) or int(npost.sum()) != len(tids) or len(tfs) != len(tids):
+                if len(lens) != f.count() or int(npost.sum()) != len(tids) or len(tfs) != len(tids):
                     raise ValueError(f"postings of {f.ref!r} do not match its passages")
                 pids = []
-                for passage in f.passages:
+                for _ in range(len(lens)):
                     pid = next(ids, None)  # ascending: a file's ids ascend with its lines
                     if pid is None:
                         pid = next_pid
                         next_pid += 1
                     pids.append(pid)
                     new_keys.append(_k(pid))
-                    new_passages.append(passage)
+                new_passages.extend(f.packed if f.packed is not None else f.passages)
                 allocated.extend(pids)
                 seg_pids.extend(pids)
                 seg_lens.extend(lens.tolist())
@@ -1322,16 +1351,24 @@ class Store:
             if new_keys:  # deflated, with the index's dictionary (made once, from the first big commit)
                 zdict = txn.get(b"zdict", db=self.meta)
                 if zdict is None:
-                    zdict = textpack.make_dict([_enc.encode(p) for p in new_passages])
+                    zdict = textpack.make_dict([_enc.encode(p) for p in new_passages if type(p) is Passage])
                     if zdict is not None:
                         txn.put(b"zdict", zdict, db=self.meta)
-                pack, encode = textpack.Packer(zdict).pack, _enc.encode
+                packer = textpack.Packer(zdict)
+                encode = _enc.encode
+                if batch.packed_with is not None and batch.packed_with != zdict:  # packed with another
+                    # dictionary (the index was replaced since the worker was given it): again with its own
+                    def pack(p, other=batch.packed_with):
+                        return packer.pack(encode(p) if type(p) is Passage else textpack.unpack(p, other))
+                else:
+                    def pack(p):
+                        return packer.pack(encode(p)) if type(p) is Passage else p
                 # new ids only: appending packs the pages full; reused ones go in their place
                 last = txn.cursor(db=self.passages)
                 fresh = not last.last() or last.key() < new_keys[0]
                 # each packed as it is written (all of a batch's at once were ~9 MiB at 4 MB of text)
                 txn.cursor(db=self.passages).putmulti(
-                    zip(new_keys, (pack(encode(p)) for p in new_passages)), append=fresh)
+                    zip(new_keys, map(pack, new_passages)), append=fresh)
             if seg_pids:
                 sk = _k(seg)
                 names = list(vocab)

@@ -4,8 +4,10 @@
 very place objects of the parent (the same roots, the same checks: every
 open stays beneath its root), counts each file into flat u32 columns
 (``indexer._columns``) and sends each batch down a pipe as one msgpack
-message: the batch's terms once, then per file its passages and four byte
-strings (term ids, postings per passage, tfs, lengths). The parent commits a
+message: the batch's terms once, then per file its passages as the index
+stores them (deflated here, with the index's dictionary, which the parent
+makes before the fork when the index has none) and four byte strings (term
+ids, postings per passage, tfs, lengths). The parent commits a
 batch while the child counts the next one; the pipe holds at most the batch
 being written, so memory stays at about two batches.
 
@@ -39,7 +41,8 @@ from typing import Callable, Mapping, Optional
 
 import msgspec
 
-from lnkmem.index.store import Batch, NewFile, Passage
+from lnkmem.index import textpack
+from lnkmem.index.store import Batch, NewFile
 
 # a plan is split off to the worker from this much (bytes, or files) of local
 # files; below it (one changed file, a few) everything stays in the thread
@@ -55,7 +58,7 @@ class _File(msgspec.Struct, array_like=True):
     size: int
     kind: str
     mtime: Optional[str]
-    passages: list[Passage]
+    packed: list[bytes]  # its passages as stored (textpack, with the index's dictionary)
     tids: bytes
     npost: bytes
     tfs: bytes
@@ -113,8 +116,9 @@ class Worker:
     words both see (``head``: the next entry the child takes, written by the
     child; ``tail``: the lowest entry this thread took, written here)."""
 
-    def __init__(self, pid: int, fd: int, items: list, shm: mmap.mmap):
+    def __init__(self, pid: int, fd: int, items: list, shm: mmap.mmap, zdict: Optional[bytes]):
         self.pid = pid
+        self.zdict = zdict  # what the child packs passages with
         self.fd = fd
         self.pipe = open(fd, "rb", buffering=0)
         self.items = items
@@ -186,10 +190,10 @@ class Worker:
                         running = False
                         self.close()
                     elif msg.kind == BATCH:
-                        files = [NewFile(f.ref, f.version, f.size, f.kind, f.passages, None, f.mtime,
-                                         msg.terms, f.tids, f.npost, f.tfs, f.lens) for f in msg.files]
+                        files = [NewFile(f.ref, f.version, f.size, f.kind, [], None, f.mtime,
+                                         msg.terms, f.tids, f.npost, f.tfs, f.lens, f.packed) for f in msg.files]
                         msg.files = []  # the batch's columns held once
-                        b.store.commit(Batch(files, msg.removed))
+                        b.store.commit(Batch(files, msg.removed, self.zdict))
                         b.store.let_go()
                         del files
                         b.inexact += msg.inexact
@@ -233,8 +237,10 @@ class Worker:
             self.shm.close()
 
 
-def start(items: list, places: Mapping[str, object], tmpdir: str) -> Optional[Worker]:
-    """Fork the worker for ``items``; None when it cannot (all is then done here)."""
+def start(items: list, places: Mapping[str, object], tmpdir: str,
+          zdict: Optional[bytes] = None) -> Optional[Worker]:
+    """Fork the worker for ``items``, packing passages with the index's dictionary
+    ``zdict`` (None: without one); None when it cannot (all is then done here)."""
     try:
         shm = mmap.mmap(-1, 16)  # shared with the child: head, tail
         r, w = os.pipe()
@@ -252,14 +258,14 @@ def start(items: list, places: Mapping[str, object], tmpdir: str) -> Optional[Wo
         code = 1
         try:
             os.close(r)
-            _child(w, parent, items, places, tmpdir, shm)
+            _child(w, parent, items, places, tmpdir, shm, zdict)
             code = 0
         except BaseException:
             pass
         finally:
             os._exit(code)
     os.close(w)
-    return Worker(pid, r, items, shm)
+    return Worker(pid, r, items, shm, zdict)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -301,9 +307,12 @@ def _send(w: int, msg: _Msg) -> None:
         view = view[os.write(w, view):]
 
 
-def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdir: str, shm: mmap.mmap) -> None:
+def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdir: str, shm: mmap.mmap,
+           zdict: Optional[bytes]) -> None:
     _detach(w, parent)
     from lnkmem.index import indexer
+    # the passages deflated here, on this core (the parent only stores them)
+    pack, encode = textpack.Packer(zdict).pack, msgspec.msgpack.Encoder().encode
     head = ctypes.c_int64.from_buffer(shm, 0)
     tail = ctypes.c_int64.from_buffer(shm, 8)
     done = 0  # entries 0..done-1 gone through
@@ -324,7 +333,7 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
             if nf is None:
                 removed.append(indexer.ref_of(source, entry.path))
             else:
-                files.append(_File(nf.ref, nf.version, nf.size, nf.kind, nf.mtime, nf.passages,
+                files.append(_File(nf.ref, nf.version, nf.size, nf.kind, nf.mtime, [pack(encode(p)) for p in nf.passages],
                                    nf.tids.tobytes(), nf.npost.tobytes(), nf.tfs.tobytes(), nf.lens.tobytes()))
                 size += nf.size
             if size >= indexer.BATCH_BYTES or len(files) >= indexer.BATCH_FILES:

@@ -1312,7 +1312,9 @@ class Store:
             # its term ids mapped into one vocabulary of the batch, then grouped by
             # term with one sort
             vocab: dict[str, int] = {}
-            mapped: dict[int, tuple[list, np.ndarray]] = {}  # id(terms) -> (terms, their vocab ids)
+            mapped: dict[int, tuple[list, Optional[np.ndarray]]] = {}  # id(terms) -> (terms, their
+            # vocab ids; None: the batch's first terms, whose ids are the vocabulary's own)
+            first: Optional[list] = None  # those terms (most batches have no other: one indexer._Vocab)
             p_terms: list[np.ndarray] = []
             p_tfs: list[np.ndarray] = []
             p_pids: list[np.ndarray] = []
@@ -1341,9 +1343,15 @@ class Store:
                 if len(tids):
                     m = mapped.get(id(terms))
                     if m is None:
-                        m = mapped[id(terms)] = (terms, np.fromiter(
-                            (vocab.setdefault(t, len(vocab)) for t in terms), np.int32, len(terms)))
-                    p_terms.append(m[1][tids])
+                        if not mapped and len(set(terms)) == len(terms):
+                            first = terms
+                            m = mapped[id(terms)] = (terms, None)
+                        else:
+                            if not vocab and first is not None:
+                                vocab.update((t, i) for i, t in enumerate(first))
+                            m = mapped[id(terms)] = (terms, np.fromiter(
+                                (vocab.setdefault(t, len(vocab)) for t in terms), np.int32, len(terms)))
+                    p_terms.append(tids if m[1] is None else m[1][tids])
                     p_tfs.append(tfs)
                     p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
@@ -1371,7 +1379,7 @@ class Store:
                     zip(new_keys, map(pack, new_passages)), append=fresh)
             if seg_pids:
                 sk = _k(seg)
-                names = list(vocab)
+                names = list(vocab) if vocab else list(first or ())
                 order = sorted(range(len(names)), key=names.__getitem__)
                 names = [names[i] for i in order]
                 rank = np.empty(len(order), np.int32)  # batch vocab id -> its rank in key order

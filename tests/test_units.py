@@ -68,7 +68,7 @@ def _scan_by_regex(text):
 
 
 _ASCII_AND_MORE = st.text(st.sampled_from(
-    list("abcXYZ019 -_./@:+#~!?,;()[]'\"\n\t") + list("…—’“”·é東") + ["\u00a0", "\u0130", "\u00df"]), max_size=80)
+    list("abcXYZ019 -_./@:+#~!?,;()[]'\"\n\t\x00\x0b\x1f\x7f") + list("…—’“”·é東") + ["\u00a0", "\u0130", "\u00df"]), max_size=80)
 
 
 @settings(max_examples=400, deadline=None)

@@ -377,6 +377,8 @@ def _sample(items: list, places, tmpdir: str) -> list[Passage]:
     for source, entry in items[:: max(1, len(items) // SAMPLE_FILES)][:SAMPLE_FILES]:
         if size >= SAMPLE_BYTES:
             break
+        if documents.is_document(entry.path):  # (no converter run for a sample)
+            continue
         try:
             data, _ = places[source].read(entry.path)
         except (NotFound, Forbidden, OSError):

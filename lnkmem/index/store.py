@@ -1214,7 +1214,6 @@ class Store:
             return txn.get(key, db=self.meta)
 
     @_guarded
-    @_guarded
     def passage_dict(self, sample) -> Optional[bytes]:
         """The index's dictionary for passages' text (:mod:`textpack`); when it has
         none yet, made now from ``sample()`` (passages) and kept, so that a build's
@@ -1234,6 +1233,7 @@ class Store:
                 txn.put(b"zdict", made, db=self.meta)
         return made
 
+    @_guarded
     def put_meta(self, key: bytes, value: bytes) -> None:
         with self.write_lock, self.env.begin(write=True) as txn:
             txn.put(key, value, db=self.meta)

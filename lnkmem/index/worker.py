@@ -8,8 +8,11 @@ message: the batch's terms once, then per file its passages as the index
 stores them (deflated here, with the index's dictionary, which the parent
 makes before the fork when the index has none) and four byte strings (term
 ids, postings per passage, tfs, lengths). The parent commits a
-batch while the child counts the next one; the pipe holds at most the batch
-being written, so memory stays at about two batches.
+batch while the child counts the next one. The child writes on a thread of
+its own (:class:`_Sender`), so it goes on counting while the parent, busy
+with a commit of its own batch, has not read its last one yet: the child
+holds at most three batches (one being written, one waiting, one being
+counted), the parent one of the child's beside its own.
 
 The child never touches the index, so a kill of either process leaves the
 index as the parent's last commit made it. It dies with the thread that
@@ -300,11 +303,60 @@ def _detach(w: int, parent: int) -> None:
     os.closerange(lo, 1 << 20)
 
 
-def _send(w: int, msg: _Msg) -> None:
-    body = _enc.encode(msg)
+def _write(w: int, body: bytes) -> None:
     view = memoryview(_HEAD.pack(len(body)) + body)
     while view:
         view = view[os.write(w, view):]
+
+
+class _Sender:
+    """The child's messages written on a thread of their own, so that it counts the
+    next batch while the parent, busy with a commit of its own, has not read the
+    last one yet (a pipe holds 64 KiB; a batch is megabytes): at most one message
+    waits behind the one being written. A progress message that would wait is
+    dropped."""
+
+    def __init__(self, w: int):
+        import queue
+        import threading
+        self.w = w
+        self.q: "queue.Queue" = queue.Queue(maxsize=1)
+        self.full = queue.Full
+        self.failed: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            body = self.q.get()
+            if body is None:
+                return
+            try:
+                _write(self.w, body)
+            except BaseException as e:  # the parent gone or done with it: the child stops
+                self.failed = e
+                return
+
+    def send(self, msg: _Msg, wait: bool = True) -> None:
+        self._put(_enc.encode(msg), wait)
+
+    def _put(self, body: Optional[bytes], wait: bool = True) -> None:
+        while True:
+            if self.failed is not None:
+                raise BrokenPipeError(str(self.failed))
+            try:
+                self.q.put(body, timeout=0.2 if wait else 0)
+                return
+            except self.full:
+                if not wait:
+                    return
+
+    def close(self) -> None:
+        """Wait until every message is written."""
+        self._put(None)
+        self.thread.join()
+        if self.failed is not None:
+            raise BrokenPipeError(str(self.failed))
 
 
 def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdir: str, shm: mmap.mmap,
@@ -316,6 +368,7 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
     head = ctypes.c_int64.from_buffer(shm, 0)
     tail = ctypes.c_int64.from_buffer(shm, 8)
     done = 0  # entries 0..done-1 gone through
+    out = _Sender(w)
     try:
         vocab = indexer._Vocab()
         files: list[_File] = []
@@ -337,16 +390,18 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
                                    nf.tids.tobytes(), nf.npost.tobytes(), nf.tfs.tobytes(), nf.lens.tobytes()))
                 size += nf.size
             if size >= indexer.BATCH_BYTES or len(files) >= indexer.BATCH_FILES:
-                _send(w, _Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
+                out.send(_Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
                 vocab, files, removed, size, inexact = indexer._Vocab(), [], [], 0, 0
                 last = time.monotonic()
             elif time.monotonic() - last > 0.1:
-                _send(w, _Msg(PROGRESS, done))
+                out.send(_Msg(PROGRESS, done), wait=False)
                 last = time.monotonic()
         if files or removed:
-            _send(w, _Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
-        _send(w, _Msg(END, done))
+            out.send(_Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
+        out.send(_Msg(END, done))
+        out.close()
     except BrokenPipeError:
         raise
     except Exception as e:  # the parent does the rest itself (and meets the error there)
-        _send(w, _Msg(ERROR, done, error=f"{type(e).__name__}: {e}"))
+        out.send(_Msg(ERROR, done, error=f"{type(e).__name__}: {e}"))
+        out.close()

@@ -70,6 +70,11 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
+def joined(text: str) -> bool:
+    """Whether ``text`` holds a connector: an identifier always does, a word never."""
+    return any(c in text for c in CONNECTORS)
+
+
 _MAJOR = re.compile(r"[./:@]+")
 MAX_PIECES = 8
 
@@ -85,7 +90,7 @@ def _subs(ident: str) -> list[str]:
     out = []
     for a, b in cuts:
         for piece in (ident[:a], ident[b:]):
-            if piece and any(c in CONNECTORS for c in piece):
+            if piece and joined(piece):
                 out.append(piece)
     return out
 

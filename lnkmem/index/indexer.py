@@ -218,7 +218,7 @@ class _Vocab(dict):
 
     def __missing__(self, key) -> int:
         text = key.decode("ascii") if isinstance(key, bytes) else key
-        term = text if _is_ident(text) else analyze.term_of(text)
+        term = text if analyze.joined(text) else analyze.term_of(text)
         if not term:
             i = -1
         else:
@@ -228,10 +228,6 @@ class _Vocab(dict):
                 self.names.append(term)
         self[key] = i
         return i
-
-
-def _is_ident(text: str) -> bool:
-    return any(c in text for c in analyze.CONNECTORS)
 
 
 def _ids(text: str, vocab: _Vocab) -> tuple[list[int], int]:

@@ -1221,17 +1221,20 @@ class Store:
         with self.env.begin() as txn:
             zdict = txn.get(b"zdict", db=self.meta)
         if zdict is not None:
-            return bytes(zdict)
-        made = textpack.make_dict([_enc.encode(p) for p in sample()])
-        if made is None:
-            return None
-        with self.write_lock:
-            with self.env.begin(write=True) as txn:
-                zdict = txn.get(b"zdict", db=self.meta)
-                if zdict is not None:  # another's meanwhile
-                    return bytes(zdict)
-                txn.put(b"zdict", made, db=self.meta)
-        return made
+            return zdict
+        passages = sample()  # (its files read outside the write lock)
+        with self.write_lock, self.env.begin(write=True) as txn:
+            return self._passage_dict_in(txn, passages)
+
+    def _passage_dict_in(self, txn, passages: Iterable) -> Optional[bytes]:
+        """The index's passage dictionary in a write transaction: the one it has, else
+        one made from ``passages`` (read only then) and kept, else None (too few)."""
+        zdict = txn.get(b"zdict", db=self.meta)
+        if zdict is None:
+            zdict = textpack.make_dict([_enc.encode(p) for p in passages])
+            if zdict is not None:
+                txn.put(b"zdict", zdict, db=self.meta)
+        return zdict
 
     @_guarded
     def put_meta(self, key: bytes, value: bytes) -> None:
@@ -1357,11 +1360,7 @@ class Store:
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
             mapped.clear()
             if new_keys:  # deflated, with the index's dictionary (made once, from the first big commit)
-                zdict = txn.get(b"zdict", db=self.meta)
-                if zdict is None:
-                    zdict = textpack.make_dict([_enc.encode(p) for p in new_passages if type(p) is Passage])
-                    if zdict is not None:
-                        txn.put(b"zdict", zdict, db=self.meta)
+                zdict = self._passage_dict_in(txn, (p for p in new_passages if type(p) is Passage))
                 packer = textpack.Packer(zdict)
                 encode = _enc.encode
                 if batch.packed_with is not None and batch.packed_with != zdict:  # packed with another

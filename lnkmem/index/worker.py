@@ -36,9 +36,11 @@ import ctypes
 import gc
 import mmap
 import os
+import queue
 import select
 import signal
 import struct
+import threading
 import time
 from typing import Callable, Mapping, Optional
 
@@ -317,11 +319,8 @@ class _Sender:
     dropped."""
 
     def __init__(self, w: int):
-        import queue
-        import threading
         self.w = w
-        self.q: "queue.Queue" = queue.Queue(maxsize=1)
-        self.full = queue.Full
+        self.q: queue.Queue = queue.Queue(maxsize=1)
         self.failed: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -347,7 +346,7 @@ class _Sender:
             try:
                 self.q.put(body, timeout=0.2 if wait else 0)
                 return
-            except self.full:
+            except queue.Full:
                 if not wait:
                     return
 
@@ -364,7 +363,7 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
     _detach(w, parent)
     from lnkmem.index import indexer
     # the passages deflated here, on this core (the parent only stores them)
-    pack, encode = textpack.Packer(zdict).pack, msgspec.msgpack.Encoder().encode
+    pack, encode = textpack.Packer(zdict).pack, _enc.encode
     head = ctypes.c_int64.from_buffer(shm, 0)
     tail = ctypes.c_int64.from_buffer(shm, 8)
     done = 0  # entries 0..done-1 gone through

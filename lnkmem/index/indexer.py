@@ -217,8 +217,10 @@ class _Vocab(dict):
         self.ids: dict[str, int] = {}  # term -> its id
 
     def __missing__(self, key) -> int:
-        text = key.decode("ascii") if isinstance(key, bytes) else key
-        term = text if analyze.joined(text) else analyze.term_of(text)
+        if isinstance(key, bytes):  # an ASCII word
+            term = analyze.term_of(key.decode("ascii"))
+        else:  # a word is letters and digits only; an identifier holds a connector
+            term = analyze.term_of(key) if key.isalnum() else key
         if not term:
             i = -1
         else:

@@ -369,3 +369,87 @@ def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
         _postings_match_text(st)
     finally:
         st.close()
+
+
+def _postings_and_segments(path: str) -> tuple[list, list]:
+    st = Store.open(path)
+    try:
+        with st.env.begin() as txn:
+            return ([(bytes(k), bytes(v)) for k, v in txn.cursor(db=st.postings)],
+                    [(bytes(k), bytes(v)) for k, v in txn.cursor(db=st.segments)])
+    finally:
+        st.close()
+
+
+def _merged(path: str, monkeypatch, worker: str, kill_helper_after: int = 0):
+    """Merge every segment of the index at ``path`` (steps of 2 KiB), the helper as
+    LNKMEM_WORKER says; its helper (None: none ran). ``kill_helper_after``: SIGKILL the
+    helper process once it sent that many steps."""
+    import os
+
+    from lnkmem.index import merge_steps
+    monkeypatch.setenv("LNKMEM_WORKER", worker)
+    helpers = []
+    start, nxt = merge_steps.start, merge_steps.Helper.next
+
+    def recorded(*a):
+        h = start(*a)
+        helpers.append(h)
+        return h
+
+    def next_then_kill(self, *a):
+        items = nxt(self, *a)
+        self.sent = getattr(self, "sent", 0) + (1 if items else 0)
+        if kill_helper_after and self.sent == kill_helper_after and self.proc.returncode is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        return items
+
+    monkeypatch.setattr(merge_steps, "start", recorded)
+    monkeypatch.setattr(merge_steps.Helper, "next", next_then_kill)
+    st = Store.open(path)
+    try:
+        st.STEP_BYTES = 2048
+        assert st.merge(sorted(st.snapshot.segs))
+        assert len(st.snapshot.segs) == 1
+        _postings_match_text(st)
+    finally:
+        st.close()
+        monkeypatch.undo()
+    return helpers[0] if helpers else None
+
+
+def _several_segments(path: str) -> None:
+    rng = random.Random(12)
+    st = Store.open(path)
+    for i in range(10):
+        st.commit(Batch(files=[random_file(rng, f"home/f{i}-{j}.md", "v1", VOCAB + [f"r{i}x{j}" for j in range(40)],
+                                           8, (1, 10)) for j in range(8)]))
+    st.commit(Batch(removed=[f"home/f{i}-1.md" for i in range(0, 10, 2)]))  # dead passages to drop
+    st.close()
+
+
+def test_a_merge_shared_with_a_helper_process_writes_what_one_thread_writes(tmp_path, monkeypatch):
+    """A large merge's upper terms are read and joined by a helper process (the second
+    core) and written by the merging thread between its own steps: the merged index holds
+    exactly the postings and segment records of the same merge in one thread, and the
+    helper merged its whole share."""
+    import shutil
+    _several_segments(str(tmp_path / "a"))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert _merged(str(tmp_path / "a"), monkeypatch, "0") is None
+    helper = _merged(str(tmp_path / "b"), monkeypatch, "1")
+    assert helper is not None and helper.whole and helper.last is not None
+    assert helper.proc.returncode == 0
+    assert _postings_and_segments(str(tmp_path / "a")) == _postings_and_segments(str(tmp_path / "b"))
+
+
+def test_a_helper_killed_half_way_leaves_its_terms_to_the_merging_thread(tmp_path, monkeypatch):
+    """SIGKILL of the helper after its first step: the merging thread merges the terms
+    it had not sent, and the index is the one a merge in one thread makes."""
+    import shutil
+    _several_segments(str(tmp_path / "a"))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    _merged(str(tmp_path / "a"), monkeypatch, "0")
+    helper = _merged(str(tmp_path / "b"), monkeypatch, "1", kill_helper_after=1)
+    assert helper is not None and helper.done and not helper.whole and helper.last is not None
+    assert _postings_and_segments(str(tmp_path / "a")) == _postings_and_segments(str(tmp_path / "b"))

@@ -40,6 +40,7 @@ import struct
 import subprocess
 import sys
 import threading
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -1623,101 +1624,82 @@ class Store:
         return self._step(begin)
 
     def _merge_postings(self, segs: list[int], new: int, stop) -> None:
-        """Write the merged segments' live postings under ``new``, term by term, in steps."""
-        import heapq
-        nk = _k(new)
-        dead = self._deadmask
-        keys = [_k(s) for s in segs]
-        clean = [s in self._clean for s in segs]
-        heap: list = []  # (term, segment index, stored value): each segment's next term
-        txn = self.env.begin()
-        try:
-            curs = [txn.cursor(db=self.postings) for _ in segs]
+        """Write the merged segments' live postings under ``new``, term by term, in steps
+        (:func:`merge_steps.steps`); a large merge's upper terms read and joined by a
+        helper process (the second core, :func:`merge_steps.start`), whose steps this
+        thread writes between its own."""
+        from lnkmem.index import merge_steps
+        job = merge_steps.Job(self.path, self.data, segs, new, sorted(self._clean), self.STEP_BYTES,
+                              self.JOIN_BYTES, self.MAP_RESIDENT, self.env.info()["map_size"])
+        helper = None
+        if merge_steps.shared(self._merge_passages(segs)):
+            mid = self._merge_split(segs)
+            if mid is not None:
+                helper = merge_steps.start(job, self._deadmask, mid)
+        hi = helper.lo if helper is not None else None
 
-            def advance(i: int, first: bool = False) -> None:
-                c = curs[i]
-                ok = c.set_range(keys[i]) if first else c.next()
-                if ok:
-                    k = c.key()
-                    if k[:4] == keys[i]:
-                        heapq.heappush(heap, (bytes(k[4:]), i, c.value()))
-
-            for i in range(len(segs)):
-                advance(i, True)
-            items: list = []  # (key, value); None where a joined term is still pending
-            size = 0
-            pending: list = []  # (place in items, key, the term's lists, whether one is of a
-            # segment holding dead ids): joined a batch at a time
-            pend_bytes = 0  # their lists' bytes
-
-            def join_pending() -> int:
-                nonlocal pend_bytes
-                dirty_ = any(p[3] for p in pending)
-                vals = postings.join_many([p[2] for p in pending], dead if dirty_ else None)
-                got = 0
-                for (at, key, _, _), v in zip(pending, vals):
-                    if v is not None:
-                        items[at] = (key, v)
-                        got += len(v) + len(key)
-                pending.clear()
-                pend_bytes = 0
-                return got
-
-            while heap:
-                term, i, v = heapq.heappop(heap)
-                parts = [v]
-                dirty = not clean[i]
-                advance(i)
-                while heap and heap[0][0] == term:
-                    _, j, w = heapq.heappop(heap)
-                    parts.append(w)
-                    dirty = dirty or not clean[j]
-                    advance(j)
-                if len(parts) == 1:  # the stored value as it is, unless it names the dead
-                    if not clean[i]:
-                        p, t = postings.unpack(v)
-                        drop = _dead_of(dead, p)
-                        if drop.any():
-                            keep = ~drop
-                            v = postings.pack(p[keep], t[keep]) if keep.any() else None
-                else:  # each segment's list ascends and no id lies in two segments: joined
-                    # with others (postings.join_many), a few dozen numpy calls a batch
-                    pending.append((len(items), nk + term, parts, dirty))
-                    items.append(None)
-                    pend_bytes += sum(map(len, parts))
-                    if pend_bytes >= self.JOIN_BYTES:
-                        size += join_pending()
-                    v = None
-                if v is not None:
-                    items.append((nk + term, v))
-                    size += len(v) + len(term) + 4
-                if len(items) % 1024 == 0:
-                    self.let_go_of_map()  # (the read transaction stays: only the pages go)
-                if size + pend_bytes >= self.STEP_BYTES:  # (the pending lists' bytes: about what they join to)
-                    if stop():
-                        raise _Abandoned()
-                    size += join_pending()
-                    # no read transaction open across a write step: a full map is grown there (a
-                    # remap), and an old reader would pin the pages commits free meanwhile
-                    txn.abort()
-                    items = [x for x in items if x is not None]
-                    self._step(lambda: self._put_postings(segs, items))
-                    items, size = [], 0
-                    _release_map(self.data)
-                    txn = self.env.begin()  # each cursor again at the term it stands on
-                    curs = [txn.cursor(db=self.postings) for _ in segs]
-                    for t_, j, _ in heap:
-                        if not curs[j].set_key(keys[j] + t_):
-                            raise _Abandoned()  # the segment went away meanwhile
-            if pending:
-                join_pending()
-            txn.abort()
-            items = [x for x in items if x is not None]
+        def put(items: list, theirs: bool = False) -> None:
             if items:
                 self._step(lambda: self._put_postings(segs, items))
+            if theirs:  # (the pages its write walked; this thread's steps let go of theirs)
+                self.let_go_of_map()
+
+        try:
+            for items in merge_steps.steps(job, self.env, self.postings, self._deadmask, None, hi, stop):
+                put(items)
+                while helper is not None and helper.ready():
+                    put(helper.next(stop), True)
+            if helper is not None:
+                while not helper.done:
+                    put(helper.next(stop), True)
+                if not helper.whole:  # it failed: the rest of its share here
+                    import logging
+                    logging.getLogger("lnkmem").warning("the merge's helper process failed (%s): its terms are merged "
+                                                        "here", helper.error)
+                    for items in merge_steps.steps(job, self.env, self.postings, self._deadmask,
+                                                   helper.resume(), None, stop):
+                        put(items)
         finally:
-            txn.abort()
-            _release_map(self.data)
+            if helper is not None:
+                helper.close()
+                if not helper.whole:  # killed: its slot in the reader table would pin pages
+                    with contextlib.suppress(lmdb.Error):
+                        self.env.reader_check()
+
+    def _merge_sizes(self) -> dict:
+        snap = self.snapshot
+        return snap.segs if snap.segs is not None else self.segment_sizes()
+
+    def _merge_passages(self, segs: list[int]) -> int:
+        sizes = self._merge_sizes()
+        return sum(sizes.get(s, 0) for s in segs)
+
+    def _merge_split(self, segs: list[int]) -> Optional[bytes]:
+        """The term from which the helper merges (its share of the postings by the bytes
+        of the largest segment's lists: the segments of a build hold much the same words),
+        None when there is none."""
+        from lnkmem.index import merge_steps
+        sizes = self._merge_sizes()
+        big = _k(max(segs, key=lambda s: sizes.get(s, 0)))
+        with self.env.begin(buffers=True) as txn:
+            cur = txn.cursor(db=self.postings)
+            lens = array("q")
+            if cur.set_range(big):
+                for k, v in cur:
+                    if k[:4] != big:
+                        break
+                    lens.append(len(v))
+            if len(lens) < 2:
+                return None
+            half = int(np.searchsorted(np.cumsum(np.frombuffer(lens, np.int64)), sum(lens) * (1 - merge_steps.HELPER_SHARE)))
+            if not 0 < half < len(lens):
+                return None
+            cur.set_range(big)
+            for _ in range(half):
+                cur.next()
+            mid = bytes(cur.key()[4:])
+        _release_map(self.data)
+        return mid
 
     def _put_postings(self, segs: list[int], items: list) -> None:
         with self.env.begin(write=True) as txn:

@@ -134,17 +134,7 @@ class Worker:
         self.exited = False
 
     def _read(self, n: int) -> Optional[bytearray]:
-        """Exactly ``n`` bytes from the pipe (unbuffered: what poll says is all
-        there is); None at its end."""
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.pipe.readinto(view[got:])
-            if not k:
-                return None
-            got += k
-        return buf
+        return read_exact(self.pipe, n)
 
     def _recv(self) -> Optional[_Msg]:
         head = self._read(_HEAD.size)
@@ -303,6 +293,20 @@ def _detach(w: int, parent: int) -> None:
             os.closerange(lo, fd)
             lo = fd + 1
     os.closerange(lo, 1 << 20)
+
+
+def read_exact(pipe, n: int) -> Optional[bytearray]:
+    """Exactly ``n`` bytes from an unbuffered pipe (what poll says is all there is);
+    None at its end."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = pipe.readinto(view[got:])
+        if not k:
+            return None
+        got += k
+    return buf
 
 
 def _write(w: int, body: bytes) -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from lnkmem.index import postings, search
 from lnkmem.index.store import Batch, NewFile, Passage, Store
@@ -201,9 +202,42 @@ def _answers(st: Store, queries):
     return [[(p, round(s, 4)) for p, s in search.words(st, q, 20)[0]] for q in queries]
 
 
-def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp_path):
+def _merge_helpers_of(pid: int) -> list[int]:
+    """The merge helper processes (``python -m lnkmem.index.merge_steps``) whose parent is ``pid``."""
+    import os
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid and b"lnkmem.index.merge_steps" in cmd:
+                out.append(int(d))
+    return out
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("helper", ["0", "1"])
+def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp_path, helper):
     """SIGKILL of a real process merging, at random moments of its steps (postings written,
-    the switch, the old postings deleted): the index opens and answers exactly as before; the
+    the switch, the old postings deleted), with the merge's helper process or without: the
+    index opens and answers exactly as before; a helper dies with its merging process; the
     next merge sweeps what the killed one left and completes."""
     rng = random.Random(9)
     path = str(tmp_path / "index")
@@ -217,15 +251,19 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
     st.close()
     env = base_env()
     env["PYTHONPATH"] = str(ROOT)
+    env["LNKMEM_WORKER"] = helper
     outcomes = set()
+    helpers: list[int] = []
     for round_ in range(6):
         p = subprocess.Popen([sys.executable, "-c", KILL_CHILD, path, "100"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=env)
-        at = rng.randint(1, 50)  # the merge takes 50 steps of 100 bytes
+        at = rng.randint(1, 50 if helper == "0" else 25)  # the merge takes 50 steps of 100 bytes (25 its own with a helper)
         seen = 0
+        running: list[int] = []
         for line in p.stdout:
             if line.startswith(b"step"):
                 seen += 1
+                running = running or _merge_helpers_of(p.pid)
                 if seen >= at:
                     time.sleep(rng.random() * 0.004)
                     p.send_signal(signal.SIGKILL)
@@ -234,6 +272,8 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
                 break
         p.wait(timeout=60)
         outcomes.add(p.returncode)
+        assert all(_gone(h) for h in running), "a merge helper outlived its merging process"
+        helpers += running
         st = Store.open(path)
         try:
             assert st.rebuilt_because is None
@@ -244,6 +284,7 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
         finally:
             st.close()
     assert -signal.SIGKILL in outcomes
+    assert bool(helpers) == (helper == "1")
     st = Store.open(path)
     try:
         st.merge(sorted(st.snapshot.segs))

@@ -255,12 +255,14 @@ class Helper:
 def start(job: Job, dead: np.ndarray, lo: bytes) -> Optional[Helper]:
     """Start the helper on the terms from ``lo`` on; None when it cannot (all is then
     merged here)."""
+    if not sys.executable:  # (an embedded interpreter: nothing to start)
+        return None
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # lnkmem where this process found it
     try:
         proc = subprocess.Popen([sys.executable, "-m", "lnkmem.index.merge_steps"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
-    except OSError:
+    except (OSError, ValueError):
         return None
     request = _enc.encode(_Request(job, lo, np.packbits(dead).tobytes(), len(dead)))
 

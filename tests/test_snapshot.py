@@ -160,3 +160,27 @@ def test_a_search_on_another_thread_during_a_commit_waits_for_the_commit_s_snaps
         _same(st.snapshot, st._load())
     finally:
         st.close()
+
+
+def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
+    """A search computes a snapshot's facts (its shortest live length, its segments'
+    dead) once; after a commit, nothing the searches keep holds the old snapshot (its
+    arrays are megabytes at a million passages), even before any search asks for the
+    new one's facts."""
+    import gc
+    import weakref
+    st = Store.open(str(tmp_path / "index"))
+    try:
+        for i in range(3):
+            st.commit(Batch(files=[_file(random.Random(i), f"home/f{i}.md", "v1")]))
+        st.commit(Batch(removed=["home/f0.md"]))  # dead passages: the facts name their segment
+        old = st.snapshot
+        search.words(st, " ".join(VOCAB[:4]), 5)
+        assert search._facts_known(old) is not None  # computed for this snapshot
+        gone = weakref.ref(old)
+        del old
+        st.commit(Batch(files=[_file(random.Random(9), "home/f9.md", "v1")]))
+        gc.collect()
+        assert gone() is None
+    finally:
+        st.close()

@@ -76,3 +76,45 @@ def test_serve_confined(home, tmp_path, worker):
     changed = {p for p in set(memory_before) | set(memory_after)
                if memory_before.get(p) != memory_after.get(p) and not p.startswith(str(home.state) + os.sep)}
     assert changed == {str(home.notes), str(home.state.parent / ".notes.md.lnkmem-left-by-a-kill")}
+
+
+def test_a_merge_shared_with_its_helper_process_works_confined(home, tmp_path):
+    """A build's final merge read by its helper process (``python -B -m
+    lnkmem.index.merge_steps``) under the same sandbox: the helper starts, reads the
+    index read-only through its own environment (its reader slot in `<state>`'s lock
+    file) and its terms are searchable; nothing is written outside `<state>`."""
+    import subprocess
+    assert bwrap, "bubblewrap (bwrap) must be installed: apt-get install -y bubblewrap"
+    words = ["lighthouse", "harbor", "lantern", "copper", "meadow", "quartz", "tundra", "willow"]
+    for i in range(24):
+        home.write(f"docs/n{i:02d}.md", f"# Note {i}\n\n{words[i % 8]} and {words[(i * 3) % 8]} note{i}x.\n")
+    home.state.mkdir(parents=True, exist_ok=True)
+
+    def outside() -> dict:
+        return {p: h for p, h in _tree(home.folder, home.agent, ROOT / "lnkmem", sys.prefix).items()
+                if not p.startswith(str(home.state))}
+
+    before = outside()
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--bind", str(home.state), str(home.state),
+            "--unshare-net", "--die-with-parent", "--new-session",
+            PROGRAM, "index", *home.args()]
+    env = base_env()
+    env.pop("PYTHONDONTWRITEBYTECODE")
+    env["LNKMEM_WORKER"] = "1"  # every merge shared with a helper
+    env["LNKMEM_BATCH_FILES"] = "3"  # segments enough to merge
+    r = subprocess.run(argv, env=env, capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert "helper" not in err and "Traceback" not in err, err  # it started, and it did its share
+    assert outside() == before
+    from lnkmem.index.store import Store
+    st = Store.open(str(home.state / "index"))
+    try:
+        assert len(st.snapshot.segs) == 1
+        from lnkmem.index.search import bm25
+        for i in (0, 11, 23):
+            hits = bm25(st, f"note{i}x", 5)
+            assert [st.snapshot.refs[st.snapshot.refid[p]] for p, _ in hits] == [f"home/docs/n{i:02d}.md"]
+    finally:
+        st.close()

@@ -260,9 +260,12 @@ def start(job: Job, dead: np.ndarray, lo: bytes) -> Optional[Helper]:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # lnkmem where this process found it
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "lnkmem.index.merge_steps"], stdin=subprocess.PIPE,
+        # -B: no bytecode written beside the program (the engine writes only <state> and the notes)
+        proc = subprocess.Popen([sys.executable, "-B", "-m", "lnkmem.index.merge_steps"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as e:
+        import logging
+        logging.getLogger("lnkmem").warning("the merge's helper process could not start (%s): merging in one thread", e)
         return None
     request = _enc.encode(_Request(job, lo, np.packbits(dead).tobytes(), len(dead)))
 

@@ -273,7 +273,7 @@ def deep_check(path: str) -> None:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # lmdb where this process found it
     try:
-        r = subprocess.run([sys.executable, "-c", _DEEP_CHECK, path, str(max(size, 1 << 20))],
+        r = subprocess.run([sys.executable, "-B", "-c", _DEEP_CHECK, path, str(max(size, 1 << 20))],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            timeout=DEEP_CHECK_S, env=env)
     except subprocess.TimeoutExpired:

@@ -7,7 +7,7 @@ of passages dead when the merge began, and gives a write step's (key, value)
 items at a time; the store writes them (``Store._merge_postings``).
 
 A large merge (the one that ends a build merges every segment) is shared with
-a helper, the second core: :func:`start` runs ``python -m
+a helper, the second core: :func:`start` runs ``python -B -m
 lnkmem.index.merge_steps`` (a fresh interpreter: an LMDB environment is never
 used across a fork, nor opened twice in one process), which reads the terms
 from a middle one on through a read-only environment of its own (in the
@@ -33,9 +33,8 @@ from typing import Optional
 import msgspec
 import numpy as np
 
-from lnkmem import memtrim
 from lnkmem.index import postings, worker
-from lnkmem.index.store import _Abandoned, _dead_of, _k, _release_map
+from lnkmem.index.store import _Abandoned, _child_env, _dead_of, _k, _let_go_of_map, _release_map
 
 # a merge of fewer passages stays in one thread (~1 s at most: a helper starts in ~0.2 s)
 SHARED_PASSAGES = 20_000
@@ -74,12 +73,6 @@ class _Part(msgspec.Struct, array_like=True):
 
 _enc = msgspec.msgpack.Encoder()
 _part_dec = msgspec.msgpack.Decoder(_Part)
-
-
-def _let_go(job: Job) -> None:
-    held = memtrim.resident()
-    if held is not None and held[1] > job.map_resident:
-        _release_map(job.data)
 
 
 def steps(job: Job, env, db, dead: np.ndarray, lo: Optional[bytes], hi: Optional[bytes], stop):
@@ -157,7 +150,7 @@ def steps(job: Job, env, db, dead: np.ndarray, lo: Optional[bytes], hi: Optional
                 items.append((nk + term, v))
                 size += len(v) + len(term) + 4
             if len(items) % 1024 == 0:
-                _let_go(job)  # (the read transaction stays: only the pages go)
+                _let_go_of_map(job.data, job.map_resident)  # (the read transaction stays: only the pages go)
             if size + pend_bytes >= job.step_bytes:  # (the pending lists' bytes: about what they join to)
                 if stop():
                     raise _Abandoned()
@@ -183,13 +176,9 @@ def steps(job: Job, env, db, dead: np.ndarray, lo: Optional[bytes], hi: Optional
 
 
 def shared(passages: int) -> bool:
-    """Whether a merge of this many passages is shared with a helper (``LNKMEM_WORKER``
-    as for the build's worker: ``0`` never, ``1`` any merge (tests), else with two
-    cores and :data:`SHARED_PASSAGES` passages)."""
-    how = os.environ.get("LNKMEM_WORKER", "")
-    if how == "0":
-        return False
-    return how == "1" or (worker._cores() >= 2 and passages >= SHARED_PASSAGES)
+    """Whether a merge of this many passages is shared with a helper
+    (:func:`worker.second_core`: past :data:`SHARED_PASSAGES`)."""
+    return worker.second_core(lambda: passages >= SHARED_PASSAGES)
 
 
 class Helper:
@@ -216,12 +205,7 @@ class Helper:
                 raise _Abandoned()
         if self.done:
             return []
-        head = worker.read_exact(self.pipe, worker._HEAD.size)
-        body = worker.read_exact(self.pipe, worker._HEAD.unpack(head)[0]) if head is not None else None
-        try:
-            part = _part_dec.decode(body) if body is not None else None
-        except msgspec.DecodeError:
-            part = None
+        part = worker.read_msg(self.pipe, _part_dec)
         if part is None or part.kind != BATCH:
             self.done = True
             self.whole = part is not None and part.kind == END
@@ -257,8 +241,7 @@ def start(job: Job, dead: np.ndarray, lo: bytes) -> Optional[Helper]:
     merged here)."""
     if not sys.executable:  # (an embedded interpreter: nothing to start)
         return None
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # lnkmem where this process found it
+    env = _child_env()
     try:
         # -B: no bytecode written beside the program (the engine writes only <state> and the notes)
         proc = subprocess.Popen([sys.executable, "-B", "-m", "lnkmem.index.merge_steps"], stdin=subprocess.PIPE,

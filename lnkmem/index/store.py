@@ -266,12 +266,19 @@ for name in names:
 DEEP_CHECK_S = 120
 
 
+def _child_env() -> dict:
+    """The environment of a Python child of the index's (the deep check, a merge's
+    helper): few variables, and lmdb and lnkmem where this process found them."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
 def deep_check(path: str) -> None:
     """Read every page of the index in a child process: a damaged page there is the
     child's SIGSEGV/SIGABRT or LMDB error, never this process's. Raises DamagedIndex."""
     size = os.path.getsize(os.path.join(path, "data.mdb"))
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # lmdb where this process found it
+    env = _child_env()
     try:
         r = subprocess.run([sys.executable, "-B", "-c", _DEEP_CHECK, path, str(max(size, 1 << 20))],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -1038,10 +1045,7 @@ class Store:
         (~130 MiB stayed resident), the people's index asking 120k file records at its end
         (+111 MiB in 0.3 s), a merge between its steps (~70 MiB). Returns the resident
         memory read before (:func:`memtrim.resident`)."""
-        held = memtrim.resident()
-        if held is not None and held[1] > self.MAP_RESIDENT:
-            _release_map(self.data)
-        return held
+        return _let_go_of_map(self.data, self.MAP_RESIDENT)
 
     def free_share(self) -> float:
         """The share of data.mdb's pages that no table uses (freed by merges and
@@ -1632,8 +1636,9 @@ class Store:
         job = merge_steps.Job(self.path, self.data, segs, new, sorted(self._clean), self.STEP_BYTES,
                               self.JOIN_BYTES, self.MAP_RESIDENT, self.env.info()["map_size"])
         helper = None
-        if merge_steps.shared(self._merge_passages(segs)):
-            mid = self._merge_split(segs)
+        sizes = self._segment_sizes_of(self.snapshot)
+        if merge_steps.shared(sum(sizes.get(s, 0) for s in segs)):
+            mid = self._merge_split(segs, sizes)
             if mid is not None:
                 helper = merge_steps.start(job, self._deadmask, mid)
         hi = helper.lo if helper is not None else None
@@ -1666,20 +1671,15 @@ class Store:
                     with contextlib.suppress(lmdb.Error):
                         self.env.reader_check()
 
-    def _merge_sizes(self) -> dict:
-        snap = self.snapshot
+    def _segment_sizes_of(self, snap: "Snapshot") -> dict:
+        """Passages by segment: the snapshot's, else read from the segments' records."""
         return snap.segs if snap.segs is not None else self.segment_sizes()
 
-    def _merge_passages(self, segs: list[int]) -> int:
-        sizes = self._merge_sizes()
-        return sum(sizes.get(s, 0) for s in segs)
-
-    def _merge_split(self, segs: list[int]) -> Optional[bytes]:
+    def _merge_split(self, segs: list[int], sizes: dict) -> Optional[bytes]:
         """The term from which the helper merges (its share of the postings by the bytes
         of the largest segment's lists: the segments of a build hold much the same words),
         None when there is none."""
         from lnkmem.index import merge_steps
-        sizes = self._merge_sizes()
         big = _k(max(segs, key=lambda s: sizes.get(s, 0)))
         with self.env.begin(buffers=True) as txn:
             cur = txn.cursor(db=self.postings)
@@ -1824,7 +1824,7 @@ class Store:
         make a merge of most of the index."""
         factor = factor or self.MERGE_FACTOR
         snap = self.refresh()
-        sizes = snap.segs if snap.segs is not None else self.segment_sizes()
+        sizes = self._segment_sizes_of(snap)
         tiers: dict[int, list[int]] = {}
         for s, n in sizes.items():
             tiers.setdefault(_tier(n, self.TIER_FLOOR, factor), []).append(s)
@@ -1969,6 +1969,15 @@ def _dead_of(mask: np.ndarray, pids: np.ndarray) -> np.ndarray:
     out = np.zeros(len(pids), bool)
     out[inside] = mask[pids[inside]]
     return out
+
+
+def _let_go_of_map(data: str, limit: int) -> Optional[tuple[int, int]]:
+    """:func:`_release_map` once this process's file-backed memory is past ``limit``;
+    the resident memory read before (:func:`memtrim.resident`)."""
+    held = memtrim.resident()
+    if held is not None and held[1] > limit:
+        _release_map(data)
+    return held
 
 
 def _release_map(data: str) -> None:

@@ -103,17 +103,22 @@ def share(places: Mapping[str, object], todo: list) -> list:
 
     ``LNKMEM_WORKER``: ``0`` never, ``1`` whenever a local file is to be read
     (tests), else when there are two cores and the local files are many."""
-    how = os.environ.get("LNKMEM_WORKER", "")
-    if how == "0" or not hasattr(os, "fork"):
+    if not hasattr(os, "fork"):
         return []
     far = [x for x in todo if forkable(places[x[0]])]
-    if how == "1":
-        return far
-    if _cores() < 2 or not far:
-        return []
-    if len(far) >= WORKER_FILES or sum(e.size or 0 for _, e in far) >= WORKER_BYTES:
+    if far and second_core(lambda: len(far) >= WORKER_FILES or sum(e.size or 0 for _, e in far) >= WORKER_BYTES):
         return far
     return []
+
+
+def second_core(large: Callable[[], bool]) -> bool:
+    """Whether work is shared with a second process (a build's worker, a merge's
+    helper): ``LNKMEM_WORKER`` ``0`` never, ``1`` always (tests), else when there are
+    two cores and the work is ``large()``."""
+    how = os.environ.get("LNKMEM_WORKER", "")
+    if how == "0":
+        return False
+    return how == "1" or (_cores() >= 2 and large())
 
 
 class Worker:
@@ -133,20 +138,8 @@ class Worker:
         self.taken = 0  # entries 0..taken-1 are the child's, committed
         self.exited = False
 
-    def _read(self, n: int) -> Optional[bytearray]:
-        return read_exact(self.pipe, n)
-
     def _recv(self) -> Optional[_Msg]:
-        head = self._read(_HEAD.size)
-        if head is None:
-            return None
-        body = self._read(_HEAD.unpack(head)[0])
-        if body is None:
-            return None
-        try:
-            return _dec.decode(body)
-        except msgspec.DecodeError:
-            return None
+        return read_msg(self.pipe, _dec)
 
     def share_with(self, b, places: Mapping[str, object], tmpdir: str, should_stop: Callable[[], bool]) -> bool:
         """Index the child's entries together: the child from the first on, this
@@ -295,7 +288,20 @@ def _detach(w: int, parent: int) -> None:
     os.closerange(lo, 1 << 20)
 
 
-def read_exact(pipe, n: int) -> Optional[bytearray]:
+def read_msg(pipe, decoder):
+    """The next message :func:`_write` framed on an unbuffered pipe, decoded; None at
+    its end or when it is not one ``decoder`` reads."""
+    head = _read_exact(pipe, _HEAD.size)
+    body = _read_exact(pipe, _HEAD.unpack(head)[0]) if head is not None else None
+    if body is None:
+        return None
+    try:
+        return decoder.decode(body)
+    except msgspec.DecodeError:
+        return None
+
+
+def _read_exact(pipe, n: int) -> Optional[bytearray]:
     """Exactly ``n`` bytes from an unbuffered pipe (what poll says is all there is);
     None at its end."""
     buf = bytearray(n)

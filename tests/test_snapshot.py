@@ -166,7 +166,7 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
     """A search computes a snapshot's facts (its shortest live length, its segments'
     dead) once; after a commit, nothing the searches keep holds the old snapshot (its
     arrays are megabytes at a million passages), even before any search asks for the
-    new one's facts."""
+    new one's facts (or, after a dated search, its files' times)."""
     import gc
     import weakref
     st = Store.open(str(tmp_path / "index"))
@@ -177,6 +177,8 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
         old = st.snapshot
         search.words(st, " ".join(VOCAB[:4]), 5)
         assert search._facts_known(old) is not None  # computed for this snapshot
+        search.words(st, " ".join(VOCAB[:4]), 5, after=0.0)  # files' times kept for this snapshot
+        assert search._ref_times
         gone = weakref.ref(old)
         del old
         st.commit(Batch(files=[_file(random.Random(9), "home/f9.md", "v1")]))

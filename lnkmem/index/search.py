@@ -73,7 +73,7 @@ def _seconds(when: Optional[str]) -> Optional[float]:
 
 # --- ties ---------------------------------------------------------------------------
 
-_ref_times: dict = {}  # file times by refid, for the last snapshot
+_ref_times: dict = {}  # file times by refid, for the last snapshot (held weakly, as _snap_facts)
 
 
 def _tie_rank(snap: Snapshot, rids: np.ndarray) -> np.ndarray:
@@ -250,8 +250,8 @@ class Checks:
         rids = snap.refid[cand]
         uniq, inv = np.unique(rids, return_inverse=True)
         cache = _ref_times.get("v")
-        if cache is None or cache[0] is not snap:
-            cache = (snap, {})
+        if cache is None or cache[0]() is not snap:
+            cache = (weakref.ref(snap), {})
             _ref_times["v"] = cache
         known = cache[1]
         times = np.empty(len(uniq), np.float64)

@@ -194,12 +194,13 @@ def test_top_k_of_two_million_ties_is_one_pass():
     import numpy as np
 
     from lnkmem.index.search import top
+    from lnkmem.index.refs import Refs
     from lnkmem.index.store import Snapshot
     n = 2_000_000
     refs = ["home/b.md", "home/a.md"]
     refid = (np.arange(n + 1) % 2).astype(np.int32)  # odd pids in home/a.md
     snap = Snapshot(1, np.ones(n + 1, np.float32), np.ones(n + 1, bool), np.zeros(n + 1, np.uint8),
-                    refid, refs, n, float(n))
+                    refid, Refs.of(refs), n, float(n))
     cand = np.arange(1, n + 1, dtype=np.int64)
     sc = np.full(n, 2.5, np.float32)
     sc[-1] = 3.0  # one better passage, last of all

@@ -172,13 +172,14 @@ def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
     import numpy as np
 
     from lnkmem.index.search import top
+    from lnkmem.index.refs import Refs
     from lnkmem.index.store import Snapshot
     rnd = random.Random(5)
     for _ in range(40):
         n = rnd.randrange(5, 400)
         refs = [f"home/{rnd.choice('abcxyz')}{i}.md" for i in range(rnd.randrange(1, 30))]
         refid = np.array([rnd.randrange(len(refs)) for _ in range(n)], np.int32)
-        snap = Snapshot(1, np.ones(n, np.float32), np.ones(n, bool), np.zeros(n, np.uint8), refid, refs, n, float(n))
+        snap = Snapshot(1, np.ones(n, np.float32), np.ones(n, bool), np.zeros(n, np.uint8), refid, Refs.of(refs), n, float(n))
         cand = np.array(sorted(rnd.sample(range(n), rnd.randrange(1, n))), np.int64)
         sc = np.array([rnd.choice([1.0, 2.0, 2.5]) for _ in cand], np.float32)
         want = rnd.randrange(1, 30)

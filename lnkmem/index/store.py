@@ -51,6 +51,7 @@ import numpy as np
 from lnkmem import memtrim, procs
 from lnkmem.errors import DamagedIndex, ToolError
 from lnkmem.index import postings, textpack
+from lnkmem.index.refs import Refs
 
 FORMAT = b"lnkmem-index-4"  # 4: postings in bit-packed blocks, passages deflated (issue 12)
 SOURCES = ("home", "chats", "skills", "notes")
@@ -505,7 +506,7 @@ class Snapshot:
     alive: np.ndarray  # bool per pid
     src: np.ndarray  # uint8 per pid
     refid: np.ndarray  # int32 per pid -> refs
-    refs: list[str]
+    refs: Refs
     live: int
     total_len: float
     seg_of: Optional[np.ndarray] = None  # int32 per pid -> its segment, -1: in none (a free id)
@@ -525,11 +526,11 @@ class Snapshot:
             pids = pids[np.isin(self.src[pids], codes)]
         if under:
             memo = self._under
-            if memo is not None and memo[0] == under and memo[1] == len(self.refs):
+            if memo is not None and memo[0] == under and memo[1] is self.refs:
                 ok = memo[2]
             else:
-                ok = np.fromiter((r.startswith(under) for r in self.refs), bool, len(self.refs))
-                object.__setattr__(self, "_under", (under, len(self.refs), ok))
+                ok = self.refs.starting(under)
+                object.__setattr__(self, "_under", (under, self.refs, ok))
             rid = self.refid[pids]
             pids = pids[(rid >= 0) & ok[np.maximum(rid, 0)]]
         return pids
@@ -804,8 +805,8 @@ class Store:
             src = np.zeros(cap, np.uint8)
             refid = np.full(cap, -1, np.int32)
             seg_of = np.full(cap, -1, np.int32)
-            refs: list[str] = []
-            ids: dict[str, int] = {}
+            names: list[str] = []
+            ids: dict[str, int] = {}  # (while loading only)
             segs: dict[int, int] = {}
             for k, v in txn.cursor(db=self.segments):
                 seg = _seg_codec.decode(v)
@@ -820,11 +821,14 @@ class Store:
                 alive[pids] = True
                 for r in dict.fromkeys(seg.refs):  # new refs, in order
                     if r not in ids:
-                        ids[r] = len(refs)
-                        refs.append(r)
+                        ids[r] = len(names)
+                        names.append(r)
                 refid[pids] = np.fromiter(map(ids.__getitem__, seg.refs), np.int32, len(pids))
             # a passage's source is its ref's: computed once per ref
-            ref_src = np.fromiter((SOURCE_CODE.get(source_of(r), 0) for r in refs), np.uint8, len(refs))
+            ref_src = np.fromiter((SOURCE_CODE.get(source_of(r), 0) for r in names), np.uint8, len(names))
+            del ids
+            refs = Refs.of(names)
+            del names
             has = refid >= 0
             src[has] = ref_src[refid[has]]
             for k, _ in txn.cursor(db=self.dead):
@@ -844,7 +848,6 @@ class Store:
                         seg_of, segs)
 
     _bufs: tuple = ()  # (doclen, src, refid) with room beyond the snapshot's length
-    _refids: tuple = ()  # (the snapshot's refs list, ref -> its index in it)
 
     def _extend(self, old: Snapshot, d: "_Delta") -> Snapshot:
         """The snapshot after a commit, made from the one before it and what the commit
@@ -862,7 +865,7 @@ class Store:
         bufs = self._bufs
         own = bool(bufs) and (old.doclen is bufs[0] or old.doclen.base is bufs[0])
         if not own or len(bufs[0]) < n or (len(seen) and old.alive[seen].any()):
-            cap = max(n, n_old + n_old // 2 + 1024)
+            cap = max(n, n_old + n_old // 8 + 1024)
             doclen = np.zeros(cap, np.float32)
             src = np.zeros(cap, np.uint8)
             refid = np.full(cap, -1, np.int32)
@@ -870,20 +873,16 @@ class Store:
             bufs = self._bufs = (doclen, src, refid)
         doclen, src, refid = bufs
         refs = old.refs
-        if not self._refids or self._refids[0] is not refs:
-            self._refids = (refs, {r: i for i, r in enumerate(refs)})
-        ids = self._refids[1]
         if len(new):
-            fresh = [r for r in dict.fromkeys(d.refs) if r not in ids]
-            if fresh:
-                refs = refs + fresh  # a new list: ``old`` keeps its own
-                for r in fresh:
-                    ids[r] = len(ids)
-                self._refids = (refs, ids)
+            named = list(dict.fromkeys(d.refs))  # each ref once, in order
+            found = refs.find_all(named)
+            if (found < 0).any():
+                fresh = [r for r, f in zip(named, found.tolist()) if f < 0]
+                found[found < 0] = np.arange(len(refs), len(refs) + len(fresh), dtype=np.int32)
+                refs = refs.extended(fresh)  # a new table: ``old`` keeps its own
+            ids = dict(zip(named, found.tolist()))
             rid = np.fromiter(map(ids.__getitem__, d.refs), np.int32, len(new))
-            ref_src = {}
-            for r in dict.fromkeys(d.refs):
-                ref_src[ids[r]] = SOURCE_CODE.get(source_of(r), 0)
+            ref_src = {i: SOURCE_CODE.get(source_of(r), 0) for r, i in ids.items()}
             lens = np.asarray(d.lens, np.float32)
             doclen[new] = lens
             refid[new] = rid
@@ -1002,7 +1001,7 @@ class Store:
             doclen, alive, src, refid, seg_of = arrays
             if len(refid) and (refid.max() >= len(d.refs) or refid.min() < -1):
                 return None
-            return Snapshot(d.gen, doclen.astype(np.float32), alive, src, refid, d.refs, d.live, d.total_len,
+            return Snapshot(d.gen, doclen.astype(np.float32), alive, src, refid, Refs.of(d.refs), d.live, d.total_len,
                             seg_of, dict(d.segs))
         except (OSError, ValueError, UnicodeDecodeError, msgspec.DecodeError, TypeError, lmdb.Error):
             return None
@@ -1017,7 +1016,7 @@ class Store:
             if int(txn.get(b"gen", db=self.meta)) != snap.gen:
                 return None
         return _enc.encode(_SavedSnapshot(
-            snap.gen, snap.live, snap.total_len, list(snap.segs.items()), snap.refs,
+            snap.gen, snap.live, snap.total_len, list(snap.segs.items()), list(snap.refs),
             snap.doclen.astype("<f4").tobytes(), snap.alive.tobytes(), snap.src.tobytes(),
             snap.refid.astype("<i4").tobytes(), snap.seg_of.astype("<i4").tobytes()))
 
@@ -1311,9 +1310,11 @@ class Store:
                             dropped.append(s)
                 # (a copy's vector chunks name passages by id: `pid_reuse` tells the
                 # write-back to send all vectors anew, see copy.export)
-                free = np.flatnonzero(seg_of[1:next_pid] < 0) + 1
-                used = np.flatnonzero(seg_of[1:next_pid] >= 0)
-                next_pid = int(used[-1]) + 2 if len(used) else 1  # the highest ids free: made again
+                held = seg_of[1:next_pid] >= 0
+                free = np.flatnonzero(~held) + 1
+                # the highest ids free: made again (the last held id found without a list
+                # of every held one: 10 MB a commit at 1.27M passages)
+                next_pid = len(held) - int(np.argmax(held[::-1])) + 1 if held.any() else 1
                 ids = iter(free[free < next_pid].tolist())
             allocated: list[int] = []
             # postings of the batch: each file's columns (made when it was counted),
@@ -1937,7 +1938,7 @@ class Store:
         if len(refs) > n_used and len(refs) > 2 * n_used + self.REFS_SLACK:
             remap = np.full(len(refs) + 1, -1, np.int32)  # + 1: refid -1 stays -1
             remap[np.flatnonzero(used)] = np.arange(n_used, dtype=np.int32)
-            refs = [r for r, u in zip(refs, used.tolist()) if u]
+            refs = refs.kept(used)
             bufs = self._bufs
             own = bool(bufs) and (old.doclen is bufs[0] or old.doclen.base is bufs[0])
             buf = np.full(len(bufs[2]) if own else len(old.refid), -1, np.int32)  # a new one: ``old`` keeps its own
@@ -1945,7 +1946,6 @@ class Store:
             if own:
                 self._bufs = (bufs[0], bufs[1], buf)
             refid = buf[:len(old.refid)]
-            self._refids = (refs, {r: i for i, r in enumerate(refs)})
         return Snapshot(gen, old.doclen, old.alive, old.src, refid, refs, old.live, old.total_len,
                         seg_of, sizes)
 

@@ -286,6 +286,7 @@ class Memory:
                     # quiet: the pages searches mapped (the kernel maps 64 KiB of neighbours
                     # with each one read) go back, so a serve at rest holds what it needs
                     self.store.let_go_of_map()
+                    self._trim_at_rest()
                     continue
                 if self._stop.is_set():
                     break
@@ -448,6 +449,18 @@ class Memory:
             self.store.let_go_of_map()  # serve's memory does not grow with each change (issue 12)
 
     _anon_floor = 0  # bytes of anonymous memory held after the last trim
+
+    _rest_mark = 0.0  # the last search (Store.read_at) before the last trim at rest
+
+    def _trim_at_rest(self) -> None:
+        """No change queued and no search for :data:`IDLE_LET_GO_S`, but searches since the
+        last time: the heap that they (and any change) freed goes back now, when no search
+        waits for the trim. At 1.27M passages a serve after its searches and a few changes
+        held ~30-40 MiB of freed heap (RssAnon ~135 MiB, ~105 once trimmed)."""
+        read = self.store.read_at
+        if read != self._rest_mark and time.monotonic() - read >= IDLE_LET_GO_S:
+            self._rest_mark = read
+            self._trim_if_grown(force=True)
 
     def _trim_if_grown(self, force: bool = False) -> None:
         """Give the heap back when a change's work left it larger (a merge in the change's

@@ -84,8 +84,13 @@ class Server:
             self.lines.put(line)
         self.lines.put(None)
 
-    def _pump_err(self) -> None:
-        self.stderr = self.proc.stderr.read()
+    def _pump_err(self) -> None:  # as it comes: a test may read the log of a live server
+        fd = self.proc.stderr.fileno()
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            self.stderr += chunk
 
     def send_raw(self, data: bytes) -> None:
         self.proc.stdin.write(data)

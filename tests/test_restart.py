@@ -163,6 +163,27 @@ def test_serve_memory_does_not_grow_with_each_change(tmp_path):
         assert grew < 6 * 1024, (before, after)
 
 
+def test_serve_gives_its_freed_heap_back_at_rest_never_between_searches(home):
+    """Searches free heap that glibc keeps; once serve is at rest (nothing queued, no
+    search for 2 s) it hands it back, once per spell of searches, and never while
+    searches keep coming (a trim holds the allocator's lock: a search would wait)."""
+    trimmed = b"heap trimmed"
+    with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        time.sleep(5)  # the look at start and the probes above: their own trims
+        mark = len(s.stderr)
+        end = time.monotonic() + 5
+        while time.monotonic() < end:  # a search every 0.3 s: never at rest
+            assert refs(s.search("okapi"))
+            time.sleep(0.3)
+        assert trimmed not in s.stderr[mark:], s.stderr[mark:].decode()
+        assert until(lambda: trimmed in s.stderr[mark:], timeout=8)
+        once = s.stderr.count(trimmed)
+        time.sleep(5)  # still at rest: no search since, nothing more to give back
+        assert s.stderr.count(trimmed) == once
+
+
 def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
     """top() orders tied passages by their ref, then by id, as a full
     sort would; it sorts only the tied passages' refs, so a new snapshot (every change)

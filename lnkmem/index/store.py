@@ -40,6 +40,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
@@ -909,6 +910,8 @@ class Store:
         live = old.live - len(killed) + len(new)
         return Snapshot(d.gen, doclen[:n], alive, src[:n], refid[:n], refs, live, total, seg_of, segs)
 
+    read_at = 0.0  # time.monotonic() of the last refresh: a search's look at the index
+
     @_guarded
     def refresh(self) -> Snapshot:
         """Reload the snapshot when another process has committed since.
@@ -917,6 +920,7 @@ class Store:
         lock, so a generation ahead of the snapshot is first waited out under that lock
         (a commit between its transaction and its snapshot: milliseconds); only a
         generation still ahead after it is another process's, read anew."""
+        self.read_at = time.monotonic()
         with self.env.begin() as txn:
             gen = int(txn.get(b"gen", db=self.meta))
         if gen != self.snapshot.gen:

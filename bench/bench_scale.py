@@ -68,6 +68,7 @@ SECTION = "scale"
 PASSES = 3
 UPDATES = 10
 MCP_CHANGES = 5
+REST_S = 4.0  # after the changes, seconds without a search before serve's memory is read again (it trims at rest)
 MB = 1_000_000
 MiB = 1 << 20
 DEFAULT_OUT = os.path.join(HERE, "out", "scale")
@@ -735,6 +736,8 @@ def bench_scale(out: str, scale: float, seed: int, tantivy_version: Optional[str
                 time.sleep(0.005)
             o["mcp_changes"].append(time.perf_counter() - t)
         o["serve_after_changes"] = c.memory()
+        time.sleep(REST_S)  # no search, no change: what serve holds at rest
+        o["serve_at_rest"] = c.memory()
         for full, data in saved.items():  # put back, and wait until the index has them back
             with open(full, "wb") as f:
                 f.write(data)
@@ -884,6 +887,11 @@ def table(r: dict) -> str:
         lines.append(f"| `serve` RSS after {len(ch)} changes, MiB (VmHWM; RssAnon, not backed by a file) | "
                      f"{sa.get('VmRSS', 0) / 1024:.0f} ({sa.get('VmHWM', 0) / 1024:.0f}; "
                      f"{sa.get('RssAnon', 0) / 1024:.0f}) |" + " |" * (2 * len(names)))
+        if o.get("serve_at_rest"):
+            sr = o["serve_at_rest"]
+            lines.append(f"| `serve` RSS {REST_S:g} s later, at rest, MiB (RssAnon) | "
+                         f"{sr.get('VmRSS', 0) / 1024:.0f} ({sr.get('RssAnon', 0) / 1024:.0f}) |"
+                         + " |" * (2 * len(names)))
     notes = [
         "",
         f"Scale {r['scale']:g}: {s['files']} markdown files and {s['threads']} conversations "

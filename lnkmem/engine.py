@@ -189,7 +189,16 @@ class Memory:
                      "; its snapshot as saved at that close" if store.snapshot_saved else "")
         store.on_damage = self._damaged
         store.on_alloc = self._forget_vectors
+        store.on_map_grown = self._map_grown
         return store
+
+    _letting_go = False  # a let-go of the map is queued
+
+    def _map_grown(self) -> None:
+        """Searches mapped many of the map's pages: let go of them on the indexing thread."""
+        if not self._letting_go:
+            self._letting_go = True
+            self._queue.put(("\0letgo", None))
 
     def _forget_vectors(self, pids: list[int]) -> None:
         """Ids given to new passages (ids are reused): no vector held for them is theirs."""
@@ -293,6 +302,10 @@ class Memory:
                 refs = {ref}
                 events = [done] if done else []
                 self._drain(refs, events)  # take everything queued so far together
+                if "\0letgo" in refs:  # (first: it is no change to gather a burst of)
+                    refs.discard("\0letgo")
+                    self._letting_go = False
+                    self.store.let_go_of_map()
                 if len(refs) > 1 and not self._stop.is_set():  # a burst: let the rest of it arrive
                     self._stop.wait(BURST_GATHER_S)
                     self._drain(refs, events)

@@ -184,6 +184,47 @@ def test_serve_gives_its_freed_heap_back_at_rest_never_between_searches(home):
         assert s.stderr.count(trimmed) == once
 
 
+def test_a_burst_of_searches_has_the_index_pages_it_mapped_let_go_without_waiting_for_rest(tmp_path):
+    """Each page a search reads maps its cached neighbours too, and they stayed in serve's
+    RSS until it rested (600 searches at 1.27M passages: ~200 MiB). Past a bound (here 0:
+    at every search) a search asks the indexing thread to let go of them, at once."""
+    from lnkmem.config import from_args
+    from lnkmem.engine import IDLE_LET_GO_S, Memory
+    h = Home(tmp_path / "h")
+    for i in range(200):
+        h.write(f"d{i % 5}/f{i:03}.md", " ".join(f"w{i}z{j} okapi" for j in range(200)) + "\n")
+    mem = Memory(from_args(*h.args(), {})).start(watch=False)
+    try:
+        assert mem.ready.wait(60)
+        st = mem.store
+        where = os.path.realpath(st.data)
+
+        def mapped() -> int:  # KiB of data.mdb resident in this process
+            kib, ours = 0, False
+            with open("/proc/self/smaps") as f:
+                for line in f:
+                    head = line.split()
+                    if head and "-" in head[0] and not head[0].endswith(":"):
+                        ours = line.rstrip("\n").endswith(" " + where)
+                    elif ours and head[0] == "Rss:":
+                        kib += int(head[1])
+            return kib
+
+        assert mem.rank("okapi w3z3", 5)[0]
+        assert mapped() > 0  # what searches read stays mapped (below the bound)
+        st.MAP_RESIDENT = 0  # any page of the map is let go when asked
+        st.SEARCH_MAP_RESIDENT = 0
+        st.MAP_CHECK_EVERY = 1
+        assert mem.changed("home/d0/f000.md")  # the indexing thread just woke: its rest is 2 s away
+        t = time.monotonic()
+        for i in range(0, 200, 7):
+            assert mem.rank(f"w{i}z{i % 200}", 5)[0]
+        assert until(lambda: mapped() == 0, timeout=1.0), mapped()
+        assert time.monotonic() - t < IDLE_LET_GO_S  # not the let-go at rest
+    finally:
+        mem.stop()
+
+
 def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
     """top() orders tied passages by their ref, then by id, as a full
     sort would; it sorts only the tied passages' refs, so a new snapshot (every change)

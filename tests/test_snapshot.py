@@ -186,3 +186,29 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
         assert gone() is None
     finally:
         st.close()
+
+
+def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tmp_path, monkeypatch):
+    """A search counts how many of its segment's dead passages a long list holds (its
+    live df) and keeps the count for the snapshot; after each change the counts are
+    made anew: the ranking is always that of every posting scored, the dead dropped."""
+    st = Store.open(str(tmp_path / "index"))
+    try:
+        rng = random.Random(7)
+        st.commit(Batch(files=[random_file(rng, f"home/f{i:03}.md", "v1", VOCAB, None, (20, 40))
+                               for i in range(120)]))  # one segment: its lists long beside its few dead
+        q = " ".join(VOCAB[:3])
+        for gone in (["home/f000.md", "home/f001.md"], ["home/f002.md"], ["home/f003.md", "home/f004.md"]):
+            st.commit(Batch(removed=gone))
+            first, _ = search.words(st, q, 10)
+            again, _ = search.words(st, q, 10)  # with the counts kept for this snapshot
+            kept = st.snapshot
+            assert search._facts_known(kept)[2]  # (counted by looking the dead up, and kept)
+            with monkeypatch.context() as m:
+                m.setattr(search, "PRUNE", False)  # every posting scored, each list's live ones decoded
+                fresh, _ = search.words(st, q, 10)
+            assert first == again
+            assert [p for p, _ in first] == [p for p, _ in fresh]
+            assert np.allclose([s for _, s in first], [s for _, s in fresh], rtol=1e-6)
+    finally:
+        st.close()

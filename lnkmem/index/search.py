@@ -128,17 +128,20 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
 _snap_facts: dict = {}
 
 
-def _facts_known(snap: Snapshot) -> Optional[tuple[float, dict]]:
+def _facts_known(snap: Snapshot) -> Optional[tuple[float, dict, dict]]:
     """:func:`_facts` of ``snap`` when a search has computed them already, else None."""
     got = _snap_facts.get("v")
-    return (got[1], got[2]) if got is not None and got[0]() is snap else None
+    return got[1:] if got is not None and got[0]() is snap else None
 
 
-def _facts(snap: Snapshot) -> tuple[float, dict]:
-    """The shortest live passage's length (the bound of every BM25 score) and the
+def _facts(snap: Snapshot) -> tuple[float, dict, dict]:
+    """The shortest live passage's length (the bound of every BM25 score), the
     segments that hold dead passages, each with their ids (ascending): a list there
-    is checked for its live count; elsewhere its header's count is the live count.
-    Computed once a snapshot."""
+    is checked for its live count; elsewhere its header's count is the live count;
+    and, by list (segment and term), how many of those dead it holds, as counted
+    (a segment's list never changes, and the dead are the snapshot's: a search
+    after a change counts a list's dead once, not at every search). Computed once
+    a snapshot."""
     known = _facts_known(snap)
     if known is not None:
         return known
@@ -150,8 +153,12 @@ def _facts(snap: Snapshot) -> tuple[float, dict]:
     order = np.argsort(of, kind="stable")  # (ids ascend within each segment)
     segs, first = np.unique(of[order], return_index=True)
     dirty = {int(sg): part for sg, part in zip(segs.tolist(), np.split(dead[order], first[1:]))}
-    _snap_facts["v"] = (weakref.ref(snap), mindl, dirty)
-    return mindl, dirty
+    held: dict = {}
+    _snap_facts["v"] = (weakref.ref(snap), mindl, dirty, held)
+    return mindl, dirty, held
+
+
+HELD_KEPT = 1 << 14  # lists whose dead count a snapshot's facts keep (~100 B each); emptied when full
 
 
 # a segment's list of this many times more postings than its segment has dead passages
@@ -526,7 +533,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
     decoded, its live postings), live df, idf (times its weight) and score bound (the
     largest tf in the shortest live passage)."""
     avgdl = snap.avgdl
-    mindl, dirty = _facts(snap)
+    mindl, dirty, held = _facts(snap)
     terms = []
     for term, w in weights.items():
         tm = _Term(term, w)
@@ -554,7 +561,12 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
                     if got is not None:
                         mt = int(got[1].max()) if n else 0
                     if dp is not None:
-                        gone = _holding(got[0] if got is not None else plists.lookup(v, dp)[0], dp)
+                        gone = held.get(key)
+                        if gone is None:
+                            gone = _holding(got[0] if got is not None else plists.lookup(v, dp)[0], dp)
+                            if len(held) >= HELD_KEPT:
+                                held.clear()
+                            held[key] = gone
                         n -= gone
                         tm.dead = tm.dead or gone > 0
                     if n > 0:

@@ -436,6 +436,11 @@ def _merged(path: str, monkeypatch, worker: str, kill_helper_after: int = 0):
     def recorded(*a):
         h = start(*a)
         helpers.append(h)
+        if kill_helper_after and h is not None:
+            # its stdout pipe one page long: the helper cannot run ahead and send its whole
+            # share before it is killed (with 64 KiB of pipe, a small merge's share fits)
+            import fcntl
+            fcntl.fcntl(h.pipe.fileno(), fcntl.F_SETPIPE_SZ, 4096)
         return h
 
     def next_then_kill(self, *a):
@@ -459,12 +464,12 @@ def _merged(path: str, monkeypatch, worker: str, kill_helper_after: int = 0):
     return helpers[0] if helpers else None
 
 
-def _several_segments(path: str) -> None:
+def _several_segments(path: str, files: int = 8) -> None:
     rng = random.Random(12)
     st = Store.open(path)
     for i in range(10):
         st.commit(Batch(files=[random_file(rng, f"home/f{i}-{j}.md", "v1", VOCAB + [f"r{i}x{j}" for j in range(40)],
-                                           8, (1, 10)) for j in range(8)]))
+                                           8, (1, 10)) for j in range(files)]))
     st.commit(Batch(removed=[f"home/f{i}-1.md" for i in range(0, 10, 2)]))  # dead passages to drop
     st.close()
 
@@ -488,7 +493,7 @@ def test_a_helper_killed_half_way_leaves_its_terms_to_the_merging_thread(tmp_pat
     """SIGKILL of the helper after its first step: the merging thread merges the terms
     it had not sent, and the index is the one a merge in one thread makes."""
     import shutil
-    _several_segments(str(tmp_path / "a"))
+    _several_segments(str(tmp_path / "a"), files=32)  # the helper's share many steps (~10), its pipe one page
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     _merged(str(tmp_path / "a"), monkeypatch, "0")
     helper = _merged(str(tmp_path / "b"), monkeypatch, "1", kill_helper_after=1)

@@ -21,7 +21,6 @@ from typing import Callable, Mapping, Optional
 import msgspec
 import numpy as np
 
-from lnkmem import memtrim
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
 from lnkmem.index import analyze, chats, documents, worker
 from lnkmem.index.chunk import chunk_text
@@ -418,7 +417,6 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
         for source, digest in the_plan.digests.items():
             store.note_listed(source, digest)
     if the_plan.total:
-        memtrim.trim()  # the batches' freed heap back first: the merge's own peak on top of it, not of that
         store.maybe_merge()  # once, at the end: merging during a bulk build rewrites the same postings again and again
     else:  # nothing changed, nothing to merge (a restart never reads the snapshot); a killed merge's leftovers go
         store.sweep_once()

@@ -71,9 +71,28 @@ def _seconds(when: Optional[str]) -> Optional[float]:
         return None
 
 
+class _LastSnapshot:
+    """What was worked out for the last snapshot asked about, holding that snapshot
+    weakly: an old snapshot (its arrays: ~15 MiB at 1.27M passages) is not kept alive
+    by it after a change, when no search has asked about the new one yet."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self):
+        self._kept = None  # (a weak reference to the snapshot, what was worked out for it)
+
+    def get(self, snap: Snapshot):
+        kept = self._kept  # (one read: another thread may put meanwhile)
+        return kept[1] if kept is not None and kept[0]() is snap else None
+
+    def put(self, snap: Snapshot, value):
+        self._kept = (weakref.ref(snap), value)
+        return value
+
+
 # --- ties ---------------------------------------------------------------------------
 
-_ref_times: dict = {}  # file times by refid, for the last snapshot (held weakly, as _snap_facts)
+_ref_times = _LastSnapshot()  # file times by refid
 
 
 def _tie_rank(snap: Snapshot, rids: np.ndarray) -> np.ndarray:
@@ -122,16 +141,12 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
 
 # --- the words ranking --------------------------------------------------------------
 
-# for the last snapshot: (a weak reference to it, shortest live length, segments holding
-# dead); weak, so that an old snapshot (its arrays: ~15 MiB at 1.27M passages) is not kept
-# alive by this after a change, when no search has asked for the new one's facts yet
-_snap_facts: dict = {}
+_snap_facts = _LastSnapshot()  # (shortest live length, segments holding dead, dead held by list)
 
 
 def _facts_known(snap: Snapshot) -> Optional[tuple[float, dict, dict]]:
     """:func:`_facts` of ``snap`` when a search has computed them already, else None."""
-    got = _snap_facts.get("v")
-    return got[1:] if got is not None and got[0]() is snap else None
+    return _snap_facts.get(snap)
 
 
 def _facts(snap: Snapshot) -> tuple[float, dict, dict]:
@@ -153,9 +168,7 @@ def _facts(snap: Snapshot) -> tuple[float, dict, dict]:
     order = np.argsort(of, kind="stable")  # (ids ascend within each segment)
     segs, first = np.unique(of[order], return_index=True)
     dirty = {int(sg): part for sg, part in zip(segs.tolist(), np.split(dead[order], first[1:]))}
-    held: dict = {}
-    _snap_facts["v"] = (weakref.ref(snap), mindl, dirty, held)
-    return mindl, dirty, held
+    return _snap_facts.put(snap, (mindl, dirty, {}))
 
 
 HELD_KEPT = 1 << 14  # lists whose dead count a snapshot's facts keep (~100 B each); emptied when full
@@ -256,11 +269,9 @@ class Checks:
         text check."""
         rids = snap.refid[cand]
         uniq, inv = np.unique(rids, return_inverse=True)
-        cache = _ref_times.get("v")
-        if cache is None or cache[0]() is not snap:
-            cache = (weakref.ref(snap), {})
-            _ref_times["v"] = cache
-        known = cache[1]
+        known = _ref_times.get(snap)
+        if known is None:
+            known = _ref_times.put(snap, {})
         times = np.empty(len(uniq), np.float64)
         for i, r in enumerate(uniq.tolist()):
             if r not in known:

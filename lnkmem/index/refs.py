@@ -125,14 +125,5 @@ class Refs(Sequence[str]):
     def nbytes(self) -> int:
         return len(self._blob) + self._bounds.nbytes + self._hashes.nbytes + self._ids.nbytes
 
-    def __eq__(self, other) -> bool:
-        if isinstance(other, Refs):
-            return self._blob == other._blob and np.array_equal(self._ends, other._ends)
-        if isinstance(other, (list, tuple)):
-            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"Refs({len(self)} refs, {self.nbytes()} bytes)"

@@ -225,3 +225,25 @@ def test_a_few_dead_passages_in_a_large_segment_leave_its_lists_packed(tmp_path,
             assert [dec for key, v, dec in tm.lists if key.startswith(bk)] == [None]
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_one_word_answers_drop_the_dead_alike_before_and_after_the_snapshot_s_facts(tmp_path, merge):
+    """A one-word search drops dead passages by checking every posting against the live
+    ones until a search has found which segments hold dead ones (search._facts), then by
+    looking those dead up in each list: both give the same answers, with no dead passage."""
+    st = _index(str(tmp_path / "ix"), random.Random(11), merge)
+    try:
+        snap = st.refresh()
+        probe = WORDS[:20] + WORDS[150:170]
+        assert search._facts_known(snap) is None
+        before = {w: search.words(st, w, 5000)[0] for w in probe}
+        search.words(st, f"{WORDS[0]} {WORDS[200]}", 10)  # a ranked search of two words finds the facts
+        assert search._facts_known(snap) is not None and search._facts_known(snap)[1]  # dead passages held
+        for w in probe:
+            after = search.words(st, w, 5000)[0]
+            assert after == before[w], w
+            assert all(snap.alive[p] for p, _ in after), w
+        assert sum(len(v) for v in before.values()) > 500
+    finally:
+        st.close()

@@ -13,6 +13,7 @@ per file).
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import weakref
@@ -31,6 +32,7 @@ K1 = 1.2  # tuned on BEIR SciFact train (docs/BENCHMARKS.md)
 B = 0.75
 CHECK_CAP = 4000  # passages whose text is checked (phrases, dates) per search, at most
 SAMPLE = 1024  # scores sampled for a floor under the last place's (top)
+TIES_BY_HAND = 64  # passages tied for the last place that top orders in Python (more: by numpy)
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
 LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.looked_up)
 PRUNE = True  # MaxScore: terms that cannot lift a passage into the top are only looked up (bench A/B)
@@ -110,8 +112,9 @@ def _tie_rank(snap: Snapshot, rids: np.ndarray) -> np.ndarray:
 
 def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``want`` best of ``cand`` (scores ``sc``), best first; ties by ref, then
-    by place in the file (a file's pids ascend with its lines). O(n) whatever the ties."""
-    if len(cand) > 8 * SAMPLE and want * 64 < len(cand):
+    by place in the file (a file's pids ascend with its lines). O(n) whatever the ties;
+    a ref is read only where scores tie (most searches: none)."""
+    if len(cand) > 2 * SAMPLE and want * 64 < len(cand):
         # a floor under the last place's score: the ``want``-th best of an evenly
         # spaced sample (never above the whole's); every passage above it is kept,
         # ties at the last place included, and the rest dropped at one comparison
@@ -124,19 +127,40 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
         # the score of the last place: numpy's vectorised sort, since its partition
         # degrades on masses of equal values (0.4 s for 2M ties against 0.02 s)
         kth = np.sort(sc)[len(sc) - want]
-        above = np.flatnonzero(sc > kth)
-        tied = np.flatnonzero(sc == kth)
-        need = want - len(above)
-        if len(tied) > need:
+        keep = sc >= kth
+        if np.count_nonzero(keep) > want:  # more tie at the last place than it has room for
+            above = np.flatnonzero(sc > kth)
+            tied = np.flatnonzero(sc == kth)
+            need = want - len(above)
             ct = cand[tied]
-            key = (_tie_rank(snap, snap.refid[ct]) << 32) | ct.astype(np.int64)
-            tied = tied[np.argpartition(key, need - 1)[:need]]
-        keep = np.concatenate((above, tied))
+            if len(tied) <= TIES_BY_HAND:
+                refs, refid = snap.refs, snap.refid
+                cs = ct.tolist()
+                pick = sorted(range(len(cs)), key=lambda i: (_ref_key(refs, int(refid[cs[i]])), cs[i]))[:need]
+                tied = tied[pick]
+            else:
+                key = (_tie_rank(snap, snap.refid[ct]) << 32) | ct.astype(np.int64)
+                tied = tied[np.argpartition(key, need - 1)[:need]]
+            keep = np.concatenate((above, tied))
         cand, sc = cand[keep], sc[keep]
-    refs, refid = snap.refs, snap.refid
-    c, s = cand.tolist(), sc.tolist()
-    order = sorted(range(len(c)), key=lambda i: (-s[i], refs[refid[c[i]]], c[i]))
+    s = sc.tolist()
+    order = sorted(range(len(s)), key=s.__getitem__, reverse=True)
+    if len(set(s)) < len(s):  # equal scores: those ordered by ref, then place (refs read for them only)
+        refs, refid, c = snap.refs, snap.refid, cand.tolist()
+        i = 0
+        while i < len(order):
+            j = i + 1
+            while j < len(order) and s[order[j]] == s[order[i]]:
+                j += 1
+            if j - i > 1:
+                order[i:j] = sorted(order[i:j], key=lambda k: (_ref_key(refs, int(refid[c[k]])), c[k]))
+            i = j
     return cand[order], sc[order]
+
+
+def _ref_key(refs, rid: int) -> tuple:
+    """Sort key of a passage's ref (refid -1, none: last)."""
+    return (False, refs[rid]) if rid >= 0 else (True, "")
 
 
 # --- the words ranking --------------------------------------------------------------
@@ -387,6 +411,8 @@ _scratch = _Scratch()
 def _union(touched: list, seen: np.ndarray, cap: int) -> np.ndarray:
     """The pids of ``touched``'s arrays, ascending, each once: from ``seen`` (set
     for them) when they are many, else sorted (no pass over every id)."""
+    if len(touched) == 1 and _ascending(touched[0]):
+        return touched[0]
     total = sum(len(t) for t in touched)
     if total * 16 > cap:
         return np.flatnonzero(seen[:cap])
@@ -394,6 +420,11 @@ def _union(touched: list, seen: np.ndarray, cap: int) -> np.ndarray:
     # and it merges runs: ~10x numpy's default on the concatenation of two or three)
     c = np.sort(np.concatenate(touched).astype(np.int64), kind="stable")
     return c[np.concatenate(([True], c[1:] != c[:-1]))] if len(c) else c
+
+
+def _ascending(p: np.ndarray) -> bool:
+    """``p`` strictly ascends (one segment's list does; several joined may not)."""
+    return len(p) < 2 or bool((p[1:] > p[:-1]).all())
 
 
 def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Optional[Sequence[str]] = None,
@@ -421,6 +452,20 @@ def _alive_in(snap: Snapshot, ps: np.ndarray, ts: np.ndarray) -> tuple[np.ndarra
     return ps, ts
 
 
+def _without(ps: np.ndarray, ts: np.ndarray, dead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The postings (pids ``ps`` ascending, tfs ``ts``) but those of ``dead`` (ascending):
+    the dead looked up in the list, so the cost is theirs, not the list's."""
+    if not len(ps) or not len(dead):
+        return ps, ts
+    at = np.searchsorted(ps, dead)
+    inside = at < len(ps)
+    at = at[inside]
+    at = at[ps[at] == dead[inside]]
+    if not len(at):
+        return ps, ts
+    return np.delete(ps, at), np.delete(ts, at)
+
+
 def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str) -> tuple[np.ndarray, np.ndarray]:
     """(pids as intp, tfs) of ``term``'s live postings in ``snap``: a segment's list is only
     checked against the live passages where the segment holds a dead one (a merged or
@@ -432,7 +477,7 @@ def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: s
     # not wait for them (2-10 ms at 1.27M passages), it checks its lists instead
     facts = _facts_known(snap) if snap.segs is not None else None
     pids, tfs = [], []
-    for sk in segs:
+    for sk in store.holding(txn, segs, t):
         got = store.decoded_list(txn, sk + t)
         if got is None:
             continue
@@ -441,8 +486,10 @@ def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: s
             continue
         ps = ps.astype(np.intp)  # (once: every gather by them would convert them again)
         seg = int.from_bytes(sk, "big")
-        if facts is None or seg not in snap.segs or seg in facts[1]:
+        if facts is None or seg not in snap.segs:
             ps, ts = _alive_in(snap, ps, ts)
+        elif seg in facts[1]:  # its dead passages (few, beside a long list) looked up, not every posting
+            ps, ts = _without(ps, ts, facts[1][seg])
         pids.append(ps)
         tfs.append(ts)
     return joined(pids, tfs, np.intp)
@@ -501,14 +548,14 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
                 sc = _tf_score(idf, tfs, dl, avgdl, k1, b)
                 if alone:
                     cand, sc = top(snap, pids, sc, want)
-                    return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
+                    return list(zip(cand.tolist(), sc.tolist())), checks
                 scores[pids] += sc
                 touched.append(pids)
     if pruned is not None:  # the candidates are those the pruning kept (filtered already)
         if not len(pruned):
             return [], checks
         cand, sc = top(snap, pruned, scores[pruned], want)
-        return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
+        return list(zip(cand.tolist(), sc.tolist())), checks
     if not touched:
         if q.phrases and not any(q.phrase_terms):  # phrases of stop words only ("to be or not to be"):
             return _newest(store, snap, checks, want, sources, under), checks  # no postings to go by
@@ -530,10 +577,10 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
     sc = scores[cand]
     if checks.on_text:
         cand, sc = top(snap, cand, sc, min(len(cand), CHECK_CAP))
-        pairs = checks.filter(store, [(int(p), float(s)) for p, s in zip(cand, sc)], want)
+        pairs = checks.filter(store, list(zip(cand.tolist(), sc.tolist())), want)
         return pairs, checks
     cand, sc = top(snap, cand, sc, want)
-    return [(int(p), float(s)) for p, s in zip(cand, sc)], checks
+    return list(zip(cand.tolist(), sc.tolist())), checks
 
 
 def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, k1: float, b: float) -> list:
@@ -549,7 +596,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
     for term, w in weights.items():
         tm = _Term(term, w)
         t = term.encode()
-        for sk in segs:
+        for sk in store.holding(txn, segs, t):
             key = sk + t
             got = store.decoded.get(key)
             v = None
@@ -624,7 +671,7 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
         return None
     terms.sort(key=lambda x: -x.ub)
     ubs = [x.ub for x in terms]
-    rest = np.cumsum(ubs[::-1])[::-1].tolist()  # bound of terms i.. together
+    rest = list(itertools.accumulate(ubs[::-1]))[::-1]  # bound of terms i.. together
     done = 0.0  # bound of the terms scored
     seen = _scratch.seen
 
@@ -709,12 +756,20 @@ def _bound(store: Store, tm: "_Term", pids: np.ndarray, snap: Snapshot, k1: floa
     for key, v, dec in tm.lists:
         if dec is None:
             dec = store.decoded.get(key) or store.looked_up.get(key)
+            if dec is None and len(v) <= LOOKUP_WHOLE and store.looked_up.CACHE_BYTES:
+                # decoded whole now rather than bounded by its block's tf: its tfs are exact, and
+                # a short list (a recent segment's) whose first block reaches back to pid 0 by its
+                # header would bound every older passage by it (:func:`_lists_for` decodes it so too)
+                dec = store.looked_up.put(key, plists.unpack(v))
         if dec is None:
             np.maximum(mt, plists.block_tf(v, pids), out=mt)
         elif len(dec[0]):
             ps, ts = dec
-            at = np.minimum(np.searchsorted(ps, pids), len(ps) - 1)
-            np.maximum(mt, np.where(ps[at] == pids, ts[at], 0), out=mt)
+            lo, hi = np.searchsorted(pids, (ps[0], ps[-1] + 1)).tolist()  # only the pids its range spans
+            if hi > lo:
+                sub = pids[lo:hi]
+                at = np.minimum(np.searchsorted(ps, sub), len(ps) - 1)
+                np.maximum(mt[lo:hi], np.where(ps[at] == sub, ts[at], 0), out=mt[lo:hi])
     tf = mt.astype(np.float32)
     dl = snap.doclen[pids]
     return np.where(mt > 0, _tf_score(tm.idf, tf, dl, snap.avgdl, k1, b), 0).astype(np.float32)

@@ -618,6 +618,7 @@ class Batch:
 
 
 LOOKED_UP_BYTES = 4 << 20  # Store.looked_up's budget
+SMALL_SEGMENT_TERMS = 4096  # a segment of at most this many terms has them held as a set (Store.holding)
 
 
 class Store:
@@ -634,6 +635,7 @@ class Store:
         # of them never evict the long ones above (search.LOOKUP_WHOLE)
         self.looked_up = postings.Decoded(LOOKED_UP_BYTES)
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
+        self._seg_terms: dict[bytes, Optional[frozenset]] = {}  # by segment key: its terms when few (holding)
         try:
             self._open()
         except BaseException:
@@ -1210,6 +1212,40 @@ class Store:
             pids.append(ps)
             tfs.append(ts)
         return joined(pids, tfs, np.uint32)
+
+    def holding(self, txn, segs: list[bytes], term: bytes) -> list[bytes]:
+        """Those of ``segs`` that may hold a list of ``term``: a small segment (a changed
+        file's, a few commits') only where its terms, read once and held as a set, have
+        it, so a search does not look every term up in each of them (a segment's terms
+        never change; its key is never reused)."""
+        known = self._seg_terms
+        if len(known) > 2 * len(segs) + 64:  # segments merged away: forget them
+            keep = set(segs)
+            self._seg_terms = known = {k: v for k, v in known.items() if k in keep}
+        out = []
+        for sk in segs:
+            try:
+                terms = known[sk]
+            except KeyError:
+                terms = known[sk] = self._terms_if_few(txn, sk)
+            if terms is None or term in terms:
+                out.append(sk)
+        return out
+
+    def _terms_if_few(self, txn, sk: bytes) -> Optional[frozenset]:
+        """The terms of segment ``sk`` (bytes), or None when it has more than
+        :data:`SMALL_SEGMENT_TERMS`."""
+        cur = txn.cursor(db=self.postings)
+        if not cur.set_range(sk):
+            return frozenset()
+        n, out = len(sk), []
+        for k in cur.iternext(values=False):
+            if k[:n] != sk:
+                break
+            if len(out) >= SMALL_SEGMENT_TERMS:
+                return None
+            out.append(bytes(k[n:]))
+        return frozenset(out)
 
     def decoded_list(self, txn, key: bytes) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """(pids, tfs) of one segment's list of a term (segment key + term), decoded once and

@@ -91,6 +91,8 @@ def _by_widths(rng, gap_bits: list, tf_bits: list):
     ([5] * 9, [2] * 9),  # one width each: the units' shifts broadcast
     ([0, 1, 3, 5, 7, 8, 2, 4, 6], [0, 1, 2, 3, 4, 5, 6, 7, 8]),  # mixed, all <= 8 bits
     ([3, 12, 5, 20, 8, 24, 0, 10, 6], [1, 9, 2, 14, 3, 15, 0, 4, 2]),  # some wider than 8 (ids within 32 bits)
+    ([10, 12, 20, 16, 24, 14, 9, 10, 12], [9, 10, 12, 14, 9, 15, 9, 10, 9]),  # every one wider than 8, mixed
+    ([4, 4, 4, 4, 11, 4, 4, 4, 4], [2, 2, 2, 2, 2, 2, 2, 10, 2]),  # one wide block among narrow ones
 ])
 def test_postings_decode_by_block_widths_and_lookups(gap_bits, tf_bits):
     """Lists whose blocks have every width a run may have, one block to another, decode

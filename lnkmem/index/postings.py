@@ -363,6 +363,16 @@ def _runs(win: np.ndarray, first: np.ndarray, w: np.ndarray, kind=np.int64) -> n
     nb = len(first)
     w0 = int(w[0]) if nb else 0
     one = bool((w == w0).all())
+    if not one:
+        wide = w > 8
+        if wide.any() and not wide.all():
+            # runs of both kinds: each kind its own way (one block of tf 300 or one gap of 300
+            # sent every block of a list through the gather a value, ~4x slower)
+            out = np.empty((nb, BLOCK), kind)
+            narrow = ~wide
+            out[narrow] = _runs(win, first[narrow], w[narrow], kind)
+            out[wide] = _runs(win, first[wide], w[wide], kind)
+            return out
     if (w0 if one else int(w.max())) <= 8:
         # a run of width <= 8 is 16 units of 8 values, each unit w bytes: one 64-bit
         # word gathered a unit (an eighth of the gathers), its 8 values shifted out of

@@ -247,3 +247,42 @@ def test_one_word_answers_drop_the_dead_alike_before_and_after_the_snapshot_s_fa
         assert sum(len(v) for v in before.values()) > 500
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("merge,cached", [(False, True), (True, True), (True, False)])
+def test_one_word_block_by_block_answers_as_every_posting(tmp_path, monkeypatch, merge, cached):
+    """A one-word search over long lists scores only the blocks whose largest score may
+    place (search._one_word): its answers, ties by ref included, are those of scoring
+    every posting, with dead passages in several segments, lists decoded and kept or read
+    block by block from their bytes, after the mean passage length grew past the blocks'
+    kept maxima, and for other k1 and b."""
+    monkeypatch.setattr(search, "LONG_LIST", 64)  # the test's lists are a few thousand long
+    rng = random.Random(31 if merge else 32)
+    st = _index(str(tmp_path / "index"), rng, merge)
+    if not cached:
+        st.decoded.CACHE_BYTES = 0
+    used = _counting(monkeypatch, "blocks") if not cached else []
+    took = []
+    real = search._score_blocks
+    monkeypatch.setattr(search, "_score_blocks", lambda *a: (took.append(len(a[3])), real(*a))[1])
+
+    def check(words, **kw):
+        for w in words:
+            for limit in (1, 7, 10, 40):
+                off, on = _both(st, w, limit, **kw)
+                assert [p for p, _ in on] == [p for p, _ in off], (w, limit, kw)
+                assert all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), w
+
+    try:
+        assert not st.snapshot.alive[1:].all()
+        check(WORDS[:30])
+        assert len(st.block_max) >= 30 and len(took) >= 60, (len(st.block_max), len(took))
+        check(WORDS[:10], k1=0.9, b=0.4)
+        # passages far longer than the mean: the mean grows past the kept maxima
+        st.commit(Batch(files=[random_file(rng, f"home/long/f{j}.md", "v1", WORDS, 8, (900, 1200), WEIGHTS)
+                               for j in range(6)]))
+        check(WORDS[:30])
+        if not cached:
+            assert used  # blocks decoded alone, the lists never whole but for their maxima
+    finally:
+        st.close()

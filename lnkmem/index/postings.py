@@ -460,6 +460,17 @@ def unpack(v) -> tuple[np.ndarray, np.ndarray]:
     return _decode(v, *lay)
 
 
+def blocks(v, blk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pids, tfs) of the blocks ``blk`` (ascending, each below the list's block count)
+    of a stored value, only those decoded; ValueError when its lengths are broken."""
+    lay = _layout(v)
+    if lay is None:
+        raise ValueError("a posting list has a broken length")
+    if lay[0] == 0 or not len(blk):
+        return _EMPTY
+    return _decode(v, *lay, blk=np.asarray(blk, np.int64))
+
+
 def join_many(groups: list, dead: Optional[np.ndarray] = None) -> list:
     """For each group of stored lists (a merge's lists of one term in several segments,
     each list's pids apart from every other's of its group), the stored form of their

@@ -214,7 +214,9 @@ class _Term:
 
     def __init__(self, term: str, w: float):
         self.term, self.w = term, w
-        self.lists: list = []  # (key, packed bytes or None, (pids, tfs) decoded or None)
+        # (key, packed bytes or None, (pids, tfs) decoded or None); a list decoded and checked
+        # against the live passages: (None, None, its live (pids, tfs))
+        self.lists: list = []
         self.df = self.maxtf = 0
         self.idf = self.ub = 0.0
         self.dead = False  # a list of it was left holding postings of dead passages (FEW_DEAD)
@@ -537,6 +539,11 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
             # candidates' own (no scatter into the score array, nothing to zero after)
             alone = len(weights) == 1 and not checks.any and not checks.dated and not under \
                 and (sources is None or set(sources) >= set(SOURCE_CODE))
+            if alone and PRUNE and snap.segs is not None and snap.seg_of is not None:
+                (term, w), = weights.items()
+                got = _one_word(store, txn, snap, segs, term, w, want, k1, b)
+                if got is not None:
+                    return list(zip(got[0].tolist(), got[1].tolist())), checks
             for term, w in weights.items():
                 pids, tfs = postings(txn, segs, term)
                 tfs = tfs.astype(np.float32)
@@ -638,12 +645,139 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
             if len(ps):
                 tm.df += len(ps)
                 tm.maxtf = max(tm.maxtf, int(ts.max()))
-                tm.lists.append((key, None, (ps, ts)))
+                tm.lists.append((None, None, (ps, ts)))  # (no key: its postings are no longer the list's whole)
         if tm.df:
             tm.idf = float(np.log1p((snap.live - tm.df + 0.5) / (tm.df + 0.5))) * w
             tm.ub = _tf_score(tm.idf, tm.maxtf, mindl, avgdl, k1, b)
             terms.append(tm)
     return terms
+
+
+# a one-word search takes a word whose lists hold this many postings block by block
+LONG_LIST = 16384
+BLOCK_MAX_KEPT = 1 << 14  # lists whose block maxima are kept (a few KiB each at most); emptied when full
+AVGDL_ROOM = 1.05  # block maxima are computed at this much more than the mean length, so they
+# stay bounds while the mean grows that much (a BM25 term's score rises with the mean length)
+
+
+def _one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w: float, want: int,
+              k1: float, b: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The ``want`` best passages of one ranked word and their scores, taking its long lists
+    block by block (block-max): each block's largest score, kept per list, bounds every
+    passage in it; the blocks of the highest bounds are scored first, the ``want``-th best
+    of those is theta, and then only the blocks whose bound reaches theta. A passage that
+    could place is never in a block left out, so the answer is scoring every posting's.
+    None when its lists are short (scoring them whole costs less)."""
+    t = term.encode()
+    total = 0
+    for sk in store.holding(txn, segs, t):  # from the headers: a rare word costs nothing more
+        v = txn.get(sk + t, db=store.postings)
+        if v is not None:
+            total += max(plists.head(v)[0], 0)
+    if total < LONG_LIST:
+        return None
+    terms = _terms(store, txn, snap, segs, {term: w}, k1, b)
+    if not terms:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    tm = terms[0]
+    avgdl = snap.avgdl
+    scale = tm.idf * (k1 + 1)
+    pool_p, pool_s = [], []
+    lists, bounds = [], []
+
+    def score(ps, ts):
+        if tm.dead or (len(ps) and int(ps[-1]) >= len(snap.alive)):
+            ps, ts = _alive_in(snap, ps, ts)
+        pool_p.append(ps)
+        pool_s.append(_tf_score(tm.idf, ts.astype(np.float32), snap.doclen[ps], avgdl, k1, b))
+
+    for key, v, dec in tm.lists:
+        if key is None or (len(dec[0]) if dec is not None else plists.head(v)[0]) < LONG_LIST // 4:
+            # a list decoded and checked (its blocks no longer whole), or a short one: scored whole
+            ps, ts = dec if dec is not None else (store.decoded.get(key) or store.decoded.put(key, plists.unpack(v)))
+            score(ps.astype(np.intp), ts)
+            continue
+        g = _block_max(store, key, v, dec, snap, k1, b)
+        lists.append((key, v, dec))
+        bounds.append(g * scale)
+    theta = -np.inf
+    if lists:
+        which = np.concatenate([np.full(len(x), i, np.int64) for i, x in enumerate(bounds)])
+        blk = np.concatenate([np.arange(len(x), dtype=np.int64) for x in bounds])
+        ub = np.concatenate(bounds)
+        first = max(8, 2 * (-(-want // plists.BLOCK)))
+        if len(ub) > first:
+            top_first = np.argpartition(ub, len(ub) - first)[len(ub) - first:]
+        else:
+            top_first = np.arange(len(ub))
+        taken = np.zeros(len(ub), bool)
+        taken[top_first] = True
+        _score_blocks(store, lists, which[taken], blk[taken], score)
+        got = sum(len(x) for x in pool_s)
+        if got >= want:
+            alls = np.concatenate(pool_s) if len(pool_s) > 1 else pool_s[0]
+            theta = float(np.partition(alls, got - want)[got - want])
+        more = (~taken) & (ub * (1 + 1e-5) + 1e-6 >= theta)
+        if more.any():
+            _score_blocks(store, lists, which[more], blk[more], score)
+    if not pool_p:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    cand = np.concatenate(pool_p) if len(pool_p) > 1 else pool_p[0]
+    sc = np.concatenate(pool_s) if len(pool_s) > 1 else pool_s[0]
+    if lists and theta > -np.inf:  # (theta is at most the last place's score: none that may place dropped)
+        keep = np.flatnonzero(sc >= theta)
+        cand, sc = cand[keep], sc[keep]
+    if not len(cand):
+        return cand.astype(np.int64), sc
+    return top(snap, cand.astype(np.int64), sc, want)
+
+
+def _score_blocks(store: Store, lists: list, which: np.ndarray, blk: np.ndarray, score) -> None:
+    """Score the blocks ``blk`` of lists ``which`` (indexes into ``lists``: key, bytes or
+    None, decoded or None): from the list decoded when it is, else only those blocks decoded."""
+    if len(lists) == 1:
+        parts = [(0, np.sort(blk))]
+    else:
+        order = np.lexsort((blk, which))
+        which, blk = which[order], blk[order]
+        cut = np.flatnonzero(np.diff(which)) + 1
+        parts = [(int(ws[0]), bs) for ws, bs in zip(np.split(which, cut), np.split(blk, cut))]
+    for li, bs in parts:
+        key, v, dec = lists[li]
+        if dec is None:
+            dec = store.decoded.get(key)
+        if dec is not None:
+            ps, ts = dec
+            at = (bs[:, None] * plists.BLOCK + np.arange(plists.BLOCK)).ravel()
+            at = at[at < len(ps)]
+            score(ps[at].astype(np.intp), ts[at])
+        else:
+            ps, ts = plists.blocks(v, bs)
+            score(ps.astype(np.intp), ts)
+
+
+def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: float) -> np.ndarray:
+    """Each block's largest ``tf / (tf + k1 (1 - b) + k1 b dl / avgdl)`` (float64) of a list, at
+    :data:`AVGDL_ROOM` times the mean length: kept per list (its passages and their lengths
+    never change) and computed again only when the mean has grown past it, or for other
+    k1 and b. The list is decoded whole once for it."""
+    kept = store.block_max.get(key)
+    if kept is not None and kept[1] == k1 and kept[2] == b and snap.avgdl <= kept[0]:
+        return kept[3]
+    if dec is None:
+        dec = store.decoded.get(key) or store.decoded.put(key, plists.unpack(v))
+    ps, ts = dec
+    at = snap.avgdl * AVGDL_ROOM
+    tf = ts.astype(np.float64)
+    g = tf / (tf + (k1 * (1 - b) + k1 * b / at * snap.doclen[ps.astype(np.intp)].astype(np.float64)))
+    nb = -(-len(g) // plists.BLOCK)
+    if len(g) < nb * plists.BLOCK:
+        g = np.concatenate((g, np.zeros(nb * plists.BLOCK - len(g))))
+    g = g.reshape(nb, plists.BLOCK).max(axis=1)
+    if len(store.block_max) >= BLOCK_MAX_KEPT:
+        store.block_max.clear()
+    store.block_max[key] = (at, k1, b, g)
+    return g
 
 
 def _holding(ps: np.ndarray, dead: np.ndarray) -> int:

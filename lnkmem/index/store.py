@@ -636,6 +636,7 @@ class Store:
         self.looked_up = postings.Decoded(LOOKED_UP_BYTES)
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
         self._seg_terms: dict[bytes, Optional[frozenset]] = {}  # by segment key: its terms when few (holding)
+        self.block_max: dict = {}  # by list key: its blocks' largest scores' part (search._block_max)
         try:
             self._open()
         except BaseException:

@@ -655,7 +655,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
 
 # a one-word search takes a word whose lists hold this many postings block by block
 LONG_LIST = 4096
-BLOCK_MAX_KEPT = 1 << 14  # lists whose block maxima are kept (8 bytes a block of 128: all of them /16 of the postings); emptied when full
+BLOCK_MAX_KEPT = 1 << 14  # lists whose block maxima are kept (8 bytes a block of 128 postings: a byte for 16 postings at most); emptied when full
 AVGDL_ROOM = 1.05  # block maxima are computed at this much more than the mean length, so they
 # stay bounds while the mean grows that much (a BM25 term's score rises with the mean length)
 

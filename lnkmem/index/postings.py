@@ -764,6 +764,12 @@ class Decoded:
                 self.lists.move_to_end(key)
             return got
 
+    def of(self, key: bytes, v) -> tuple[np.ndarray, np.ndarray]:
+        """The list under ``key`` as kept, else its stored value ``v`` decoded now (and let in
+        if it may: :meth:`put`)."""
+        got = self.get(key)
+        return got if got is not None else self.put(key, unpack(v))
+
     def put(self, key: bytes, pair: tuple[np.ndarray, np.ndarray]):
         """Keep ``pair`` (if it is let in); returns it, read-only, either way."""
         if not self.CACHE_BYTES:

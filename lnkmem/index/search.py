@@ -457,15 +457,20 @@ def _alive_in(snap: Snapshot, ps: np.ndarray, ts: np.ndarray) -> tuple[np.ndarra
 def _without(ps: np.ndarray, ts: np.ndarray, dead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The postings (pids ``ps`` ascending, tfs ``ts``) but those of ``dead`` (ascending):
     the dead looked up in the list, so the cost is theirs, not the list's."""
-    if not len(ps) or not len(dead):
-        return ps, ts
-    at = np.searchsorted(ps, dead)
-    inside = at < len(ps)
-    at = at[inside]
-    at = at[ps[at] == dead[inside]]
+    at = _found_at(ps, dead)
     if not len(at):
         return ps, ts
     return np.delete(ps, at), np.delete(ts, at)
+
+
+def _found_at(ps: np.ndarray, dead: np.ndarray) -> np.ndarray:
+    """Where those of ``dead`` (ascending) that ``ps`` (ascending) holds are in ``ps``."""
+    if not len(ps) or not len(dead):
+        return np.zeros(0, np.intp)
+    at = np.searchsorted(ps, dead)
+    inside = at < len(ps)
+    at = at[inside]
+    return at[ps[at] == dead[inside]]
 
 
 def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str) -> tuple[np.ndarray, np.ndarray]:
@@ -694,7 +699,7 @@ def _one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w
     for key, v, dec in tm.lists:
         if key is None or (len(dec[0]) if dec is not None else plists.head(v)[0]) < LONG_LIST // 4:
             # a list decoded and checked (its blocks no longer whole), or a short one: scored whole
-            ps, ts = dec if dec is not None else (store.decoded.get(key) or store.decoded.put(key, plists.unpack(v)))
+            ps, ts = dec if dec is not None else store.decoded.of(key, v)
             score(ps.astype(np.intp), ts)
             continue
         g = _block_max(store, key, v, dec, snap, k1, b)
@@ -764,9 +769,7 @@ def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: f
     kept = store.block_max.get(key)
     if kept is not None and kept[1] == k1 and kept[2] == b and snap.avgdl <= kept[0]:
         return kept[3]
-    if dec is None:
-        dec = store.decoded.get(key) or store.decoded.put(key, plists.unpack(v))
-    ps, ts = dec
+    ps, ts = dec if dec is not None else store.decoded.of(key, v)
     at = snap.avgdl * AVGDL_ROOM
     tf = ts.astype(np.float64)
     g = tf / (tf + (k1 * (1 - b) + k1 * b / at * snap.doclen[ps.astype(np.intp)].astype(np.float64)))
@@ -782,10 +785,7 @@ def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: f
 
 def _holding(ps: np.ndarray, dead: np.ndarray) -> int:
     """How many of ``dead`` (ascending) are among ``ps`` (ascending)."""
-    if not len(ps) or not len(dead):
-        return 0
-    at = np.minimum(np.searchsorted(ps, dead), len(ps) - 1)
-    return int(np.count_nonzero(ps[at] == dead))
+    return len(_found_at(ps, dead))
 
 
 def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
@@ -828,7 +828,7 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
         pids, tfs = [], []
         for key, v, dec in tm.lists:
             if dec is None:
-                ps, ts = store.decoded.get(key) or store.decoded.put(key, plists.unpack(v))
+                ps, ts = store.decoded.of(key, v)
             else:
                 ps, ts = dec
             pids.append(ps)
@@ -889,12 +889,9 @@ def _bound(store: Store, tm: "_Term", pids: np.ndarray, snap: Snapshot, k1: floa
     mt = np.zeros(len(pids), np.int64)
     for key, v, dec in tm.lists:
         if dec is None:
-            dec = store.decoded.get(key) or store.looked_up.get(key)
-            if dec is None and len(v) <= LOOKUP_WHOLE and store.looked_up.CACHE_BYTES:
-                # decoded whole now rather than bounded by its block's tf: its tfs are exact, and
-                # a short list (a recent segment's) whose first block reaches back to pid 0 by its
-                # header would bound every older passage by it (:func:`_lists_for` decodes it so too)
-                dec = store.looked_up.put(key, plists.unpack(v))
+            # held, or short and decoded whole now: exact tfs (by its header alone, a recent
+            # segment's one block reaches back to pid 0 and bounds every older passage by its tf)
+            dec = _held_or_short(store, key, v)
         if dec is None:
             np.maximum(mt, plists.block_tf(v, pids), out=mt)
         elif len(dec[0]):
@@ -951,12 +948,18 @@ def _lists_for(store: Store, tm: "_Term", want: np.ndarray):
         if dec is not None:
             yield dec
             continue
-        got = store.decoded.get(key)
-        if got is None and len(v) <= LOOKUP_WHOLE and store.looked_up.CACHE_BYTES:
-            got = store.looked_up.get(key)
-            if got is None:
-                got = store.looked_up.put(key, plists.unpack(v))
+        got = _held_or_short(store, key, v)
         yield got if got is not None else plists.lookup(v, want)
+
+
+def _held_or_short(store: Store, key: bytes, v) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """A list (stored value ``v``) as decoded and kept in ``store.decoded``; else, when it is
+    short (:data:`LOOKUP_WHOLE` bytes packed), decoded whole once and kept in
+    ``store.looked_up``; else None (a long list not held: looked up block by block)."""
+    got = store.decoded.get(key)
+    if got is None and len(v) <= LOOKUP_WHOLE and store.looked_up.CACHE_BYTES:
+        got = store.looked_up.of(key, v)
+    return got
 
 
 def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1, b: float = B) -> np.ndarray:

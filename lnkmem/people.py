@@ -192,9 +192,10 @@ def building_pid(state: str) -> Optional[int]:
 class Run:
     """One pass bringing the index in step with its sources, phase by phase, for a person."""
 
-    def __init__(self, memory, bar):
+    def __init__(self, memory, bar, listed=None):
         self.memory = memory
         self.bar = bar
+        self.listed = listed  # called once the places are listed
         self.stop = False
         self.stoppable = False  # Ctrl-C: stop between files (True) or at once (False)
         self.plan = None
@@ -214,6 +215,8 @@ class Run:
         memory, store = self.memory, self.memory.store
         self.bar.phase("listing")
         self.plan = plan = indexer.plan(store, memory.places)
+        if self.listed is not None:
+            self.listed()
         for place in memory.places.values():
             for why, n in (getattr(place, "skipped_by", None) or {}).items():
                 self.skipped[why] = self.skipped.get(why, 0) + n
@@ -363,8 +366,12 @@ def cmd_index(args) -> int:
     if holder is not None:
         who = f"process {holder}" if holder > 0 else "another process"
         raise UsageError(f"index: {who} is building this index now; run again when it has finished")
+    from lnkmem import warm
     from lnkmem.errors import DamagedIndex
     t0 = time.monotonic()
+    # the tree's inodes read on the other core while the index is imported, opened and listed
+    walk = warm.start([cfg.folder] + ([os.path.join(cfg.agent, "chats"), os.path.join(cfg.agent, "skills")]
+                                      if cfg.agent else []))
     bar = Bar(sys.stderr)
     memory = None
     run = None
@@ -372,7 +379,7 @@ def cmd_index(args) -> int:
     old = signal.getsignal(signal.SIGINT)
     try:
         memory = _open_memory(cfg)
-        run = Run(memory, bar)
+        run = Run(memory, bar, listed=lambda: warm.stop(walk))
         signal.signal(signal.SIGINT, run.on_sigint)
         try:
             run.files()
@@ -387,6 +394,7 @@ def cmd_index(args) -> int:
     except (OSError, DamagedIndex) as e:  # removed, full or changed under it: said below, in one line
         failed = e
     finally:
+        warm.stop(walk)
         signal.signal(signal.SIGINT, old)
         bar.close()
         try:

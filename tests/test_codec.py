@@ -197,6 +197,8 @@ def test_postings_garbage_never_crashes(b):
     elif why is None:
         p, t = postings.unpack(b)
         assert len(p) == len(t) == k
+    if k is not None:  # the count alone states what the lengths hold (the pruning's pre-check)
+        assert postings.stated_count(b) == k
 
 
 def test_a_list_claiming_billions_of_postings_costs_nothing():

@@ -264,7 +264,7 @@ def test_one_word_block_by_block_answers_as_every_posting(tmp_path, monkeypatch,
     used = _counting(monkeypatch, "blocks") if not cached else []
     took = []
     real = search._score_blocks
-    monkeypatch.setattr(search, "_score_blocks", lambda *a: (took.append(len(a[3])), real(*a))[1])
+    monkeypatch.setattr(search, "_score_blocks", lambda *a: (took.append(sum(map(len, a[2]))), real(*a))[1])
 
     def check(words, **kw):
         for w in words:

@@ -641,6 +641,15 @@ def _decode(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.nda
     return pids, tfs.astype(np.uint16, copy=False)
 
 
+def stated_count(v) -> int:
+    """The postings a stored value's count states (:func:`count` checks its lengths too):
+    -1 when the count is broken or leaves no room for its blocks' headers."""
+    n, used = _read_varint(v)
+    if n > 0 and len(v) < used + (n + BLOCK - 1) // BLOCK * _HS:
+        return -1
+    return n
+
+
 def head(v) -> tuple[int, int]:
     """(postings, largest tf) of a stored value, from its count and headers alone;
     (-1, 0) when its count is broken."""

@@ -134,9 +134,8 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
             need = want - len(above)
             ct = cand[tied]
             if len(tied) <= TIES_BY_HAND:
-                refs, refid = snap.refs, snap.refid
-                cs = ct.tolist()
-                pick = sorted(range(len(cs)), key=lambda i: (_ref_key(refs, int(refid[cs[i]])), cs[i]))[:need]
+                refs, cs, rs = snap.refs, ct.tolist(), snap.refid[ct].tolist()
+                pick = sorted(range(len(cs)), key=lambda i: (_ref_key(refs, rs[i]), cs[i]))[:need]
                 tied = tied[pick]
             else:
                 key = (_tie_rank(snap, snap.refid[ct]) << 32) | ct.astype(np.int64)
@@ -146,14 +145,14 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
     s = sc.tolist()
     order = sorted(range(len(s)), key=s.__getitem__, reverse=True)
     if len(set(s)) < len(s):  # equal scores: those ordered by ref, then place (refs read for them only)
-        refs, refid, c = snap.refs, snap.refid, cand.tolist()
-        i = 0
-        while i < len(order):
-            j = i + 1
-            while j < len(order) and s[order[j]] == s[order[i]]:
+        refs, c, rs = snap.refs, cand.tolist(), snap.refid[cand].tolist()
+        i, n = 0, len(order)
+        while i < n:
+            j, si = i + 1, s[order[i]]
+            while j < n and s[order[j]] == si:
                 j += 1
             if j - i > 1:
-                order[i:j] = sorted(order[i:j], key=lambda k: (_ref_key(refs, int(refid[c[k]])), c[k]))
+                order[i:j] = sorted(order[i:j], key=lambda k: (_ref_key(refs, rs[k]), c[k]))
             i = j
     return cand[order], sc[order]
 
@@ -660,7 +659,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
 
 # a one-word search takes a word whose lists hold this many postings block by block
 LONG_LIST = 4096
-BLOCK_MAX_KEPT = 1 << 14  # lists whose block maxima are kept (8 bytes a block of 128 postings: a byte for 16 postings at most); emptied when full
+BLOCK_MAX_KEPT = 1 << 14  # lists whose block maxima are kept (16 bytes a block of 128 postings: a byte for 8 postings at most); emptied when full
 AVGDL_ROOM = 1.05  # block maxima are computed at this much more than the mean length, so they
 # stay bounds while the mean grows that much (a BM25 term's score rises with the mean length)
 
@@ -678,7 +677,7 @@ def _one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w
     for sk in store.holding(txn, segs, t):  # from the headers: a rare word costs nothing more
         v = txn.get(sk + t, db=store.postings)
         if v is not None:
-            total += max(plists.head(v)[0], 0)
+            total += max(plists.stated_count(v), 0)
     if total < LONG_LIST:
         return None
     terms = _terms(store, txn, snap, segs, {term: w}, k1, b)
@@ -697,34 +696,34 @@ def _one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w
         pool_s.append(_tf_score(tm.idf, ts.astype(np.float32), snap.doclen[ps], avgdl, k1, b))
 
     for key, v, dec in tm.lists:
-        if key is None or (len(dec[0]) if dec is not None else plists.head(v)[0]) < LONG_LIST // 4:
+        if key is None or (len(dec[0]) if dec is not None else plists.stated_count(v)) < LONG_LIST // 4:
             # a list decoded and checked (its blocks no longer whole), or a short one: scored whole
             ps, ts = dec if dec is not None else store.decoded.of(key, v)
             score(ps.astype(np.intp), ts)
             continue
-        g = _block_max(store, key, v, dec, snap, k1, b)
         lists.append((key, v, dec))
-        bounds.append(g * scale)
+        bounds.append(_block_max(store, key, v, dec, snap, k1, b))
     theta = -np.inf
     if lists:
-        which = np.concatenate([np.full(len(x), i, np.int64) for i, x in enumerate(bounds)])
-        blk = np.concatenate([np.arange(len(x), dtype=np.int64) for x in bounds])
-        ub = np.concatenate(bounds)
+        # each list's blocks by bound, highest first: the ``first`` best of all lists are a
+        # prefix of each list's order (``took``); scored, their ``want``-th best is theta
         first = max(8, 2 * (-(-want // plists.BLOCK)))
-        if len(ub) > first:
-            top_first = np.argpartition(ub, len(ub) - first)[len(ub) - first:]
+        if len(lists) == 1:
+            took = [min(first, len(bounds[0][1]))]
         else:
-            top_first = np.arange(len(ub))
-        taken = np.zeros(len(ub), bool)
-        taken[top_first] = True
-        _score_blocks(store, lists, which[taken], blk[taken], score)
+            heads = np.concatenate([gs[:first] for _, gs in bounds])
+            of = np.concatenate([np.full(min(first, len(gs)), i, np.int64) for i, (_, gs) in enumerate(bounds)])
+            took = np.bincount(of[np.argsort(-heads, kind="stable")[:first]], minlength=len(lists)).tolist()
+        _score_blocks(store, lists, [order[:n] for (order, _), n in zip(bounds, took)], score)
         got = sum(len(x) for x in pool_s)
         if got >= want:
             alls = np.concatenate(pool_s) if len(pool_s) > 1 else pool_s[0]
             theta = float(np.partition(alls, got - want)[got - want])
-        more = (~taken) & (ub * (1 + 1e-5) + 1e-6 >= theta)
-        if more.any():
-            _score_blocks(store, lists, which[more], blk[more], score)
+        # then every block whose bound reaches theta (a bound under a little less than theta
+        # in the tf part's terms: float rounding, if anything, scores a block more, never less)
+        least = (theta - 1e-6) / (scale * (1 + 1e-5)) * (1 - 1e-9) if theta > -np.inf and scale > 0 else -np.inf
+        reach = [len(gs) - int(np.searchsorted(gs[::-1], least)) for _, gs in bounds]
+        _score_blocks(store, lists, [order[n:m] for (order, _), n, m in zip(bounds, took, reach)], score)
     if not pool_p:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     cand = np.concatenate(pool_p) if len(pool_p) > 1 else pool_p[0]
@@ -737,35 +736,32 @@ def _one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w
     return top(snap, cand.astype(np.int64), sc, want)
 
 
-def _score_blocks(store: Store, lists: list, which: np.ndarray, blk: np.ndarray, score) -> None:
-    """Score the blocks ``blk`` of lists ``which`` (indexes into ``lists``: key, bytes or
-    None, decoded or None): from the list decoded when it is, else only those blocks decoded."""
-    if len(lists) == 1:
-        parts = [(0, np.sort(blk))]
-    else:
-        order = np.lexsort((blk, which))
-        which, blk = which[order], blk[order]
-        cut = np.flatnonzero(np.diff(which)) + 1
-        parts = [(int(ws[0]), bs) for ws, bs in zip(np.split(which, cut), np.split(blk, cut))]
-    for li, bs in parts:
-        key, v, dec = lists[li]
+def _score_blocks(store: Store, lists: list, blks: list, score) -> None:
+    """Score the blocks ``blks[i]`` (in any order) of each of ``lists`` (key, bytes or None,
+    decoded or None): from the list decoded when it is, else only those blocks decoded."""
+    for (key, v, dec), bs in zip(lists, blks):
+        if not len(bs):
+            continue
+        bs = np.sort(bs)  # (pids ascending within a list: its last is its largest)
         if dec is None:
             dec = store.decoded.get(key)
         if dec is not None:
             ps, ts = dec
             at = (bs[:, None] * plists.BLOCK + np.arange(plists.BLOCK)).ravel()
-            at = at[at < len(ps)]
+            if at[-1] >= len(ps):
+                at = at[at < len(ps)]
             score(ps[at].astype(np.intp), ts[at])
         else:
             ps, ts = plists.blocks(v, bs)
             score(ps.astype(np.intp), ts)
 
 
-def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: float) -> np.ndarray:
-    """Each block's largest ``tf / (tf + k1 (1 - b) + k1 b dl / avgdl)`` (float64) of a list, at
-    :data:`AVGDL_ROOM` times the mean length: kept per list (its passages and their lengths
-    never change) and computed again only when the mean has grown past it, or for other
-    k1 and b. The list is decoded whole once for it."""
+def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+    """A list's blocks by their largest ``tf / (tf + k1 (1 - b) + k1 b dl / avgdl)`` (float64)
+    at :data:`AVGDL_ROOM` times the mean length, highest first: the blocks (int64) and those
+    maxima. Kept per list (its passages and their lengths never change) and computed again
+    only when the mean has grown past it, or for other k1 and b. The list is decoded whole
+    once for it."""
     kept = store.block_max.get(key)
     if kept is not None and kept[1] == k1 and kept[2] == b and snap.avgdl <= kept[0]:
         return kept[3]
@@ -777,10 +773,12 @@ def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: f
     if len(g) < nb * plists.BLOCK:
         g = np.concatenate((g, np.zeros(nb * plists.BLOCK - len(g))))
     g = g.reshape(nb, plists.BLOCK).max(axis=1)
+    order = np.argsort(-g, kind="stable")
+    got = (order, g[order])
     if len(store.block_max) >= BLOCK_MAX_KEPT:
         store.block_max.clear()
-    store.block_max[key] = (at, k1, b, g)
-    return g
+    store.block_max[key] = (at, k1, b, got)
+    return got
 
 
 def _holding(ps: np.ndarray, dead: np.ndarray) -> int:

@@ -385,22 +385,24 @@ class _Scratch(threading.local):
         self.scores = np.zeros(0, np.float32)
         self.seen = np.zeros(0, bool)
         self.inc = np.zeros(0, bool)
-        self.touched: list = []  # pid arrays whose scores and seen were written
+        self.touched: list = []  # pid arrays whose scores were written
         self.marked: list = []  # pid arrays set in inc
+        self.seen_set = False  # whether the touched are set in seen too (a union of many: _union)
 
     def take(self, cap: int) -> None:
         if len(self.scores) < cap:
             n = max(cap, len(self.scores) * 5 // 4)
             self.scores, self.seen, self.inc = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
-        self.touched, self.marked = [], []
+        self.touched, self.marked, self.seen_set = [], [], False
 
     def clean(self) -> None:
         for t in self.touched:
             self.scores[t] = 0
-            self.seen[t] = False
+            if self.seen_set:
+                self.seen[t] = False
         for m in self.marked:
             self.inc[m] = False
-        self.touched, self.marked = [], []
+        self.touched, self.marked, self.seen_set = [], [], False
 
     def drop(self) -> None:
         self.__init__()
@@ -409,13 +411,18 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-def _union(touched: list, seen: np.ndarray, cap: int) -> np.ndarray:
-    """The pids of ``touched``'s arrays, ascending, each once: from ``seen`` (set
-    for them) when they are many, else sorted (no pass over every id)."""
+def _union(touched: list, cap: int) -> np.ndarray:
+    """The pids of ``touched``'s arrays (those of ``_scratch.touched``), ascending, each
+    once: marked in ``_scratch.seen`` and read back when they are many, else sorted (no
+    pass over every id)."""
     if len(touched) == 1 and _ascending(touched[0]):
         return touched[0]
     total = sum(len(t) for t in touched)
     if total * 16 > cap:
+        seen = _scratch.seen
+        _scratch.seen_set = True  # (unmarked after the search: ``_Scratch.clean``)
+        for t in touched:
+            seen[t] = True
         return np.flatnonzero(seen[:cap])
     # (a sort: np.unique's hashing is slower here; the stable one, since each list ascends
     # and it merges runs: ~10x numpy's default on the concatenation of two or three)
@@ -572,10 +579,7 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
             return _newest(store, snap, checks, want, sources, under), checks  # no postings to go by
         return [], checks
     if len(touched) > 1:  # the union of the terms' passages, in pid order
-        seen = _scratch.seen
-        for t in touched:
-            seen[t] = True
-        cand = _union(touched, seen, cap)
+        cand = _union(touched, cap)
     else:
         cand = touched[0].astype(np.int64)
     cand = snap.keep(cand, sources, under)
@@ -805,7 +809,6 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
     ubs = [x.ub for x in terms]
     rest = list(itertools.accumulate(ubs[::-1]))[::-1]  # bound of terms i.. together
     done = 0.0  # bound of the terms scored
-    seen = _scratch.seen
 
     dead_in = any(tm.dead for tm in terms)  # lists left holding dead passages (FEW_DEAD)
 
@@ -817,10 +820,13 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
             cand = cand[checks.mask_ok(cand)]
         return cand
 
-    def contrib(tm: _Term, pids: np.ndarray, tfs: np.ndarray) -> None:
+    def contrib(tm: _Term, pids: np.ndarray, tfs: np.ndarray, first: bool = False) -> None:
         tfs = tfs.astype(np.float32)
         dl = snap.doclen[pids]
-        scores[pids] += _tf_score(tm.idf, tfs, dl, avgdl, k1, b)
+        if first:  # (no score yet: every one 0, and a term's lists hold a passage once)
+            scores[pids] = _tf_score(tm.idf, tfs, dl, avgdl, k1, b)
+        else:
+            scores[pids] += _tf_score(tm.idf, tfs, dl, avgdl, k1, b)
 
     for i, tm in enumerate(terms):
         pids, tfs = [], []
@@ -834,15 +840,14 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
         p = np.concatenate(pids) if len(pids) > 1 else pids[0]
         p = p.astype(np.intp)  # once: the gather, the scatter and the marks below would each convert it
         t = np.concatenate(tfs) if len(tfs) > 1 else tfs[0]
-        contrib(tm, p, t)
-        seen[p] = True
+        contrib(tm, p, t, i == 0)
         touched.append(p)
         done += tm.ub
         if i + 1 == len(terms):
             break
         if done <= rest[i + 1]:  # theta <= the bound of the terms scored: nothing can be pruned yet
             continue
-        cand = kept(_union(touched, seen, cap))
+        cand = kept(_union(touched, cap))
         if len(cand) < want:
             continue
         sc = scores[cand]
@@ -878,7 +883,7 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
                 _scratch.marked.append(cand)
             _add_marked(store, tm2, cand, contrib)
         return np.concatenate((best, cand)) if len(best) else cand
-    return kept(_union(touched, seen, cap))
+    return kept(_union(touched, cap))
 
 
 def _bound(store: Store, tm: "_Term", pids: np.ndarray, snap: Snapshot, k1: float, b: float) -> np.ndarray:

@@ -33,6 +33,7 @@ where a search holding it can see, so searches read a consistent snapshot.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import shutil
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
@@ -176,6 +178,35 @@ class _SegCodec:
 
 
 _seg_codec = _SegCodec()
+
+
+class IndexInUse(Exception):
+    """The index is open in this process already (an LMDB environment must be opened once a
+    process: a second open, and its close, would break the first's locks)."""
+
+
+# the indexes open in this process, by their folder's real path (a Store dropped without
+# its close leaves with its last reference)
+_open_here: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
+_open_here_lock = threading.Lock()
+
+
+def _damage_at_open(e: BaseException) -> bool:
+    """Whether an error opening the index says its files are damaged (then it is wiped and
+    made anew from the sources), not only that this process cannot open it now: out of
+    descriptors or memory, locks or readers taken, the disk failing or read-only, the
+    state folder not writable. Those say nothing of what the index holds: the open fails,
+    the index stays, and the next open tries again."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ELOOP, errno.EISDIR)  # a link or a folder where data.mdb should be
+    if type(e) is lmdb.Error:  # an errno py-lmdb has no class for: EMFILE, ENFILE, EPERM, ...
+        return False
+    return not isinstance(e, _LMDB_NOT_DAMAGE)
+
+
+_LMDB_NOT_DAMAGE = tuple(getattr(lmdb, n) for n in (
+    "ReadersFullError", "LockError", "MapResizedError", "MemoryError", "TlsFullError", "DiskError",
+    "ReadonlyError", "MapFullError") if hasattr(lmdb, n))
 
 
 class DamagedWhileServing(DamagedIndex, ToolError):
@@ -643,12 +674,27 @@ class Store:
             env = getattr(self, "env", None)
             if env is not None:
                 env.close()
+            self._let_go_of_path()
             raise
+
+    _real: Optional[str] = None  # the folder's real path, while this holds it open (_open_here)
+
+    def _let_go_of_path(self) -> None:
+        with _open_here_lock:
+            if self._real is not None and _open_here.get(self._real) is self:
+                del _open_here[self._real]
+        self._real = None
 
     # --- opening, checking, wiping ---------------------------------------
 
     def _open(self) -> None:
         os.makedirs(self.path, mode=0o700, exist_ok=True)
+        real = os.path.realpath(self.path)
+        with _open_here_lock:  # before anything is touched (the seal, the files)
+            if _open_here.get(real) is not None:
+                raise IndexInUse(f"the index in {self.path} is already open in this process")
+            _open_here[real] = self
+        self._real = real
         size = self.MAP_SIZE
         data = os.path.join(self.path, "data.mdb")
         self.data = data
@@ -706,10 +752,14 @@ class Store:
 
     @classmethod
     def open(cls, path: str) -> "Store":
-        """Open the index at ``path``; a damaged one is wiped and started anew."""
+        """Open the index at ``path``; a damaged one is wiped and started anew. An index open
+        in this process already is refused (IndexInUse), and one this process cannot open
+        now (:func:`_damage_at_open`) raises its error: neither is wiped."""
         try:
             return cls(path)
         except (DamagedIndex, lmdb.Error, msgspec.DecodeError, ValueError, IndexError, OSError) as e:
+            if not _damage_at_open(e):
+                raise
             wipe(path)
             store = cls(path)
             store.rebuilt_because = str(e)
@@ -1084,6 +1134,12 @@ class Store:
         ``compact``: first rewrite data.mdb without its free pages when they are more
         than :data:`COMPACT_FREE` of it and no other process has the index open
         (:func:`compact_file`; the people's ``index`` asks, after its build)."""
+        try:
+            self._close(compact)
+        finally:
+            self._let_go_of_path()  # (last: no other open of this process while it compacts)
+
+    def _close(self, compact: bool) -> None:
         self.stop_merger()  # a merge under way stops at its next step (what it wrote: swept later)
         with self.write_lock:
             whole = self.damaged is None

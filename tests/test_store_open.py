@@ -1,0 +1,86 @@
+"""An index is wiped and made anew only when its files are damaged: never because this
+process cannot open it now (open already in this process, out of descriptors), which
+says nothing of what it holds. Each case: the index answers as before afterwards."""
+
+import os
+import subprocess
+import sys
+import random
+import textwrap
+
+import pytest
+
+from lnkmem.index.search import bm25
+from lnkmem.index.store import Batch, IndexInUse, Store
+from tests.helpers import random_file
+
+WORDS = [f"w{i}" for i in range(30)] + ["pangolin"]
+
+
+def _index(path: str) -> int:
+    rng = random.Random(5)
+    st = Store.open(path)
+    try:
+        st.commit(Batch(files=[random_file(rng, f"home/f{j}.md", "v1", WORDS, None, (3, 9)) for j in range(40)]))
+        return st.live_count()
+    finally:
+        st.close()
+
+
+def _answers(path: str) -> tuple[int, int]:
+    st = Store.open(path)
+    try:
+        assert st.rebuilt_because is None, st.rebuilt_because
+        return st.live_count(), len(bm25(st, "pangolin", 100))
+    finally:
+        st.close()
+
+
+def test_an_index_open_in_this_process_is_refused_a_second_time_never_wiped(tmp_path):
+    path = str(tmp_path / "index")
+    live = _index(path)
+    before = _answers(path)
+    assert before[0] == live and before[1] > 0
+    st = Store.open(path)
+    try:
+        with pytest.raises(IndexInUse, match="already open in this process"):
+            Store.open(path)
+        with pytest.raises(IndexInUse):
+            Store.open(os.path.join(str(tmp_path), ".", "index"))  # the same folder by another name
+        assert len(bm25(st, "pangolin", 100)) == before[1]  # the first keeps answering
+        assert st.damaged is None
+    finally:
+        st.close()
+    assert _answers(path) == before  # and the index is as it was
+
+
+def test_an_index_that_cannot_be_opened_for_want_of_descriptors_is_kept(tmp_path):
+    """A process out of file descriptors (many agents in one serve-many, say) gets an
+    error for that open; the index on disk stays whole for the next one."""
+    path = str(tmp_path / "index")
+    _index(path)
+    before = _answers(path)
+    child = textwrap.dedent("""
+        import os, resource, sys
+        from lnkmem.index.store import Store
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        held = []
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        os.close(held.pop())  # one left: not enough for data.mdb, lock.mdb and the checks
+        try:
+            Store.open(sys.argv[1])
+        except Exception as e:  # (lmdb's "Too many open files", or the OSError of a check)
+            print("refused", type(e).__name__, e)
+        else:
+            print("opened")
+    """)
+    r = subprocess.run([sys.executable, "-c", child, path], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("refused"), (r.stdout, r.stderr[-2000:])
+    assert _answers(path) == before

@@ -84,3 +84,22 @@ def test_an_index_that_cannot_be_opened_for_want_of_descriptors_is_kept(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("refused"), (r.stdout, r.stderr[-2000:])
     assert _answers(path) == before
+
+
+def test_a_fifo_in_place_of_data_mdb_is_damage_never_a_hang(tmp_path):
+    """Opening the header check's file never waits on a FIFO: it is no data.mdb, so the
+    index is made anew (in a child, so that a hang fails the test instead of holding it)."""
+    path = tmp_path / "index"
+    _index(str(path))
+    os.unlink(path / "data.mdb")
+    os.mkfifo(path / "data.mdb")
+    child = "import sys\nfrom lnkmem.index.store import Store\n" \
+            "st = Store.open(sys.argv[1])\nprint(st.opened_as, st.rebuilt_because)\nst.close()\n"
+    try:
+        r = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True, text=True, timeout=60,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    except subprocess.TimeoutExpired:
+        pytest.fail("opening an index whose data.mdb is a FIFO hung")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[0] == "new" and "not a file" in r.stdout, r.stdout
+    assert (path / "data.mdb").is_file()

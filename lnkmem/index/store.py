@@ -37,6 +37,7 @@ import errno
 import functools
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -251,9 +252,13 @@ def check_file(data: str) -> Optional[int]:
     Returns the last committed transaction's id (None where the header cannot be read)."""
     if not _CHECKABLE:
         return None
-    fd = os.open(data, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    # (non-blocking: a FIFO in its place must not hold the open; it is no file, so damage)
+    fd = os.open(data, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        size = os.fstat(fd).st_size
+        st_ = os.fstat(fd)
+        if not stat.S_ISREG(st_.st_mode):
+            raise DamagedIndex("data.mdb is not a file")
+        size = st_.st_size
         first = os.pread(fd, _META.size, 0)
         m0 = _meta(first, 0)
         if m0 is None:

@@ -103,3 +103,18 @@ def test_a_fifo_in_place_of_data_mdb_is_damage_never_a_hang(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[0] == "new" and "not a file" in r.stdout, r.stdout
     assert (path / "data.mdb").is_file()
+
+
+def test_a_folder_in_place_of_data_mdb_is_damage_and_made_anew(tmp_path):
+    path = tmp_path / "index"
+    _index(str(path))
+    os.unlink(path / "data.mdb")
+    (path / "data.mdb").mkdir()
+    (path / "data.mdb" / "x").write_text("not an index")
+    st = Store.open(str(path))
+    try:
+        assert st.opened_as == "new" and st.rebuilt_because, st.rebuilt_because
+        assert st.live_count() == 0
+    finally:
+        st.close()
+    assert (path / "data.mdb").is_file()

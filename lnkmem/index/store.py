@@ -2180,12 +2180,16 @@ def _vector_rows(pids: list[int], rows: list[bytes], dim: int) -> tuple[np.ndarr
 
 
 def wipe(path: str) -> None:
-    """Remove an index environment (only its own files)."""
+    """Remove an index environment (only its own names; a folder found under one of them,
+    never the index's own making, goes whole: else the index could never be made anew)."""
     for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp", SNAP, SNAP + ".tmp", LISTED, LISTED + ".tmp"):
+        p = os.path.join(path, name)
         try:
-            os.unlink(os.path.join(path, name))
+            os.unlink(p)
         except FileNotFoundError:
             pass
+        except IsADirectoryError:
+            shutil.rmtree(p)
     shutil.rmtree(os.path.join(path, COMPACTING), ignore_errors=True)
     if os.path.isdir(path) and not os.listdir(path):
         shutil.rmtree(path, ignore_errors=True)

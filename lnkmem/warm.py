@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from lnkmem.procs import cores
+
 # run with -I -S: no site, no environment, nothing imported but os and sys
 _WALK = """
 import os, sys
@@ -44,7 +46,7 @@ def start(folders: Sequence[str]):
     """A walk of ``folders`` (those that are folders) begun in its own process; None
     when there is nothing to walk, one core only, or it cannot start."""
     roots = [f for f in folders if f and os.path.isdir(f)]
-    if not roots or not sys.executable or _cores() < 2:
+    if not roots or not sys.executable or cores() < 2:
         return None
     import subprocess
     try:
@@ -53,13 +55,6 @@ def start(folders: Sequence[str]):
                                 stderr=subprocess.DEVNULL, env={}, close_fds=True)
     except OSError:
         return None
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def stop(walk: Optional[object]) -> None:

@@ -48,6 +48,7 @@ import msgspec
 
 from lnkmem.index import textpack
 from lnkmem.index.store import Batch, NewFile
+from lnkmem.procs import cores as _cores  # (a name of this module's: tests set it)
 
 # a plan is split off to the worker from this much (bytes, or files) of local
 # files; below it (one changed file, a few) everything stays in the thread
@@ -89,13 +90,6 @@ def forkable(place) -> bool:
     system calls beneath its root; a bridge's client stays in the parent)."""
     from lnkmem.bridges.local import LocalPlace
     return type(place) is LocalPlace
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def share(places: Mapping[str, object], todo: list) -> list:

@@ -641,24 +641,28 @@ def _decode(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.nda
     return pids, tfs.astype(np.uint16, copy=False)
 
 
+def _stated(v) -> tuple[int, int]:
+    """(postings its count states, bytes of the count) of a stored value; -1 postings when
+    the count is broken or leaves no room for its blocks' headers."""
+    n, used = _read_varint(v)
+    if n > 0 and len(v) < used + (n + BLOCK - 1) // BLOCK * _HS:
+        return -1, used
+    return n, used
+
+
 def stated_count(v) -> int:
     """The postings a stored value's count states (:func:`count` checks its lengths too):
     -1 when the count is broken or leaves no room for its blocks' headers."""
-    n, used = _read_varint(v)
-    if n > 0 and len(v) < used + (n + BLOCK - 1) // BLOCK * _HS:
-        return -1
-    return n
+    return _stated(v)[0]
 
 
 def head(v) -> tuple[int, int]:
     """(postings, largest tf) of a stored value, from its count and headers alone;
     (-1, 0) when its count is broken."""
-    n, used = _read_varint(v)
+    n, used = _stated(v)
     if n <= 0:
         return n, 0
     nb = (n + BLOCK - 1) // BLOCK
-    if len(v) < used + nb * _HS:
-        return -1, 0
     if nb == 1:
         return n, int.from_bytes(v[used + 4:used + 6], "little")
     return n, int(np.frombuffer(v, _HDR, nb, used)["maxtf"].max())

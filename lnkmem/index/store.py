@@ -192,6 +192,12 @@ _open_here: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDiction
 _open_here_lock = threading.Lock()
 
 
+# errors of an open that say this process cannot open the index now, not that it is damaged
+_LMDB_NOT_DAMAGE = tuple(getattr(lmdb, n) for n in (
+    "ReadersFullError", "LockError", "MapResizedError", "MemoryError", "TlsFullError", "DiskError",
+    "ReadonlyError", "MapFullError") if hasattr(lmdb, n))
+
+
 def _damage_at_open(e: BaseException) -> bool:
     """Whether an error opening the index says its files are damaged (then it is wiped and
     made anew from the sources), not only that this process cannot open it now: out of
@@ -203,11 +209,6 @@ def _damage_at_open(e: BaseException) -> bool:
     if type(e) is lmdb.Error:  # an errno py-lmdb has no class for: EMFILE, ENFILE, EPERM, ...
         return False
     return not isinstance(e, _LMDB_NOT_DAMAGE)
-
-
-_LMDB_NOT_DAMAGE = tuple(getattr(lmdb, n) for n in (
-    "ReadersFullError", "LockError", "MapResizedError", "MemoryError", "TlsFullError", "DiskError",
-    "ReadonlyError", "MapFullError") if hasattr(lmdb, n))
 
 
 class DamagedWhileServing(DamagedIndex, ToolError):

@@ -230,15 +230,18 @@ def test_passages_round_trip_with_and_without_a_dictionary():
     raws = [msgspec.msgpack.encode(["home/a.md", i, i, " ".join(rng.choices(words, k=rng.randint(0, 300)))])
             for i in range(400)]
     zdict = textpack.make_dict(raws)
-    assert zdict is not None and len(zdict) <= textpack.DICT_SIZE
+    assert textpack.is_zstd_dict(zdict) and len(zdict) <= textpack.ZSTD_DICT_MAX
     assert textpack.make_dict(raws[:3]) is None  # too little text to make one from
-    for d in (zdict, None):
+    deflate = b"".join(raws[::9])[-textpack.DICT_SIZE:]  # an index made before zstd: a deflate dictionary
+    for d, tag in ((zdict, textpack.ZSTD), (deflate, textpack.DICT), (None, textpack.PLAIN)):
         packer = textpack.Packer(d)
         stored = [packer.pack(r) for r in raws]
+        assert tag in {v[0] for v in stored} <= {tag, textpack.RAW}  # (a passage of no words: kept as it is)
         assert [textpack.unpack(v, d) for v in stored] == raws
         assert sum(map(len, stored)) < 0.5 * sum(map(len, raws))
-    with pytest.raises(ValueError, match="dictionary"):
-        textpack.unpack(textpack.Packer(zdict).pack(raws[5]), None)
+    for d, other in ((zdict, None), (zdict, deflate), (deflate, zdict), (deflate, None)):
+        with pytest.raises(ValueError, match="dictionary"):
+            textpack.unpack(textpack.Packer(d).pack(raws[5]), other)
 
 
 def test_passages_packed_where_they_were_counted_are_stored_as_given_or_packed_again(tmp_path):
@@ -279,7 +282,7 @@ def test_passages_packed_where_they_were_counted_are_stored_as_given_or_packed_a
         with st_.env.begin() as txn:  # all stored with the index's dictionary
             stored = [bytes(txn.get(k.to_bytes(4, "big"), db=st_.passages))
                       for r in recs.values() for k in r.pids]
-        assert {v[0] for v in stored} == {textpack.DICT}
+        assert {v[0] for v in stored} == {textpack.ZSTD}
         assert all(textpack.unpack(v, zdict) for v in stored)
     finally:
         st_.close()
@@ -301,6 +304,24 @@ def test_a_deflate_bomb_passage_is_refused_within_its_limit():
     with pytest.raises(ValueError, match="longer"):
         textpack.unpack(bomb, None, 1 << 20)
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_a_zstd_bomb_passage_is_refused_within_its_limit_or_the_passage_bound():
+    rng = random.Random(3)
+    raws = [msgspec.msgpack.encode(["home/a.md", i, i, " ".join(rng.choices(["kelp", "tide", "reef", "gull"], k=200))])
+            for i in range(200)]
+    zdict = textpack.make_dict(raws)
+    bomb = b"\x03" + textpack._zstd(zdict).compress(bytes(50 << 20))  # 50 MB of zeros in a few KB
+    assert len(bomb) < 50_000
+    for limit in (1 << 20, 0):  # a copy's value (its limit), the index's own (MAX_RAW)
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match="longer"):
+            textpack.unpack(bomb, zdict, limit)
+        assert time.perf_counter() - t0 < 0.5
+    good = textpack.Packer(zdict).pack(raws[0])
+    for bad in (good[:-2], good + b"\x00\x01"):  # truncated; bytes after its end
+        with pytest.raises(ValueError, match="truncated"):
+            textpack.unpack(bad, zdict, 1 << 20)
 
 
 # --- the index, through the real program ----------------------------------------------
@@ -472,6 +493,12 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
     t = list(table)  # a dictionary longer than deflate's window
     t[5] = bytes(textpack.DICT_SIZE + 1)
     cases.append(("table", m.table, t, "dictionary"))
+    t = list(table)  # a zstd dictionary's magic number, then garbage
+    t[5] = b"\x37\xa4\x30\xec" + bytes(range(256)) * 8
+    cases.append(("table", m.table, t, "dictionary"))
+    s = list(seg)  # a zstd passage that inflates to 100 MB
+    s[5] = [b"\x03" + textpack._zstd(table[5]).compress(bytes(100 << 20))] + s[5][1:]
+    cases.append(("seg", name, s, "passage"))
     for kind, old, obj, why in cases:
         t0 = time.perf_counter()
         with pytest.raises(copyfmt.CopyDamaged, match=why):

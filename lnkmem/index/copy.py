@@ -8,7 +8,7 @@ A copy is a set of immutable, content-addressed files plus one manifest:
                          as the index stores them (postings.py, textpack.py)
 ``table-<hash>.bin``     the file table (ref -> version, size, passages), dead
                          passages, the next passage id, the model, the
-                         passages' deflate dictionary
+                         passages' dictionary (zstd, or deflate)
 ``vec-<hash>.bin``       a chunk of passage embeddings (int8 + scale)
 
 Files are written before the manifest that names them, and never changed, so
@@ -85,7 +85,7 @@ class _Table(msgspec.Struct, array_like=True):
     next_pid: int
     model: Optional[str]
     of: Optional[str] = None
-    zdict: Optional[bytes] = None  # the passages' deflate dictionary (textpack)
+    zdict: Optional[bytes] = None  # the passages' dictionary (textpack: zstd, or deflate)
 
 
 class _Vectors(msgspec.Struct, array_like=True):
@@ -321,8 +321,10 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
         raise _bad(f"the copy's table is not this memory's (it says it is of {table.of!r})")
     if table.model != manifest.model:
         raise _bad("the table and the manifest name different models")
-    if table.zdict is not None and not 0 < len(table.zdict) <= textpack.DICT_SIZE:
-        raise _bad("the table's passage dictionary is not one the engine makes")
+    try:
+        textpack.check_dict(table.zdict)
+    except ValueError as e:
+        raise _bad(f"the table's passage dictionary is not one the engine makes ({e})") from None
     ok_refs: dict[str, bool] = {}
 
     def check_ref(r: str, where: str) -> None:
@@ -527,7 +529,7 @@ def _load_txn(store: Store, v: Verified, version: str) -> dict:
             txn.put(b"model", manifest.model.encode(), db=store.meta)
         else:
             txn.delete(b"model", db=store.meta)
-        if table.zdict:  # the copy's passages are deflated with its dictionary
+        if table.zdict:  # the copy's passages are packed with its dictionary
             txn.put(b"zdict", table.zdict, db=store.meta)
         else:
             txn.delete(b"zdict", db=store.meta)

@@ -400,7 +400,7 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
     todo = the_plan.todo
     w = None
     far = worker.share(places, todo)
-    if far:  # the worker deflates the passages it sends: with the index's dictionary, made now if need be
+    if far:  # the worker compresses the passages it sends: with the index's dictionary, made now if need be
         zdict = store.passage_dict(lambda: _sample(far, places, tmpdir))
         w = worker.start(far, places, tmpdir, zdict)
         if w is not None:

@@ -3,10 +3,10 @@
 Layout (one LMDB environment, ``<state>/index/``), named databases:
 
 ``meta``      format, generation, next passage id, next segment id, model,
-              ``zdict`` (the passages' deflate dictionary, :mod:`textpack`)
+              ``zdict`` (the passages' dictionary, zstd or deflate: :mod:`textpack`)
 ``files``     ref -> FileRec: the version seen and the passages made of it
 ``passages``  pid (4 bytes, big-endian) -> Passage: ref, lines, text, thread...
-              (msgpack, deflated: :mod:`lnkmem.index.textpack`)
+              (msgpack, compressed: :mod:`lnkmem.index.textpack`)
 ``postings``  segment (4 bytes BE) + term -> pids and tfs in compressed blocks
               (:mod:`lnkmem.index.postings`)
 ``segments``  segment -> SegMeta: its pids, their lengths and refs (as runs: _SegStored)
@@ -1483,7 +1483,7 @@ class Store:
                     p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
                 txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
             mapped.clear()
-            if new_keys:  # deflated, with the index's dictionary (made once, from the first big commit)
+            if new_keys:  # compressed, with the index's dictionary (made once, from the first big commit)
                 zdict = self._passage_dict_in(txn, (p for p in new_passages if type(p) is Passage))
                 packer = textpack.Packer(zdict)
                 encode = _enc.encode

@@ -6,61 +6,143 @@ carries the stored bytes as they are, with the index's dictionary in its table.
 
 A stored value is one tag byte, then:
 
-- ``0``: the msgpack bytes as they are (when deflate does not make them shorter);
-- ``1``: raw deflate with the index's preset dictionary (``meta`` ``zdict``);
-- ``2``: raw deflate without one (passages written before the index had one).
+- ``0``: the msgpack bytes as they are (when compressing does not make them shorter);
+- ``1``: raw deflate with the index's preset dictionary (``meta`` ``zdict``: indexes
+  made before zstd; they go on packing new passages so);
+- ``2``: raw deflate without one (passages written before the index had one);
+- ``3``: one zstd frame (no magic number, content size, checksum or dictionary id)
+  with the index's zstd dictionary.
 
-The dictionary is made once, from the text of the first commit that holds at
-least :data:`DICT_MIN` bytes of passages (samples spread over it, the last
-:data:`DICT_SIZE` bytes kept: deflate's window), and never changes: every passage
-written with it names it by its tag. Per passage, a dictionary saves about a
-fifth of plain per-passage deflate (measured on bench/corpus.py text and SciFact:
-docs/SCALE-NOTES.md), and one passage stays one key: ids are reused one by one,
-and a snippet reads only its own passage.
+The dictionary is made once, from the passages of the first commit that holds at
+least :data:`DICT_MIN` bytes of them (a build makes it from a sample of its files
+before its worker starts), and never changes: every passage written with it names
+it by its tag. Since issue 12's last step it is a zstd dictionary trained on those
+passages (fastCOVER with fixed parameters: ~30 ms; a search of its parameters took
+0.7-4.6 s for no gain). Measured against deflate (level 3, a 32 KiB preset
+dictionary of sampled passages), per passage, on the bench corpus and SciFact:
+5x faster to pack (7 vs 34 us), 3-10% shorter (docs/SCALE-NOTES.md). Its kind
+is in its bytes: a zstd dictionary starts with zstd's dictionary magic number;
+a deflate one (``zdict`` of an index made before) is the tail of passages' msgpack
+bytes, and a value's tag, not the dictionary, says how the value is read. One
+passage stays one key: ids are reused one by one, and a snippet reads only its own
+passage.
 """
 
 from __future__ import annotations
 
+import threading
 import zlib
 from typing import Optional
 
 LEVEL = 3  # deflate level: 6 saves 3% more for twice the time (measured)
-DICT_SIZE = 32768  # deflate's window: a longer dictionary is not used
+DICT_SIZE = 32768  # a deflate dictionary, at most: deflate's window
+ZSTD_LEVEL = 3  # zstd level: 1 is 4% longer, 6 2% shorter for 3x the time (measured)
+ZSTD_DICT_SIZE = 65536  # trained: 112 KiB was 0.7% shorter, 32 KiB 1% longer (measured)
+ZSTD_DICT_MAX = 1 << 17  # a copy's dictionary longer than this is not one the engine makes
+_ZSTD_DICT_MAGIC = b"\x37\xa4\x30\xec"
 DICT_MIN = 65536  # bytes of passages a commit needs before the dictionary is made from it
-RAW, DICT, PLAIN = 0, 1, 2
+MAX_RAW = 1 << 20  # a passage's msgpack bytes, at most (chunk.LIMIT characters: ~10 KB)
+RAW, DICT, PLAIN, ZSTD = 0, 1, 2, 3
 
 
 def make_dict(raws: list[bytes]) -> Optional[bytes]:
-    """A preset dictionary from passages' bytes (samples spread evenly over them), or
-    None when they are fewer than DICT_MIN bytes."""
+    """A zstd dictionary trained on passages' bytes (samples spread evenly over them),
+    or None when they are fewer than DICT_MIN bytes or too few to train on."""
     total = sum(map(len, raws))
     if total < DICT_MIN:
         return None
-    # about DICT_SIZE bytes of whole passages, evenly spaced, in their order
-    step = max(1, total // DICT_SIZE)
-    picked, size = [], 0
-    i = 0
-    while i < len(raws) and size < DICT_SIZE * 2:
-        picked.append(raws[i])
-        size += len(raws[i])
-        i += max(1, step)
-    return b"".join(picked)[-DICT_SIZE:]
+    import zstandard
+
+    # about 16x the dictionary of whole passages, evenly spaced, in their order
+    step = max(1, total // (ZSTD_DICT_SIZE * 16))
+    picked = raws[::step]
+    try:  # fastCOVER with fixed k and d: no search of its parameters (seconds)
+        d = zstandard.train_dictionary(ZSTD_DICT_SIZE, picked, k=200, d=8, level=ZSTD_LEVEL, threads=1)
+    except zstandard.ZstdError:
+        return None
+    return d.as_bytes()
+
+
+def is_zstd_dict(zdict: Optional[bytes]) -> bool:
+    """Whether an index's dictionary is a zstd one (else a deflate one, or none)."""
+    return bool(zdict) and zdict[:4] == _ZSTD_DICT_MAGIC
+
+
+class _Zstd:
+    """A zstd dictionary loaded, with one compressor and one decompressor for it (neither
+    may be used by two threads at once: each thread loads its own, :func:`_zstd`)."""
+
+    def __init__(self, zdict: bytes):
+        import zstandard as z
+
+        try:
+            loaded = z.ZstdCompressionDict(zdict, dict_type=z.DICT_TYPE_FULLDICT)
+            loaded.precompute_compress(level=ZSTD_LEVEL)  # parses it: raises when it is not one
+            params = z.ZstdCompressionParameters.from_level(
+                ZSTD_LEVEL, format=z.FORMAT_ZSTD1_MAGICLESS, write_content_size=0, write_checksum=0,
+                write_dict_id=0)
+            self.compress = z.ZstdCompressor(dict_data=loaded, compression_params=params).compress
+            self.decompressor = z.ZstdDecompressor(dict_data=loaded, format=z.FORMAT_ZSTD1_MAGICLESS)
+        except z.ZstdError as e:
+            raise ValueError(f"the passage dictionary is not a zstd dictionary the engine makes ({e})") from None
+        self.error = z.ZstdError
+
+
+_loaded = threading.local()  # each thread's last zstd dictionaries: [(bytes, _Zstd)]
+_LOADED = 4
+
+
+def _zstd(zdict: bytes) -> _Zstd:
+    """This thread's loaded ``zdict`` (loading one costs ~1 ms; comparing the bytes, ~2 us)."""
+    held = getattr(_loaded, "held", None)
+    if held is None:
+        held = _loaded.held = []
+    for i, (b, z) in enumerate(held):
+        if b == zdict:
+            if i:
+                held.insert(0, held.pop(i))
+            return z
+    z = _Zstd(zdict)
+    held.insert(0, (zdict, z))
+    del held[_LOADED:]
+    return z
+
+
+def check_dict(zdict: Optional[bytes]) -> None:
+    """ValueError unless ``zdict`` is a dictionary the engine makes (a copy's, read)."""
+    if zdict is None:
+        return
+    if is_zstd_dict(zdict):
+        if len(zdict) > ZSTD_DICT_MAX:
+            raise ValueError("a zstd dictionary longer than the engine makes")
+        _zstd(zdict)
+    elif not 0 < len(zdict) <= DICT_SIZE:
+        raise ValueError("a deflate dictionary longer than deflate's window")
 
 
 class Packer:
-    """Packs passages for one write: a deflate state primed with the dictionary
-    once, copied per passage (priming costs more than a passage's deflate)."""
+    """Packs passages for one write: with the index's zstd dictionary when it has one;
+    else deflate (with the deflate dictionary of an index made before zstd, or none):
+    a deflate state primed with it once, copied per passage (priming costs more than
+    a passage's deflate)."""
 
     def __init__(self, zdict: Optional[bytes]):
-        self.tag = bytes((DICT if zdict else PLAIN,))
-        if zdict:
+        self.zstd = _zstd(zdict) if is_zstd_dict(zdict) else None
+        if self.zstd is not None:
+            self.tag = bytes((ZSTD,))
+        elif zdict:
+            self.tag = bytes((DICT,))
             self.base = zlib.compressobj(LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict)
         else:
+            self.tag = bytes((PLAIN,))
             self.base = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
 
     def pack(self, raw: bytes) -> bytes:
-        c = self.base.copy()
-        z = c.compress(raw) + c.flush()
+        if self.zstd is not None:
+            z = self.zstd.compress(raw)
+        else:
+            c = self.base.copy()
+            z = c.compress(raw) + c.flush()
         if len(z) >= len(raw):
             return b"\x00" + raw
         return self.tag + z
@@ -78,9 +160,13 @@ def unpack(v, zdict: Optional[bytes], limit: int = 0) -> bytes:
         if limit and len(raw) > limit:
             raise ValueError("a passage longer than allowed")
         return raw
+    if tag == ZSTD:
+        if not is_zstd_dict(zdict):
+            raise ValueError("a passage needs a zstd dictionary the index does not have")
+        return _unzstd(_zstd(zdict), memoryview(v)[1:], limit)
     if tag == DICT:
-        if not zdict:
-            raise ValueError("a passage needs a dictionary the index does not have")
+        if not zdict or is_zstd_dict(zdict):
+            raise ValueError("a passage needs a deflate dictionary the index does not have")
         d = zlib.decompressobj(-15, zdict=zdict)
     elif tag == PLAIN:
         d = zlib.decompressobj(-15)
@@ -94,4 +180,20 @@ def unpack(v, zdict: Optional[bytes], limit: int = 0) -> bytes:
         raise ValueError("a passage longer than allowed")
     if not d.eof or d.unused_data:
         raise ValueError("a passage is truncated or has bytes after its end")
+    return raw
+
+
+def _unzstd(z: _Zstd, body, limit: int) -> bytes:
+    """One frame's bytes, at most ``limit`` (0: MAX_RAW); nothing may follow it."""
+    most = min(limit, MAX_RAW) if limit else MAX_RAW
+    try:
+        raw = z.decompressor.decompress(body, max_output_size=most)
+        if limit:  # a copy's value (read once): nothing after its frame either
+            d = z.decompressor.decompressobj()
+            d.decompress(body)
+            if not d.eof or d.unused_data:
+                raise ValueError("a passage is truncated or has bytes after its end")
+    except z.error as e:
+        why = "longer than allowed or truncated" if "full frame" in str(e) else f"does not decompress: {e}"
+        raise ValueError(f"a passage {why}") from None
     return raw

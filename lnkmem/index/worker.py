@@ -5,7 +5,7 @@ very place objects of the parent (the same roots, the same checks: every
 open stays beneath its root), counts each file into flat u32 columns
 (``indexer._columns``) and sends each batch down a pipe as one msgpack
 message: the batch's terms once, then per file its passages as the index
-stores them (deflated here, with the index's dictionary, which the parent
+stores them (compressed here, with the index's dictionary, which the parent
 makes before the fork when the index has none) and four byte strings (term
 ids, postings per passage, tfs, lengths). The parent commits a
 batch while the child counts the next one. The child writes on a thread of
@@ -366,7 +366,7 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
            zdict: Optional[bytes]) -> None:
     _detach(w, parent)
     from lnkmem.index import indexer
-    # the passages deflated here, on this core (the parent only stores them)
+    # the passages compressed here, on this core (the parent only stores them)
     pack, encode = textpack.Packer(zdict).pack, _enc.encode
     head = ctypes.c_int64.from_buffer(shm, 0)
     tail = ctypes.c_int64.from_buffer(shm, 8)

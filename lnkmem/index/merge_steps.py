@@ -33,6 +33,7 @@ from typing import Optional
 import msgspec
 import numpy as np
 
+from lnkmem import procs
 from lnkmem.index import postings, worker
 from lnkmem.index.store import _Abandoned, _child_env, _dead_of, _k, _let_go_of_map, _release_map
 
@@ -271,8 +272,8 @@ def main() -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 1)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-    if worker._prctl is not None:  # dies with the thread that started it
-        worker._prctl(worker._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if procs._prctl is not None:  # dies with the thread that started it
+        procs._prctl(procs._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     out = worker._Sender(w)
     try:
         req = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Request)

@@ -33,7 +33,6 @@ numpy only on its own arrays: a sort a file, no BLAS) and leaves with
 from __future__ import annotations
 
 import ctypes
-import gc
 import mmap
 import os
 import queue
@@ -48,6 +47,7 @@ import msgspec
 
 from lnkmem.index import textpack
 from lnkmem.index.store import Batch, NewFile
+from lnkmem import procs
 from lnkmem.procs import cores as _cores  # (a name of this module's: tests set it)
 
 # a plan is split off to the worker from this much (bytes, or files) of local
@@ -106,13 +106,8 @@ def share(places: Mapping[str, object], todo: list) -> list:
 
 
 def second_core(large: Callable[[], bool]) -> bool:
-    """Whether work is shared with a second process (a build's worker, a merge's
-    helper): ``LNKMEM_WORKER`` ``0`` never, ``1`` always (tests), else when there are
-    two cores and the work is ``large()``."""
-    how = os.environ.get("LNKMEM_WORKER", "")
-    if how == "0":
-        return False
-    return how == "1" or (_cores() >= 2 and large())
+    """:func:`procs.second_core`, with this module's count of cores (tests set it)."""
+    return procs.second_core(large, lambda: _cores())
 
 
 class Worker:
@@ -250,36 +245,11 @@ def start(items: list, places: Mapping[str, object], tmpdir: str,
     return Worker(pid, r, items, shm, zdict)
 
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
-try:  # looked up here: the child calls it, and loads no library after the fork
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None
-
-
 def _detach(w: int, parent: int) -> None:
-    """The child's ties: dies with its parent, deaf to Ctrl-C and SIGTERM, no
-    descriptor but ``w`` and the standard streams (on /dev/null)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-    # no collection of the parent's garbage here (an index transaction's finaliser
-    # would touch the index's shared reader table): the child makes little of its own
-    gc.disable()
-    if _prctl is not None:  # else a broken pipe ends it, at its next message
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _prctl(_PR_SET_NAME, b"lnkmem-worker", 0, 0, 0)  # as `ps` and `top` show it
-    if os.getppid() != parent:  # the parent died before the request: nobody to work for
-        os._exit(0)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    keep = sorted({w, 0, 1, 2})
-    lo = 3
-    for fd in keep:
-        if fd >= lo:
-            os.closerange(lo, fd)
-            lo = fd + 1
-    os.closerange(lo, 1 << 20)
+    """The child's ties (:func:`procs.detach`); no collection of the parent's garbage
+    here (an index transaction's finaliser would touch the index's shared reader
+    table): the child makes little of its own."""
+    procs.detach(w, parent, b"lnkmem-worker")
 
 
 def read_msg(pipe, decoder):

@@ -192,10 +192,10 @@ def building_pid(state: str) -> Optional[int]:
 class Run:
     """One pass bringing the index in step with its sources, phase by phase, for a person."""
 
-    def __init__(self, memory, bar, listed=None):
+    def __init__(self, memory, bar, listing=None):
         self.memory = memory
         self.bar = bar
-        self.listed = listed  # called once the places are listed
+        self.listing = listing  # called as the listing of the places begins
         self.stop = False
         self.stoppable = False  # Ctrl-C: stop between files (True) or at once (False)
         self.plan = None
@@ -214,9 +214,9 @@ class Run:
         from lnkmem.index import indexer
         memory, store = self.memory, self.memory.store
         self.bar.phase("listing")
+        if self.listing is not None:
+            self.listing()
         self.plan = plan = indexer.plan(store, memory.places)
-        if self.listed is not None:
-            self.listed()
         for place in memory.places.values():
             for why, n in (getattr(place, "skipped_by", None) or {}).items():
                 self.skipped[why] = self.skipped.get(why, 0) + n
@@ -369,7 +369,8 @@ def cmd_index(args) -> int:
     from lnkmem import warm
     from lnkmem.errors import DamagedIndex
     t0 = time.monotonic()
-    # the tree's inodes read on the other core while the index is imported, opened and listed
+    # the tree's inodes read on the other core while the index is imported and opened (the
+    # listing itself takes both cores past indexer.SHARED_LISTING files: the walk stops then)
     walk = warm.start([cfg.folder] + ([os.path.join(cfg.agent, "chats"), os.path.join(cfg.agent, "skills")]
                                       if cfg.agent else []))
     bar = Bar(sys.stderr)
@@ -379,7 +380,7 @@ def cmd_index(args) -> int:
     old = signal.getsignal(signal.SIGINT)
     try:
         memory = _open_memory(cfg)
-        run = Run(memory, bar, listed=lambda: warm.stop(walk))
+        run = Run(memory, bar, listing=lambda: warm.stop(walk))
         signal.signal(signal.SIGINT, run.on_sigint)
         try:
             run.files()

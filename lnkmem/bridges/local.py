@@ -193,7 +193,11 @@ class LocalPlace:
         finally:
             os.close(fd)
 
-    def list(self, prefix: str = "") -> list[Entry]:
+    def list(self, prefix: str = "", share: bool = False) -> list[Entry]:
+        """Every file below ``prefix`` that may be served, in walk order. ``share``: a large
+        tree (the caller knows it from the index), listed with a second process when
+        there are two cores (:mod:`lnkmem.bridges.shared_walk`: the same entries, in
+        the same order)."""
         out: list[Entry] = []
         self.skipped = 0
         self.skipped_by = {}
@@ -209,6 +213,9 @@ class LocalPlace:
         if self.ignore and stack is None:
             return out
         seen: set[tuple[int, int]] = set()
+        if share:
+            from lnkmem.bridges import shared_walk
+            return shared_walk.walk(self, rel0, stack)
         self._walk(rel0, out, seen, stack)
         return out
 
@@ -242,10 +249,12 @@ class LocalPlace:
         return out
 
     def _walk(self, rel: str, out: list[Entry], seen: set, stack=None, enter: bool = False,
-              opened: Optional[tuple[int, str]] = None) -> None:
+              opened: Optional[tuple[int, str]] = None, later: Optional[list] = None) -> None:
         """Files below ``rel`` into ``out``; ``stack``: the ignore levels in force in its
         parent (``enter``) or in it. ``opened``: its descriptor and where it lies, when
-        the parent opened it (then this closes it)."""
+        the parent opened it (then this closes it). ``later``: its own folders are not
+        walked but noted there, (place in ``out``, path), in order (a shared listing:
+        :mod:`lnkmem.bridges.shared_walk` walks them, each as this would)."""
         if opened is None:
             try:
                 opened = self._open_where(rel, DIR_FLAGS)
@@ -286,6 +295,9 @@ class LocalPlace:
                         self._skip("ignored")
                         continue
                     if is_dir:
+                        if later is not None:
+                            later.append((len(out), path))
+                            continue
                         # a folder that is no link is opened beside its parent's descriptor (no
                         # walk from the root, no look at /proc); a link, by its path from the root
                         sub = None if link else self._open_below(fd, name, here)

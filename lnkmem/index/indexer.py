@@ -65,6 +65,12 @@ def listing_digest(entries: list[Entry], converting: bool) -> bytes:
     return h.digest()
 
 
+# a whole local listing is shared with a second process (bridges/shared_walk.py) when the
+# index holds this many files: a fork and the child's entries sent back cost ~30 ms, ~5,000
+# files' listing; at 120,000 files the listing took 0.64-0.84 s against 0.75-1.0 alone
+SHARED_LISTING = 20_000
+
+
 def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
          errors: Optional[list] = None) -> Plan:
     """What must change in the index for it to match ``places``.
@@ -75,6 +81,7 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
     are still brought up to date; without it the exception propagates.
     """
     p = Plan()
+    big = None  # whether the index holds enough files for a whole listing to be shared
     for source, place in places.items():
         if only is None or only == source:
             sub = ""
@@ -82,8 +89,13 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
             sub = only[len(source) + 1 :]
         else:
             continue
+        share = False
+        if not sub and worker.forkable(place):
+            if big is None:
+                big = store.file_count() >= SHARED_LISTING
+            share = big
         try:
-            entries = place.list(sub)
+            entries = place.list(sub, share=True) if share else place.list(sub)
         except Exception as e:
             if errors is None:
                 raise

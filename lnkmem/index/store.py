@@ -814,6 +814,12 @@ class Store:
         """Whether the snapshot is (or, not read yet, will be) the one saved at the last close."""
         return self._snapshot_from == "saved" if self._snapshot is not None else self._sealed is not None
 
+    @_guarded
+    def file_count(self) -> int:
+        """Files the index holds (one read of the files table's size)."""
+        with self.env.begin() as txn:
+            return txn.stat(self.files)["entries"]
+
     def live_count(self) -> int:
         """Live passages: the snapshot's, or the passages table's entries when no snapshot was
         read yet (it holds exactly the live ones)."""

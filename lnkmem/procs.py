@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import mmap
 import os
 import signal
-from typing import Callable
+import struct
+from typing import Callable, Optional
 
 
 def alive(pid: int) -> bool:
@@ -68,3 +70,77 @@ def detach(w: int, parent: int, name: bytes) -> None:
             os.closerange(lo, fd)
             lo = fd + 1
     os.closerange(lo, 1 << 20)
+
+
+def fork_sharing(run: Callable[[int, int, mmap.mmap], None], tail: int) -> Optional[tuple[int, int, mmap.mmap]]:
+    """Fork a child that runs ``run(w, parent, shm)`` and leaves with ``os._exit`` (``w``: its
+    end of a pipe to this process; ``shm``: 16 bytes both see, the claims of work shared
+    from both ends: ``head`` at 0, the child's next; ``tail`` at 8, this process's lowest,
+    ``tail`` at first). Here: (its pid, the pipe's read end, ``shm``), or None when it
+    cannot start (nothing started, nothing left open)."""
+    try:
+        shm = mmap.mmap(-1, 16)
+    except OSError:
+        return None
+    ctypes.c_int64.from_buffer(shm, 8).value = tail
+    try:
+        r, w = os.pipe()
+    except OSError:
+        shm.close()
+        return None
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        shm.close()
+        return None
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(r)
+            run(w, parent, shm)
+            code = 0
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r, shm
+
+
+_FRAME = struct.Struct("<Q")
+
+
+def write_framed(w: int, body: bytes) -> None:
+    """One message on a pipe: its length, then its bytes (:func:`read_msg` reads it)."""
+    view = memoryview(_FRAME.pack(len(body)) + body)
+    while view:
+        view = view[os.write(w, view):]
+
+
+def read_msg(pipe, decoder):
+    """The next message :func:`write_framed` wrote on ``pipe`` (a file object), decoded by
+    ``decoder`` (a msgspec decoder); None at its end or when it is not one it reads."""
+    head = _read_exact(pipe, _FRAME.size)
+    body = _read_exact(pipe, _FRAME.unpack(head)[0]) if head is not None else None
+    if body is None:
+        return None
+    import msgspec
+    try:
+        return decoder.decode(body)
+    except msgspec.DecodeError:
+        return None
+
+
+def _read_exact(pipe, n: int) -> Optional[bytearray]:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = pipe.readinto(view[got:])
+        if not k:
+            return None
+        got += k
+    return buf

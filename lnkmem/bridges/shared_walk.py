@@ -25,18 +25,14 @@ with ``os._exit``.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import signal
-import struct
-from typing import Optional
 
 import msgspec
 
 from lnkmem import procs
 from lnkmem.bridges.place import Entry
 
-_HEAD = struct.Struct("<Q")
 
 
 class _Part(msgspec.Struct, array_like=True):
@@ -109,34 +105,12 @@ def _shared(place, later: list, stack, root: frozenset, parts: list) -> None:
     """Fill ``parts`` with the folders' walks, a child taking them from the first on and
     this process from the last on; a folder the child took and did not send is left
     None (walked here afterwards)."""
-    try:
-        shm = mmap.mmap(-1, 16)  # head: the next folder the child takes; tail: the lowest this took
-        r, w = os.pipe()
-    except OSError:
+    got = procs.fork_sharing(lambda w, parent, shm: _child(place, later, stack, root, w, parent, shm), len(later))
+    if got is None:
         return
-    head = ctypes.c_int64.from_buffer(shm, 0)
-    tail = ctypes.c_int64.from_buffer(shm, 8)
-    tail.value = len(later)
-    parent = os.getpid()
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(r)
-        os.close(w)
-        del head, tail
-        shm.close()
-        return
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.close(r)
-            _child(place, later, stack, root, w, parent, head, tail)
-            code = 0
-        except BaseException:
-            pass
-        finally:
-            os._exit(code)
-    os.close(w)
+    pid, r, shm = got
+    head = ctypes.c_int64.from_buffer(shm, 0)  # the next folder the child takes
+    tail = ctypes.c_int64.from_buffer(shm, 8)  # the lowest this process took
     pipe = open(r, "rb")
     try:
         j = len(later)
@@ -148,7 +122,7 @@ def _shared(place, later: list, stack, root: frozenset, parts: list) -> None:
             if meet:
                 break
         while True:  # then what the child sent
-            part = _read(pipe)
+            part = procs.read_msg(pipe, _dec)
             if part is None or part.at < 0:
                 break
             if 0 <= part.at < len(later) and parts[part.at] is None \
@@ -172,8 +146,10 @@ def _shared(place, later: list, stack, root: frozenset, parts: list) -> None:
         shm.close()
 
 
-def _child(place, later: list, stack, root: frozenset, w: int, parent: int, head, tail) -> None:
+def _child(place, later: list, stack, root: frozenset, w: int, parent: int, shm) -> None:
     procs.detach(w, parent, b"lnkmem-listing")
+    head = ctypes.c_int64.from_buffer(shm, 0)
+    tail = ctypes.c_int64.from_buffer(shm, 8)
     done = []
     for i in range(len(later)):
         head.value = i + 1  # taken; then: had the parent taken it first?
@@ -185,26 +161,5 @@ def _child(place, later: list, stack, root: frozenset, w: int, parent: int, head
     # sent at the end: the parent reads once it has walked its own (a pipe holds 64 KiB, a
     # folder's entries are megabytes: sent as walked, the child would wait on the parent)
     for part in done:
-        _write(w, _enc.encode(part))
-    _write(w, _enc.encode(_Part(-1)))
-
-
-def _write(w: int, body: bytes) -> None:
-    view = memoryview(_HEAD.pack(len(body)) + body)
-    while view:
-        view = view[os.write(w, view):]
-
-
-def _read(pipe) -> Optional[_Part]:
-    """The child's next part; None at the pipe's end or when it is not one."""
-    head = pipe.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        return None
-    n = _HEAD.unpack(head)[0]
-    body = pipe.read(n)
-    if len(body) < n:
-        return None
-    try:
-        return _dec.decode(body)
-    except msgspec.DecodeError:
-        return None
+        procs.write_framed(w, _enc.encode(part))
+    procs.write_framed(w, _enc.encode(_Part(-1)))

@@ -38,7 +38,6 @@ import os
 import queue
 import select
 import signal
-import struct
 import threading
 import time
 from typing import Callable, Mapping, Optional
@@ -54,7 +53,6 @@ from lnkmem.procs import cores as _cores  # (a name of this module's: tests set 
 # files; below it (one changed file, a few) everything stays in the thread
 WORKER_BYTES = 1 << 20
 WORKER_FILES = 200
-_HEAD = struct.Struct("<Q")
 PROGRESS, BATCH, ERROR, END = 0, 1, 2, 3
 
 
@@ -218,30 +216,10 @@ def start(items: list, places: Mapping[str, object], tmpdir: str,
           zdict: Optional[bytes] = None) -> Optional[Worker]:
     """Fork the worker for ``items``, packing passages with the index's dictionary
     ``zdict`` (None: without one); None when it cannot (all is then done here)."""
-    try:
-        shm = mmap.mmap(-1, 16)  # shared with the child: head, tail
-        r, w = os.pipe()
-    except OSError:
+    got = procs.fork_sharing(lambda w, parent, shm: _child(w, parent, items, places, tmpdir, shm, zdict), len(items))
+    if got is None:
         return None
-    ctypes.c_int64.from_buffer(shm, 8).value = len(items)
-    parent = os.getpid()
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(r)
-        os.close(w)
-        return None
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.close(r)
-            _child(w, parent, items, places, tmpdir, shm, zdict)
-            code = 0
-        except BaseException:
-            pass
-        finally:
-            os._exit(code)
-    os.close(w)
+    pid, r, shm = got
     return Worker(pid, r, items, shm, zdict)
 
 
@@ -252,37 +230,7 @@ def _detach(w: int, parent: int) -> None:
     procs.detach(w, parent, b"lnkmem-worker")
 
 
-def read_msg(pipe, decoder):
-    """The next message :func:`_write` framed on an unbuffered pipe, decoded; None at
-    its end or when it is not one ``decoder`` reads."""
-    head = _read_exact(pipe, _HEAD.size)
-    body = _read_exact(pipe, _HEAD.unpack(head)[0]) if head is not None else None
-    if body is None:
-        return None
-    try:
-        return decoder.decode(body)
-    except msgspec.DecodeError:
-        return None
-
-
-def _read_exact(pipe, n: int) -> Optional[bytearray]:
-    """Exactly ``n`` bytes from an unbuffered pipe (what poll says is all there is);
-    None at its end."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = pipe.readinto(view[got:])
-        if not k:
-            return None
-        got += k
-    return buf
-
-
-def _write(w: int, body: bytes) -> None:
-    view = memoryview(_HEAD.pack(len(body)) + body)
-    while view:
-        view = view[os.write(w, view):]
+read_msg = procs.read_msg  # (the merge helper's steps are read with it too)
 
 
 class _Sender:
@@ -305,7 +253,7 @@ class _Sender:
             if body is None:
                 return
             try:
-                _write(self.w, body)
+                procs.write_framed(self.w, body)
             except BaseException as e:  # the parent gone or done with it: the child stops
                 self.failed = e
                 return

@@ -759,6 +759,7 @@ class Decoded:
         self.lists: OrderedDict = OrderedDict()
         self.size = 0
         self.asked: dict[bytes, int] = {}  # lookups of each key lately (bounded by the halvings)
+        self.maxtf: dict[bytes, int] = {}  # of kept lists, their largest tf once asked (:meth:`max_tf`)
         self._lookups = 0
         self.lock = threading.Lock()
 
@@ -783,6 +784,17 @@ class Decoded:
         got = self.get(key)
         return got if got is not None else self.put(key, unpack(v))
 
+    def max_tf(self, key: bytes, pair: tuple[np.ndarray, np.ndarray]) -> int:
+        """The largest tf of ``pair`` (the list under ``key``), kept while the list is: a
+        search's bound reads it for every long list of its words (~5 us a list of 10k)."""
+        m = self.maxtf.get(key)
+        if m is None:
+            m = int(pair[1].max()) if len(pair[1]) else 0
+            with self.lock:
+                if self.lists.get(key) is pair:
+                    self.maxtf[key] = m
+        return m
+
     def put(self, key: bytes, pair: tuple[np.ndarray, np.ndarray]):
         """Keep ``pair`` (if it is let in); returns it, read-only, either way."""
         if not self.CACHE_BYTES:
@@ -804,6 +816,7 @@ class Decoded:
                 room += self._bytes(self.lists[old])
             for old in out:
                 self.size -= self._bytes(self.lists.pop(old))
+                self.maxtf.pop(old, None)
             self.lists[key] = pair
             self.size += n
         return pair

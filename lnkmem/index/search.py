@@ -632,7 +632,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
                     # every posting live (the header's count), or so few dead that they are
                     # counted by looking them up, left in, and dropped from the candidates
                     if got is not None:
-                        mt = int(got[1].max()) if n else 0
+                        mt = store.decoded.max_tf(key, got) if n else 0
                     if dp is not None:
                         gone = held.get(key)
                         if gone is None:

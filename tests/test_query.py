@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import Home, Server, run_cli
 
@@ -520,3 +522,37 @@ def test_a_date_filter_judges_every_file_not_only_the_best(tmp_path):
     pairs, _ = words(store, "walrus", 10, before=parse_when("2024-01-01", "before"))
     assert len(pairs) == 10 and "home/zz-new.md" not in [p.ref for p in store.passages_of(x for x, _ in pairs)]
     store.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_top_k_is_the_best_by_score_then_ref_then_place(data):
+    """top() answers what sorting every candidate by (score desc, ref with none last,
+    pid) answers, whatever the ties: few or many candidates, ties at the last place
+    and inside the top, passages with no ref."""
+    import numpy as np
+
+    from lnkmem.index.refs import Refs
+    from lnkmem.index.search import top
+    from lnkmem.index.store import Snapshot
+    refs = ["home/c.md", "home/a.md", "chats/b.jsonl", "home/a.md2"]
+    n = data.draw(st.integers(1, 3000))
+    size = n + data.draw(st.integers(1, 50))
+    refid = np.array(data.draw(st.lists(st.integers(-1, len(refs) - 1), min_size=size + 1, max_size=size + 1)),
+                     np.int32)
+    snap = Snapshot(1, np.ones(size + 1, np.float32), np.ones(size + 1, bool), np.zeros(size + 1, np.uint8),
+                    refid, Refs.of(refs), size, float(size))
+    cand = np.array(sorted(data.draw(st.sets(st.integers(1, size), min_size=n, max_size=n))), np.int64)
+    cand = cand[np.random.default_rng(data.draw(st.integers(0, 99))).permutation(len(cand))]
+    levels = data.draw(st.lists(st.sampled_from([0.5, 1.25, 2.0, 3.5, 7.0]), min_size=1, max_size=5))
+    sc = np.array([levels[i % len(levels)] for i in range(len(cand))], np.float32)
+    want = data.draw(st.integers(1, 40))
+
+    def key(i):
+        r = int(refid[cand[i]])
+        return (-float(sc[i]), (False, refs[r]) if r >= 0 else (True, ""), int(cand[i]))
+
+    best = sorted(range(len(cand)), key=key)[:want]
+    got, scores = top(snap, cand, sc, want)
+    assert got.tolist() == cand[best].tolist()
+    assert scores.tolist() == sc[best].tolist()

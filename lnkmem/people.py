@@ -380,6 +380,7 @@ def cmd_index(args) -> int:
     old = signal.getsignal(signal.SIGINT)
     try:
         memory = _open_memory(cfg)
+        memory.store.leave_merged = True  # its close compacts: merged segments' postings dropped there
         run = Run(memory, bar, listing=lambda: warm.stop(walk))
         signal.signal(signal.SIGINT, run.on_sigint)
         try:

@@ -212,10 +212,10 @@ class LocalPlace:
         stack = self.ignore.stack_to(rel0) if self.ignore else None
         if self.ignore and stack is None:
             return out
-        seen: set[tuple[int, int]] = set()
         if share:
             from lnkmem.bridges import shared_walk
             return shared_walk.walk(self, rel0, stack)
+        seen: set[tuple[int, int]] = set()
         self._walk(rel0, out, seen, stack)
         return out
 

@@ -34,7 +34,6 @@ from lnkmem import procs
 from lnkmem.bridges.place import Entry
 
 
-
 class _Part(msgspec.Struct, array_like=True):
     at: int  # which folder (-1: the child is done)
     paths: list[str] = []  # its entries, a column a field (decoded 3x faster than a list of Entry)

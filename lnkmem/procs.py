@@ -49,15 +49,23 @@ except (OSError, AttributeError):
     _prctl = None
 
 
-def detach(w: int, parent: int, name: bytes) -> None:
-    """A forked child's ties: dies with the thread that forked it, deaf to Ctrl-C and
-    SIGTERM, no garbage collection (the parent's objects stay as they are), no descriptor
-    but ``w`` and the standard streams (on /dev/null); ``name`` as `ps` and `top` show it."""
+def tie_to_parent(name: Optional[bytes] = None) -> None:
+    """A helper process's ties: deaf to Ctrl-C, SIGTERM, SIGHUP and SIGQUIT (its parent
+    stops it), killed when the thread that started it ends (where prctl is; else a broken
+    pipe ends it, at its next message); ``name`` as `ps` and `top` show it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-    gc.disable()
-    if _prctl is not None:  # else a broken pipe ends it, at its next message
+    if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _prctl(_PR_SET_NAME, name, 0, 0, 0)
+        if name is not None:
+            _prctl(_PR_SET_NAME, name, 0, 0, 0)
+
+
+def detach(w: int, parent: int, name: bytes) -> None:
+    """A forked child's ties (:func:`tie_to_parent`), no garbage collection (the parent's
+    objects stay as they are), no descriptor but ``w`` and the standard streams (on
+    /dev/null)."""
+    tie_to_parent(name)
+    gc.disable()
     if os.getppid() != parent:  # the parent died before the request: nobody to work for
         os._exit(0)
     null = os.open(os.devnull, os.O_RDWR)

@@ -24,7 +24,6 @@ import contextlib
 import heapq
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -271,9 +270,7 @@ def main() -> None:
     w = os.dup(1)  # its steps; nothing else reaches the parent's pipe
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 1)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-    if procs._prctl is not None:  # dies with the thread that started it
-        procs._prctl(procs._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    procs.tie_to_parent()  # dies with the thread that started it
     out = worker._Sender(w)
     try:
         req = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Request)

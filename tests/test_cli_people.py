@@ -293,8 +293,8 @@ def test_index_bar_on_a_narrow_terminal_is_one_line_redrawn(home):
 
 
 def test_a_slow_refresh_before_search_shows_the_bar_on_stderr_then_the_answer(home):
-    _many_files(home, 1500, size=3000)  # a fresh state: refreshing takes a while (over 1 s, mostly)
-    t = Tty("search", *_flags(home), "w1499", "--json", cols=100, env={"LNKMEM_BAR_DELAY_S": "0.2"})
+    _many_files(home, 1500, size=3000)  # a fresh state: refreshing takes a while (0.2-1.5 s)
+    t = Tty("search", *_flags(home), "w1499", "--json", cols=100, env={"LNKMEM_BAR_DELAY_S": "0.05"})
     assert t.finish() == 0
     shown = _screen_lines(t.text)
     assert any(re.search(r"reading +\d+% \d+/1500 files · \d\d:\d\d · (\d\d:\d\d|\?) left · [\d.?]+ ?files/s", s)

@@ -134,9 +134,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     level = os.environ.get("LNKMEM_LOG", "WARNING").upper() or "WARNING"
     batch = os.environ.get("LNKMEM_BATCH_FILES", "4000")
     worker = os.environ.get("LNKMEM_WORKER", "")
+    ahead = os.environ.get("LNKMEM_READAHEAD", "")
     for bad, why in ((level not in ("DEBUG", "INFO", "WARNING", "ERROR"), "LNKMEM_LOG: expected debug, info, warning or error"),
                      (not (batch.isdigit() and int(batch) > 0), "LNKMEM_BATCH_FILES: expected a whole number above 0"),
-                     (worker not in ("", "0", "1"), "LNKMEM_WORKER: expected 0 (never) or 1 (always)")):
+                     (worker not in ("", "0", "1"), "LNKMEM_WORKER: expected 0 (never) or 1 (always)"),
+                     (ahead not in ("", "0", "1"), "LNKMEM_READAHEAD: expected 0 (off) or 1 (on)")):
         if bad:  # read at import time by the modules that use them: checked here, once
             print(f"{PROG}: {why}", file=sys.stderr)
             return 2

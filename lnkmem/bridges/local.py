@@ -186,6 +186,38 @@ class LocalPlace:
             raise
         return fd, where
 
+    def open_root(self) -> Optional[int]:
+        """A descriptor of the root, for :meth:`advise` (the caller closes it); None when it
+        cannot be opened or files cannot be opened beneath it (no openat2)."""
+        if not _has_openat2 or not hasattr(os, "posix_fadvise"):
+            return None
+        try:
+            return os.open(self.real, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+
+    def advise(self, root: int, path: str) -> bool:
+        """Have the kernel read the regular file ``path`` into memory now, in the
+        background, ahead of its own read (``posix_fadvise`` WILLNEED): a build's thread
+        asks it for the files it is about to read. Opened only beneath the root
+        (``root``: :meth:`open_root`; openat2, never by name alone), non-blocking, read
+        nothing of; False when it was not (no openat2, not there, not a regular file)."""
+        try:
+            fd = _openat2(root, path, READ_FLAGS)
+        except OSError:
+            return False
+        if fd is None:
+            return False
+        try:
+            if not st.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     def _fstat(self, rel: str) -> os.stat_result:
         fd = self._open(rel, META_FLAGS)
         try:

@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
-from lnkmem.index import analyze, chats, documents, worker
+from lnkmem.index import analyze, chats, documents, readahead, worker
 from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
 
@@ -339,6 +339,7 @@ class _Build:
         self.vocab = _Vocab()
         self.last_report = 0.0
         self.inexact = 0  # files not indexed as listed (unreadable, gone, or changed since)
+        self.at = 0  # the entry :meth:`run` is at
 
     def report(self, force: bool = False) -> None:
         if self.progress and (force or time.monotonic() - self.last_report > 0.1):
@@ -366,7 +367,8 @@ class _Build:
 
     def run(self, items, places, tmpdir: str, should_stop: Callable[[], bool]) -> bool:
         """Index ``items`` here; False when stopped."""
-        for source, entry in items:
+        for i, (source, entry) in enumerate(items):
+            self.at = i
             if should_stop():
                 return False
             self.add(source, entry, places, tmpdir)
@@ -417,11 +419,21 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
         w = worker.start(far, places, tmpdir, zdict)
         if w is not None:
             todo = [x for x in todo if not worker.forkable(places[x[0]])]
+    # a large plan's local files asked of the kernel ahead of their reads (a tree the page
+    # cache does not hold: the reads would wait on the disk one file at a time)
+    ahead = None
+    if readahead.enabled():
+        if w is not None:  # the worker reads from the first of its entries on, this thread from the last on
+            ahead = readahead.Readahead(w.items, places, lambda: w.front).start()
+        elif len(todo) >= worker.WORKER_FILES:  # this thread alone, from the first on
+            ahead = readahead.Readahead(todo, places, lambda: (b.at, len(todo))).start()
     try:
         whole = b.run(todo, places, tmpdir, should_stop)
         if whole and w is not None:
             whole = w.share_with(b, places, tmpdir, should_stop)
     finally:
+        if ahead is not None:
+            ahead.stop()
         if w is not None:
             w.close()
     b.commit()

@@ -124,6 +124,7 @@ class Worker:
         self.tail = ctypes.c_int64.from_buffer(shm, 8)
         self.taken = 0  # entries 0..taken-1 are the child's, committed
         self.exited = False
+        self.front = (0, len(items))  # (the next entry the child reads, the one past this thread's next): readahead
 
     def _recv(self) -> Optional[_Msg]:
         return read_msg(self.pipe, _dec)
@@ -154,9 +155,11 @@ class Worker:
 
         while True:
             if should_stop():
+                self.front = (n, n)
                 report(self.taken)
                 return False
             low = self.head.value if running else self.taken
+            self.front = (low, tail)
             claim = tail > low and (not meet or not running)
             if running:
                 if poll.poll(0 if claim else 100):
@@ -192,6 +195,7 @@ class Worker:
             b.add(*self.items[j], places, tmpdir)
             tail = j
             report(seen if running else self.taken)
+        self.front = (n, n)
         b.done = base + n
         return True
 

@@ -1,0 +1,123 @@
+"""A build's readahead (lnkmem/index/readahead.py): the files about to be read are asked of
+the kernel ahead of their reads, only beneath their place's root, never a FIFO or a link
+leaving it; the thread keeps within its distance of where the build reads and ends
+when the build's fronts meet; a build with it indexes exactly what one without it does."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from lnkmem.bridges.local import LocalPlace  # noqa: E402
+from lnkmem.index import readahead  # noqa: E402
+
+from tests.helpers import run_cli  # noqa: E402
+
+needs_openat2 = pytest.mark.skipif(LocalPlace(".").open_root() is None, reason="no openat2 here: nothing is advised")
+
+
+@needs_openat2
+def test_advise_opens_only_regular_files_beneath_the_root(tmp_path):
+    root = tmp_path / "home"
+    (root / "notes").mkdir(parents=True)
+    (root / "notes" / "a.md").write_text("inside\n")
+    (tmp_path / "secret.md").write_text("outside\n")
+    os.symlink("notes/a.md", root / "inner-link.md")  # stays inside: followed
+    os.symlink(str(tmp_path / "secret.md"), root / "outer-link.md")  # leaves the root
+    os.symlink("../secret.md", root / "dotdot.md")
+    os.mkfifo(root / "pipe.md")  # opening it must neither block nor count
+    place = LocalPlace(str(root))
+    fd = place.open_root()
+    try:
+        t = time.monotonic()
+        got = {p: place.advise(fd, p) for p in ("notes/a.md", "inner-link.md", "outer-link.md",
+                                                  "dotdot.md", "pipe.md", "gone.md", "notes")}
+        assert time.monotonic() - t < 5
+    finally:
+        os.close(fd)
+    assert got == {"notes/a.md": True, "inner-link.md": True, "outer-link.md": False,
+                   "dotdot.md": False, "pipe.md": False, "gone.md": False, "notes": False}
+
+
+class _Entry:
+    def __init__(self, path: str, size: int):
+        self.path, self.size = path, size
+
+
+@needs_openat2
+def test_readahead_keeps_ahead_of_both_fronts_and_ends_when_they_meet(tmp_path, monkeypatch):
+    n = 400
+    for i in range(n):
+        (tmp_path / f"f{i:03}.md").write_text(f"file {i}\n")
+    place = LocalPlace(str(tmp_path))
+    asked: list[str] = []
+    real = place.advise
+
+    def advise(root, path):  # (the place's own, noted)
+        asked.append(path)
+        return real(root, path)
+
+    monkeypatch.setattr(place, "advise", advise)
+    items = [("home", _Entry(f"f{i:03}.md", 8)) for i in range(n)]
+    front = [0, n]
+    ra = readahead.Readahead(items, {"home": place}, lambda: tuple(front)).start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(asked) < 2 * readahead.AHEAD_FILES and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        # at rest: the first and the last AHEAD_FILES, nothing further in
+        idx = sorted(int(p[1:4]) for p in asked)
+        assert idx == list(range(readahead.AHEAD_FILES)) + list(range(n - readahead.AHEAD_FILES, n))
+        front[:] = [100, 300]  # both fronts moved on: the files ahead of them now
+        deadline = time.monotonic() + 10
+        while len(asked) < 4 * readahead.AHEAD_FILES and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        idx = sorted(int(p[1:4]) for p in asked)
+        assert len(idx) == len(set(idx)) == 4 * readahead.AHEAD_FILES  # each file asked once
+        assert set(range(100, 100 + readahead.AHEAD_FILES)) <= set(idx)
+        assert set(range(300 - readahead.AHEAD_FILES, 300)) <= set(idx)
+        front[:] = [200, 200]  # met: the thread ends by itself
+        ra.thread.join(5)
+        assert not ra.thread.is_alive()
+        assert ra.advised == len(asked)
+    finally:
+        ra.stop()
+
+
+def _index(home: Path, agent: Path, state: Path, ahead: str) -> bytes:
+    env = {"LNKMEM_READAHEAD": ahead, "LNKMEM_WORKER": "1"}
+    r = run_cli("index", str(home), str(state), str(agent), env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("search", str(home), str(state), "--agent", str(agent), "--json", "harbour lantern", env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_a_build_with_readahead_indexes_what_one_without_does(tmp_path):
+    home, agent = tmp_path / "home", tmp_path / "agent"
+    (agent / "chats").mkdir(parents=True)
+    (agent / "memory").mkdir()
+    for i in range(300):
+        d = home / f"d{i % 7}"
+        d.mkdir(parents=True, exist_ok=True)
+        words = "harbour lantern" if i % 37 == 0 else "quiet field"
+        (d / f"n{i}.md").write_text(f"# note {i}\n\nA {words} note, number {i}, about tide {i % 11}.\n")
+    on = _index(home, agent, tmp_path / "s1", "1")
+    off = _index(home, agent, tmp_path / "s0", "0")
+    assert b"harbour" in on and on == off
+
+
+def test_a_bad_readahead_knob_is_one_line_and_exit_2(tmp_path):
+    r = run_cli("index", str(tmp_path), str(tmp_path / "state"), env={"LNKMEM_READAHEAD": "yes"})
+    assert r.returncode == 2
+    err = r.stderr.decode()
+    assert err.strip().count("\n") == 0 and "LNKMEM_READAHEAD" in err

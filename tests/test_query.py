@@ -464,6 +464,25 @@ def test_query_parser_and_ranker_take_any_text(tmp_path):
     store.close()
 
 
+_PLAIN_WORDS = st.sampled_from(["fox", "Quick", "the", "and", "running", "runs", "Straße", "naïve", "東京",
+                                 "x" * 70, "ΣΊΣΥΦΟΣ", "café", "42", ",", "!", "(a)", "zz"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.one_of(_PLAIN_WORDS, st.text(alphabet=st.characters(blacklist_characters='"*-_./@:+#~'),
+                                                max_size=6)), max_size=40),
+       st.sampled_from([" ", "  ", "\t", "\n", "\u3000"]))
+def test_a_query_of_plain_words_parses_as_the_full_parser_parses_it(words, sep):
+    """The parser's shortcut for plain words (no quote, star or connector) gives the very
+    query the full parser gives: the same terms, weights, order and meaning text."""
+    from lnkmem.index import query as qlang
+    text = sep.join(words)
+    assert qlang._SYNTAX.search(text) is None
+    for t in (text, " ".join(f"w{i}" for i in range(300)) + " " + text):  # (past MAX_TERMS distinct terms)
+        fast, full = qlang.parse(t), qlang._parse(t)
+        assert fast == full and list(fast.weights.items()) == list(full.weights.items())
+
+
 def test_only_the_first_256_distinct_terms_are_used(syntax_server):
     junk = " ".join(f"zz{i}" for i in range(300))
     assert _refs(syntax_server, "fox " + junk) != []

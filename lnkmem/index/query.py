@@ -83,7 +83,31 @@ def _terms_of(text: str) -> list[tuple[str, float]]:
     return out
 
 
+# what makes a query more than plain words: a phrase, an exclusion, a prefix, an identifier
+_SYNTAX = re.compile('["*' + re.escape(analyze.CONNECTORS) + ']')
+
+
 def parse(text: str) -> Query:
+    if _SYNTAX.search(text) is None:
+        return _plain(text)
+    return _parse(text)
+
+
+def _plain(text: str) -> Query:
+    """:func:`_parse` of a query of plain words (no quote, star or connector): each word's
+    term ranked, a repeat weighing more, at most MAX_TERMS of them."""
+    q = Query(meaning_text=text)
+    w = q.weights
+    for t in map(analyze.term_of, analyze.words(text)):
+        if t:
+            if t in w:
+                w[t] += 1.0
+            elif len(w) < MAX_TERMS:
+                w[t] = 1.0
+    return q
+
+
+def _parse(text: str) -> Query:
     q = Query()
     budget = _Budget()
 

@@ -4,10 +4,12 @@ int8 search, on real MiniLM vectors (issue 12).
 Run: ``.venv/bin/python bench/bench_ann.py [--cache DIR] [--sizes 10000,50000,all] [--record]``
 
 Vectors: all-MiniLM-L6-v2 embeddings of real text (BEIR SciFact titles, sentences and
-two-sentence windows; LoCoMo messages and summaries), made beforehand by
-``bench/ann_embed.py`` into ``--cache`` as ``c-NNNN.npy`` (1,024 rows each) and the 1,109 SciFact
-queries as ``q-0000.npy``; nothing is embedded here and nothing is shipped. Every size is a
-seeded sample of the rows there, quantised as the engine stores them (``quantize_rows``).
+two-sentence windows; LoCoMo messages and summaries; sentences of Python docstrings), made
+beforehand by ``bench/ann_embed.py`` into ``--cache`` as ``c-NNNN.npy`` (1,024 rows each), the
+1,109 SciFact queries as ``q-0000.npy`` and LoCoMo's questions as ``q-0001.npy``; nothing is
+embedded here and nothing is shipped. Every size is a seeded sample of the rows there,
+quantised as the engine stores them (``quantize_rows``); the queries a seeded mix of
+SciFact's, LoCoMo's and docstring sentences held out of the rows.
 
 For each size and library: build time (one thread, all but the last 1,000 rows), the
 incremental add of the last 1,000, memory (the saved file's size, and the process's
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import sys
 import tempfile
@@ -57,14 +60,32 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def load(cache: str):
+def load(cache: str, rng) -> tuple[np.ndarray, np.ndarray, str]:
+    """The rows, the queries and what they are: QUERIES a mix, seeded, of SciFact's queries,
+    LoCoMo's questions and (a cache holding docstrings) sentences of docstrings held out of
+    the rows; the first SciFact queries alone from a cache of only those."""
     parts = sorted(glob.glob(os.path.join(cache, "c-*.npy")))
     if not parts:
         raise SystemExit(f"bench_ann: no vectors in {cache} (c-NNNN.npy)")
     vecs = np.concatenate([np.load(p) for p in parts])
     vecs = vecs[np.linalg.norm(vecs, axis=1) > 0.5]
-    qs = np.load(os.path.join(cache, "q-0000.npy"))
-    return vecs, qs
+    sets = [np.load(p) for p in sorted(glob.glob(os.path.join(cache, "q-*.npy")))]
+    if len(sets) < 2:
+        return vecs, sets[0][:QUERIES], f"{QUERIES} SciFact queries"
+    kinds = ["SciFact queries", "LoCoMo questions"]
+    try:
+        with open(os.path.join(cache, "sources.json")) as f:
+            data = json.load(f)["data"]  # rows before the docstrings' (ann_embed.py)
+    except (OSError, ValueError, KeyError):
+        data = len(vecs)
+    if len(vecs) - data >= QUERIES:
+        out = rng.choice(np.arange(data, len(vecs)), QUERIES // 3, replace=False)
+        sets.append(vecs[out])
+        vecs = np.delete(vecs, out, axis=0)
+        kinds.append("docstring sentences held out of the rows")
+    each = QUERIES // len(sets)
+    qs = np.concatenate([q[rng.choice(len(q), each, replace=False)] for q in sets])
+    return vecs, qs, ", ".join(f"{each} {k}" for k in kinds)
 
 
 def held_of(q8: np.ndarray, sc: np.ndarray) -> tuple:
@@ -215,10 +236,14 @@ def exact_scaling(vecs: np.ndarray, qs: np.ndarray, sizes: list[int]) -> list[tu
     return out
 
 
-def table(rows: list[dict], scaling, nvec: int) -> str:
-    lines = [f"Real vectors: {nvec:,} all-MiniLM-L6-v2 embeddings (384 dimensions) of SciFact and LoCoMo text; "
-             f"{QUERIES} SciFact queries. One thread everywhere; M {M}, ef_construction {EF_ADD}, "
-             f"ef_search max({EF_SEARCH}, 2k).", "",
+def table(rows: list[dict], scaling, nvec: int, what: str) -> str:
+    from lnkmem.index import ann as annmod
+    source = "SciFact and LoCoMo text" + (", and sentences of Python docstrings (`bench/ann_embed.py`)"
+                                          if "docstring" in what else "")
+    lines = [f"Real vectors: {nvec:,} all-MiniLM-L6-v2 embeddings (384 dimensions) of {source}; "
+             f"queries: {what}. One thread everywhere; M {M}, ef_construction {EF_ADD}; ef_search: for "
+             f"usearch the engine's, max(neighbours asked, {annmod.EXPANSION_SEARCH}), for the others "
+             f"max({EF_SEARCH}, 2k).", "",
              "| rows | library | build (s, 1 thread) | add, ms a vector | file MiB | RSS growth MiB "
              "| recall@10 (k 10) | p50 / p99 ms (k 10) | recall@10 / @100 (k 100) | p50 / p99 ms (k 100) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -240,7 +265,6 @@ def table(rows: list[dict], scaling, nvec: int) -> str:
     lines += ["", "Exact int8 search, k 100, by rows (rows past the real ones repeat them: the time depends "
               "on the count only), wall p50 / p99 and CPU p50 ms of 100 queries: "
               + "; ".join(f"{n:,}: {a:.1f} / {b:.1f}, CPU {c:.1f}" for n, a, b, c in scaling) + "."]
-    from lnkmem.index import ann as annmod
     at = next((i for i, (_, a, _, _) in enumerate(scaling) if a >= TARGET_MS), None)
     if at:  # interpolated between the sizes either side (the time is linear in the rows)
         (n0, a0, _, _), (n1, a1, _, _) = scaling[at - 1], scaling[at]
@@ -258,10 +282,11 @@ NOTES = ("Choice: usearch. It stores the int8 rows as the engine holds them (no 
          "by key (the engine reuses passage ids: faiss's HNSW indexes, IDMap too, refuse `remove_ids`; hnswlib "
          "only marks deleted), saves one file that the engine vouches for by digest before loading, and ships "
          "cp311 wheels for Linux x86-64 and arm64 and macOS arm64 (2.3 MB; usearch 2.26.6, released 2026-10). "
-         "faiss-cpu 1.15.1 answers and adds a little faster (p50 0.2-0.4 ms against usearch's 0.2-0.6 ms in the recorded run), but a 19 MB wheel and "
+         "faiss-cpu 1.15.1 answered and added a little faster there (p50 0.2-0.4 ms against usearch's 0.2-0.6 ms), but a 19 MB wheel and "
          "no removal; hnswlib 0.8.0 has had no release since 2023-12 and no wheels (built from source at install). "
-         "Every library here is within recall@10 0.99 of exact on these vectors; the engine re-scores usearch's "
-         "neighbours exactly, so its scores are the exact ones.")
+         "In the run of 2026-12-03 (up to 50,000 rows of SciFact and LoCoMo, SciFact queries) every library was "
+         "within recall@10 0.99 of exact; the engine re-scores usearch's neighbours exactly, so its scores are "
+         "the exact ones.")
 
 
 def main(argv=None) -> int:
@@ -271,22 +296,25 @@ def main(argv=None) -> int:
     ap.add_argument("--libs", default="usearch,faiss,hnswlib")
     ap.add_argument("--scaling", default="100000,200000,400000")
     ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
+    ap.add_argument("--ef", type=int, help="the engine's search breadth (ann.EXPANSION_SEARCH) for this run: a trial")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    vecs, qs = load(a.cache)
-    qs = qs[:QUERIES]
-    log(f"{len(vecs):,} vectors, {len(qs)} queries")
+    if a.ef:
+        from lnkmem.index import ann as annmod
+        annmod.EXPANSION_SEARCH = a.ef
+    rng = np.random.default_rng(12)
+    vecs, qs, what = load(a.cache, rng)
+    log(f"{len(vecs):,} vectors, {len(qs)} queries ({what})")
     sizes = sorted({len(vecs) if s == "all" else int(s) for s in a.sizes.split(",")} )
     sizes = [s for s in sizes if s <= len(vecs)]
-    rng = np.random.default_rng(12)
     rows = [bench_size(n, vecs, qs, a.libs.split(","), rng) for n in sizes]
     scaling = exact_scaling(vecs, qs, [int(s) for s in a.scaling.split(",") if s])
-    text = table(rows, scaling, len(vecs))
+    text = table(rows, scaling, len(vecs), what)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = common.machine(f"numpy {np.__version__}") + common.load_note()
     common.report("Approximate vector search", when, mach, text, {}, t0)
     if a.record:
-        cmd = ".venv/bin/python bench/bench_ann.py --record"
+        cmd = " ".join([".venv/bin/python bench/bench_ann.py"] + (sys.argv[1:] if argv is None else list(argv)))
         common.write_section(SECTION, ["### Approximate vector search (issue 12)", "",
                                        f"`{cmd}` — {when}, on {mach}.", "", text])
         log(f"recorded in {common.DOC}")

@@ -93,6 +93,31 @@ def test_readahead_keeps_ahead_of_both_fronts_and_ends_when_they_meet(tmp_path, 
         ra.stop()
 
 
+@needs_openat2
+def test_readahead_asks_for_at_most_its_bytes_ahead_and_never_a_large_file(tmp_path, monkeypatch):
+    n = 60
+    for i in range(n):
+        (tmp_path / f"f{i:03}.md").write_text(f"file {i}\n")
+    place = LocalPlace(str(tmp_path))
+    asked: list[str] = []
+    real = place.advise
+    monkeypatch.setattr(place, "advise", lambda root, path: asked.append(path) or real(root, path))
+    mib = 1 << 20
+    # as listed: 3 MiB each, but every fourth past the large-file bound
+    items = [("home", _Entry(f"f{i:03}.md", readahead.LARGE + 1 if i % 4 == 3 else 3 * mib)) for i in range(n)]
+    front = [0, n]
+    ra = readahead.Readahead(items, {"home": place}, lambda: tuple(front)).start()
+    try:
+        time.sleep(0.3)
+        got = sorted(int(p[1:4]) for p in asked)
+        # up from 0: 0, 1, 2 (9 MiB), 3 large (not asked, counts nothing), 4, 5 (15 MiB); 6 would pass 16 MiB
+        assert got[:5] == [0, 1, 2, 4, 5] and all(i % 4 != 3 for i in got), got
+        assert len([i for i in got if i >= 30]) == 5  # the same down from the last
+        front[:] = [n, n]
+    finally:
+        ra.stop()
+
+
 def _index(home: Path, agent: Path, state: Path, ahead: str) -> bytes:
     env = {"LNKMEM_READAHEAD": ahead, "LNKMEM_WORKER": "1"}
     r = run_cli("index", str(home), str(state), str(agent), env=env, timeout=120)

@@ -17,13 +17,16 @@ first) costs the page cache a few pages, nothing else.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from typing import Callable, Mapping, Optional
 
-# how far ahead of each front: files, and bytes of them (a large file's own read is
-# read ahead by the kernel as it goes)
+# how far ahead of each front: files, and bytes of them (the page cache a build asks for
+# ahead is at most twice this); a large file is not advised (its own read is read ahead by
+# the kernel as it goes)
 AHEAD_FILES = 64
+AHEAD_BYTES = 16 << 20
 LARGE = 4 << 20
 
 
@@ -41,6 +44,7 @@ class Readahead:
         self.roots: dict[str, Optional[int]] = {}
         self.done = threading.Event()
         self.advised = 0
+        self.sizes: list[int] = []
         self.thread: Optional[threading.Thread] = None
 
     def start(self) -> "Readahead":
@@ -63,7 +67,7 @@ class Readahead:
 
     def _advise(self, i: int) -> None:
         source, entry = self.items[i]
-        if entry.size is not None and entry.size > LARGE:
+        if not 0 < self.sizes[i]:
             return
         root = self._root(source)
         if root is not None and self.places[source].advise(root, entry.path):
@@ -71,6 +75,9 @@ class Readahead:
 
     def _run(self) -> None:
         try:
+            # bytes each entry would ask of the page cache (0: not advised), and their running sum
+            self.sizes = [0 if e.size is not None and e.size > LARGE else max(e.size or 0, 1) for _, e in self.items]
+            cum = [0, *itertools.accumulate(self.sizes)]
             up, down = self.fronts()  # advised so far: [first lo, up) and [down, first hi)
             while not self.done.is_set():
                 lo, hi = self.fronts()
@@ -78,11 +85,12 @@ class Readahead:
                     return
                 up, down = max(up, lo), min(down, hi)
                 moved = False
-                if up < min(lo + AHEAD_FILES, down):
+                # ahead of each front: at most AHEAD_FILES files and AHEAD_BYTES (always the next one)
+                if up < min(lo + AHEAD_FILES, down) and (up == lo or cum[up + 1] - cum[lo] <= AHEAD_BYTES):
                     self._advise(up)
                     up += 1
                     moved = True
-                if down > max(hi - AHEAD_FILES, up):
+                if down > max(hi - AHEAD_FILES, up) and (down == hi or cum[hi] - cum[down - 1] <= AHEAD_BYTES):
                     down -= 1
                     self._advise(down)
                     moved = True

@@ -426,7 +426,7 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
         if w is not None:  # the worker reads from the first of its entries on, this thread from the last on
             ahead = readahead.Readahead(w.items, places, lambda: w.front).start()
         elif len(todo) >= worker.WORKER_FILES:  # this thread alone, from the first on
-            ahead = readahead.Readahead(todo, places, lambda: (b.at, len(todo))).start()
+            ahead = readahead.Readahead(todo, places, lambda: (b.at, len(todo)), down=False).start()
     try:
         whole = b.run(todo, places, tmpdir, should_stop)
         if whole and w is not None:

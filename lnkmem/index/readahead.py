@@ -37,10 +37,12 @@ def enabled() -> bool:
 
 class Readahead:
     """A thread advising ``items`` ((source, entry) pairs) ahead of ``fronts()``: (lo, hi),
-    the next entry read going up (lo) and going down (hi - 1); nothing left when lo >= hi."""
+    the next entry read going up (lo) and going down (hi - 1); nothing left when lo >= hi.
+    ``down``: whether anything reads going down (else only ahead of lo is advised)."""
 
-    def __init__(self, items: list, places: Mapping[str, object], fronts: Callable[[], tuple[int, int]]):
-        self.items, self.places, self.fronts = items, places, fronts
+    def __init__(self, items: list, places: Mapping[str, object], fronts: Callable[[], tuple[int, int]],
+                 down: bool = True):
+        self.items, self.places, self.fronts, self.down = items, places, fronts, down
         self.roots: dict[str, Optional[int]] = {}
         self.done = threading.Event()
         self.advised = 0
@@ -90,7 +92,8 @@ class Readahead:
                     self._advise(up)
                     up += 1
                     moved = True
-                if down > max(hi - AHEAD_FILES, up) and (down == hi or cum[hi] - cum[down - 1] <= AHEAD_BYTES):
+                if self.down and down > max(hi - AHEAD_FILES, up) \
+                        and (down == hi or cum[hi] - cum[down - 1] <= AHEAD_BYTES):
                     down -= 1
                     self._advise(down)
                     moved = True

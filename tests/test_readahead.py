@@ -51,37 +51,39 @@ class _Entry:
         self.path, self.size = path, size
 
 
+def _noted_place(root: Path, n: int, monkeypatch) -> tuple[LocalPlace, list[str]]:
+    """A place of ``n`` small files whose advise (its own) notes each path asked for."""
+    for i in range(n):
+        (root / f"f{i:03}.md").write_text(f"file {i}\n")
+    place = LocalPlace(str(root))
+    asked: list[str] = []
+    real = place.advise
+    monkeypatch.setattr(place, "advise", lambda fd, path: asked.append(path) or real(fd, path))
+    return place, asked
+
+
+def _settle(asked: list[str], count: int) -> list[int]:
+    """The files asked for once ``count`` were (10 s at most) and the thread had 0.1 s more
+    to ask for any beyond, by number."""
+    deadline = time.monotonic() + 10
+    while len(asked) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    return sorted(int(p[1:4]) for p in asked)
+
+
 @needs_openat2
 def test_readahead_keeps_ahead_of_both_fronts_and_ends_when_they_meet(tmp_path, monkeypatch):
     n = 400
-    for i in range(n):
-        (tmp_path / f"f{i:03}.md").write_text(f"file {i}\n")
-    place = LocalPlace(str(tmp_path))
-    asked: list[str] = []
-    real = place.advise
-
-    def advise(root, path):  # (the place's own, noted)
-        asked.append(path)
-        return real(root, path)
-
-    monkeypatch.setattr(place, "advise", advise)
+    place, asked = _noted_place(tmp_path, n, monkeypatch)
     items = [("home", _Entry(f"f{i:03}.md", 8)) for i in range(n)]
     front = [0, n]
     ra = readahead.Readahead(items, {"home": place}, lambda: tuple(front)).start()
     try:
-        deadline = time.monotonic() + 10
-        while len(asked) < 2 * readahead.AHEAD_FILES and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)
-        # at rest: the first and the last AHEAD_FILES, nothing further in
-        idx = sorted(int(p[1:4]) for p in asked)
+        idx = _settle(asked, 2 * readahead.AHEAD_FILES)  # at rest: the first and the last AHEAD_FILES, nothing further in
         assert idx == list(range(readahead.AHEAD_FILES)) + list(range(n - readahead.AHEAD_FILES, n))
         front[:] = [100, 300]  # both fronts moved on: the files ahead of them now
-        deadline = time.monotonic() + 10
-        while len(asked) < 4 * readahead.AHEAD_FILES and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)
-        idx = sorted(int(p[1:4]) for p in asked)
+        idx = _settle(asked, 4 * readahead.AHEAD_FILES)
         assert len(idx) == len(set(idx)) == 4 * readahead.AHEAD_FILES  # each file asked once
         assert set(range(100, 100 + readahead.AHEAD_FILES)) <= set(idx)
         assert set(range(300 - readahead.AHEAD_FILES, 300)) <= set(idx)
@@ -96,24 +98,30 @@ def test_readahead_keeps_ahead_of_both_fronts_and_ends_when_they_meet(tmp_path, 
 @needs_openat2
 def test_readahead_asks_for_at_most_its_bytes_ahead_and_never_a_large_file(tmp_path, monkeypatch):
     n = 60
-    for i in range(n):
-        (tmp_path / f"f{i:03}.md").write_text(f"file {i}\n")
-    place = LocalPlace(str(tmp_path))
-    asked: list[str] = []
-    real = place.advise
-    monkeypatch.setattr(place, "advise", lambda root, path: asked.append(path) or real(root, path))
+    place, asked = _noted_place(tmp_path, n, monkeypatch)
     mib = 1 << 20
     # as listed: 3 MiB each, but every fourth past the large-file bound
     items = [("home", _Entry(f"f{i:03}.md", readahead.LARGE + 1 if i % 4 == 3 else 3 * mib)) for i in range(n)]
     front = [0, n]
     ra = readahead.Readahead(items, {"home": place}, lambda: tuple(front)).start()
     try:
-        time.sleep(0.3)
-        got = sorted(int(p[1:4]) for p in asked)
+        got = _settle(asked, 10)
         # up from 0: 0, 1, 2 (9 MiB), 3 large (not asked, counts nothing), 4, 5 (15 MiB); 6 would pass 16 MiB
         assert got[:5] == [0, 1, 2, 4, 5] and all(i % 4 != 3 for i in got), got
         assert len([i for i in got if i >= 30]) == 5  # the same down from the last
         front[:] = [n, n]
+    finally:
+        ra.stop()
+
+
+@needs_openat2
+def test_one_front_going_up_asks_for_nothing_at_the_far_end(tmp_path, monkeypatch):
+    n = 300
+    place, asked = _noted_place(tmp_path, n, monkeypatch)
+    items = [("home", _Entry(f"f{i:03}.md", 8)) for i in range(n)]
+    ra = readahead.Readahead(items, {"home": place}, lambda: (0, n), down=False).start()
+    try:
+        assert _settle(asked, readahead.AHEAD_FILES) == list(range(readahead.AHEAD_FILES))
     finally:
         ra.stop()
 

@@ -371,3 +371,43 @@ def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
     err = r.stderr.decode()
     assert r.returncode == 2 and err.count("\n") == 1 and "LNKMEM_WORKER" in err and "Traceback" not in err, err
     assert not (home.state / "index").exists()
+
+
+_NO_MASKED_ARRAYS = r"""
+import os, sys
+from lnkmem.bridges.local import LocalPlace
+from lnkmem.index import indexer, search
+from lnkmem.index.store import Store
+home, state = sys.argv[1], sys.argv[2]
+st = Store.open(state)
+places = {"home": LocalPlace(home)}
+indexer.build(st, places, indexer.plan(st, places), state + "-tmp")
+search.bm25(st, "river", 10)
+search.scores_of(st, "river", [1, 2, 3])
+for i in range(12):  # changes (a file's old passages dead) and the merges they call for
+    with open(os.path.join(home, f"f{i % 3}.md"), "a") as f:
+        f.write(f"\nriver bank number{i}\n")
+    indexer.build(st, places, indexer.plan(st, places, only=f"home/f{i % 3}.md"), state + "-tmp")
+    assert search.bm25(st, f"number{i}", 10)
+st.merge(sorted(st.segment_sizes()))
+st.close()
+print("numpy.ma" in sys.modules)
+"""
+
+
+def test_a_change_and_a_search_import_no_masked_arrays(tmp_path):
+    """numpy's masked arrays (imported by a plain ``np.unique``: 12-40 ms) never load on
+    the path of a search, a change or a merge: a serving engine's first change would
+    wait for them."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    for i in range(3):
+        (home / f"f{i}.md").write_text(f"# File {i}\n\nThe river and the bank, file {i}.\n")
+    (tmp_path / "state-tmp").mkdir()
+    p = subprocess.run([sys.executable, "-c", _NO_MASKED_ARRAYS, str(home), str(tmp_path / "state")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "False"

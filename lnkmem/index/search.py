@@ -981,7 +981,9 @@ def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1
     cap = len(snap.alive)
     ok = (pids >= 0) & (pids < cap)
     ok[ok] = snap.alive[pids[ok]]
-    want = np.unique(pids[ok])  # ascending, as lookup needs
+    want = np.sort(pids[ok])  # ascending, as lookup needs (not np.unique: it imports numpy.ma)
+    if len(want):
+        want = want[np.concatenate(([True], want[1:] != want[:-1]))]
     if not len(want) or snap.live == 0:
         return out
     acc = np.zeros(len(want), np.float32)

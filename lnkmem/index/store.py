@@ -1447,7 +1447,7 @@ class Store:
                 if killed:
                     alive = snap.alive.copy()
                     alive[killed] = False
-                    for s in np.unique(seg_of[killed]).tolist():
+                    for s in sorted(set(seg_of[killed].tolist())):  # (not np.unique: it imports numpy.ma)
                         members = np.flatnonzero(seg_of == s)
                         if s >= 0 and s not in self._merging and not alive[members].any():  # wholly dead: drop it now
                             self._drop_segment(txn, s, members)
@@ -1770,7 +1770,7 @@ class Store:
                 self._clean = frozenset()
                 if snap.seg_of is not None and snap.gen == int(txn.get(b"gen", db=self.meta)):
                     d = dead[dead < len(snap.seg_of)]
-                    self._clean = frozenset(segs) - set(np.unique(snap.seg_of[d]).tolist())
+                    self._clean = frozenset(segs) - set(snap.seg_of[d].tolist())
                 self._merging = frozenset(segs)  # a commit no longer drops them when wholly dead
                 return new
 

@@ -23,7 +23,8 @@ under ``--out``, then reused):
   those changes and their undoing: a row of its own) and then the one-file
   updates (a file of the Home gets a new word; timed from the write until
   ``bm25`` finds it, through ``indexer.plan``/``build`` as the engine's watcher
-  path does); the files are put back as they were afterwards.
+  path does, merges on the store's merger thread as in ``serve``); the files
+  are put back as they were afterwards.
 - FTS5 and tantivy: the passages our index made (read out of it), streamed
   from a JSONL file: one process builds (build time, VmHWM), one opens the
   index, times the same queries and then the same updates (the changed file's
@@ -236,6 +237,7 @@ def w_ours(a: dict) -> None:
         with open(os.path.join(a["home"], path), encoding="utf-8", errors="replace") as f:
             analyze.term_counts(f.read())
     upd, saved = [], {}
+    st.start_merger()  # as `serve` does: a merge a change calls for runs beside it, never in its way
     try:
         for path, word in a["updates"]:
             upd.append(one_update(st, places, a["home"], a["tmp"], path, word, saved))
@@ -243,6 +245,7 @@ def w_ours(a: dict) -> None:
         for full, data in saved.items():
             with open(full, "wb") as f:
                 f.write(data)
+        st.stop_merger()
     st.close()
     answer({"open_s": open_s, "passes": passes, "updates": upd, "tops": tops})
 
@@ -972,8 +975,9 @@ NOTE = ("Each engine runs in its own subprocess, one at a time: ours' build is `
         "the passages ours made, streamed from JSONL (no reading or cutting of files). Peak RSS is each process's "
         "VmHWM (ours' build: the largest of its process and its worker's, sampled every 20 ms; not ru_maxrss, "
         "which after vfork + exec starts at the bench process's own peak). A one-file update: ours appends a sentence with a new word to a Home file and times, in one "
-        "process, from the write through `indexer.plan`/`build` (a new segment, the snapshot, any merge) until "
-        "`bm25` finds it; the references delete that file's passages and add the passages ours made of it, "
+        "process, from the write through `indexer.plan`/`build` (a new segment, the snapshot) until "
+        "`bm25` finds it, the store's merger thread running as in `serve` (a merge the changes call for runs "
+        "beside them); the references delete that file's passages and add the passages ours made of it, "
         "commit, and search the word. Restart: ours runs `index` again on the unchanged tree (listing it; "
         "comparing versions only where a source's listing differs from the one the index last matched); the "
         "references open the index in a new process and answer one query; each once right after its build "

@@ -250,13 +250,22 @@ class Run:
         self.stoppable = True
         try:
             self.done = indexer.build(store, memory.places, plan, memory.tmpdir,
-                                      self._reading, lambda: self.stop)
+                                      self._reading, lambda: self.stop, merge=False)
         finally:
             del store.maybe_merge, store.commit  # the class's own again
             self.stoppable = False
-        # what became of the files read: indexed, binary, or unreadable
+        self._count_read(plan)
+        self.removed = len(plan.removed)
+        if plan.total and not self.stop:  # every file read: its entries let go of before the merge
+            plan.todo = []  # (~330 B a file: 39 MiB at 120k files; a stop now finds them all indexed)
+            self.stoppable = True
+            merging()
+
+    def _count_read(self, plan) -> None:
+        """What became of the files read: indexed, binary, or unreadable."""
+        from lnkmem.index import indexer
         processed = [indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)]]
-        kinds = store.kinds_of(processed)  # those read only: a restart reads no other record
+        kinds = self.memory.store.kinds_of(processed)  # those read only: a restart reads no other record
         for ref in processed:
             kind = kinds.get(ref)
             if kind is None:
@@ -265,7 +274,6 @@ class Run:
                 self.skipped["binary"] = self.skipped.get("binary", 0) + 1
             else:
                 self.indexed += 1
-        self.removed = len(plan.removed)
 
     def _reading(self, done: int, total: int) -> None:
         if self.bar.name in ("reading", "writing"):  # (build reports once more after merging)

@@ -321,6 +321,23 @@ def test_index_summary_counts_indexed_unchanged_removed_and_skipped_by_reason(ho
     assert "the index holds 6 files" in r.stderr.decode()  # 5 notes and the binary file's name
 
 
+def test_index_of_many_batches_ends_merged_and_counts_every_file(home):
+    """`index` merges once its files are all read (after letting go of its plan): the index
+    it leaves holds one segment, and its summary still counts every file read."""
+    from lnkmem.index.store import Store
+
+    for i in range(60):
+        home.write(f"notes/n{i:02d}.md", f"note {i} about the river crossing number {i}\n")
+    r = run_cli("index", *_flags(home), env={"LNKMEM_BATCH_FILES": "5"})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().startswith("indexed 60 files, 0 unchanged, 0 removed"), r.stderr
+    st = Store.open(str(home.state / "index"))
+    try:
+        assert len(st.segment_sizes()) == 1 and st.merge_plan() == []
+    finally:
+        st.close()
+
+
 def test_ctrl_c_stops_cleanly_and_the_next_run_finishes(home):
     _many_files(home, 2500, size=2000)
     t = Tty("index", *_flags(home), cols=100, env={"LNKMEM_BATCH_FILES": "50"})

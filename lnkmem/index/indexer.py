@@ -27,11 +27,8 @@ from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
 
 # A batch is committed every so many bytes or files (tests make them small
-# with LNKMEM_BATCH_FILES to kill indexing between batches). 1x builds, alternated:
-# 4 MiB 8.1-8.2 s (14.5 s CPU, 145 MB peak), 6 MiB 7.5 s (13.1 s, 168 MB), 8 MiB
-# 7.7-7.9 s (13.5 s, 195 MB): fewer batches, fewer words met again in each batch's
-# vocabulary and fewer lists for the final merge to join; 10x peak 261 MiB at 6.
-BATCH_BYTES = 6 * 1024 * 1024
+# with LNKMEM_BATCH_FILES to kill indexing between batches).
+BATCH_BYTES = 4 * 1024 * 1024
 BATCH_FILES = int(os.environ.get("LNKMEM_BATCH_FILES", "4000"))
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from typing import NamedTuple, Optional
 
 NAMES = (".gitignore", ".lnkmemignore")
@@ -167,6 +168,7 @@ class Ignorer:
     def __init__(self, root: str):
         self.root = root
         self._cache: dict[str, tuple[tuple, tuple[Rule, ...]]] = {}
+        self._folders: dict[str, tuple] = {}  # rel_dir -> (its stamp, venv, levels, (ignore file, stamp)s)
         self._lock = threading.Lock()
 
     def _rules(self, path: str) -> tuple[Rule, ...]:
@@ -223,14 +225,41 @@ class Ignorer:
         if parts:
             parent = "/".join(parts[:-1])
             stack = self.stack_to(parent, memo)
-            full = os.path.join(self.root, *parts)
             if stack is not None:
-                stack = None if self.skip(stack, rel_dir, True, full) else stack + self.level(rel_dir, full)
+                venv, levels = self._folder(rel_dir, os.path.join(self.root, *parts))
+                stack = None if venv or decide(stack, rel_dir, True) else stack + levels
         else:
-            stack = self.level("", self.root)
+            stack = self._folder("", self.root)[1]
         if memo is not None:
             memo[rel_dir] = stack
         return stack
+
+    # a folder or ignore file changed this recently is read again: timestamps are coarse
+    # (a tick of the kernel's clock), so two changes within one would look like none
+    RECENT_NS = 2_000_000_000
+
+    def _folder(self, rel_dir: str, full: str) -> tuple[bool, list[Level]]:
+        """(whether the folder is a virtual environment, the levels its ignore files
+        add), kept from one search to the next while the folder's stat (an entry
+        made, removed or renamed in it changes it) and those of the ignore files it
+        held are as they were: one stat a folder, not an open a name and a stat
+        (a search's ten hits in a tree of 100 folders: ~250 us)."""
+        key = _stamp(full, True, self.RECENT_NS)
+        if key is not None:
+            got = self._folders.get(rel_dir)
+            if got is not None and got[0] == key and all(_stamp(f, False, self.RECENT_NS) == k for f, k in got[3]):
+                return got[1], got[2]
+        venv = bool(rel_dir) and os.path.isfile(os.path.join(full, "pyvenv.cfg"))
+        levels = [] if venv else self.level(rel_dir, full)
+        if key is not None:
+            files = tuple((f, _stamp(f, False, self.RECENT_NS)) for f in (os.path.join(full, n) for n in NAMES)
+                          if os.path.lexists(f))
+            if all(k is not None for _, k in files):
+                with self._lock:
+                    if len(self._folders) > 10_000:
+                        self._folders.clear()
+                    self._folders[rel_dir] = (key, venv, levels, files)
+        return venv, levels
 
     def ignored(self, rel: str, is_dir: bool, memo: Optional[dict] = None) -> bool:
         """Whether ``rel`` (relative to the root) is ignored, by a rule or by lying
@@ -243,6 +272,18 @@ class Ignorer:
         if stack is None:
             return True
         return self.skip(stack, rel, is_dir, os.path.join(self.root, *rel.split("/")))
+
+
+def _stamp(path: str, follow: bool, recent_ns: int) -> Optional[tuple]:
+    """What tells a change of ``path`` (device, inode, times, size); None when it cannot
+    be read or changed too recently to be told from a change to come."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except OSError:
+        return None
+    if time.time_ns() - st.st_mtime_ns < recent_ns:  # (a change moves the ctime too, to the same coarse tick)
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
 
 
 class Listed(Ignorer):
@@ -267,3 +308,8 @@ class Listed(Ignorer):
         if is_dir and rel in self.venvs:
             return True
         return decide(stack, rel, is_dir)
+
+    def _folder(self, rel_dir: str, full: str) -> tuple[bool, list[Level]]:
+        """From the listing: nothing on disk to stat."""
+        venv = bool(rel_dir) and rel_dir in self.venvs
+        return venv, ([] if venv else self.level(rel_dir, full))

@@ -575,3 +575,44 @@ def test_top_k_is_the_best_by_score_then_ref_then_place(data):
     got, scores = top(snap, cand, sc, want)
     assert got.tolist() == cand[best].tolist()
     assert scores.tolist() == sc[best].tolist()
+
+
+def test_a_folders_ignore_rules_kept_between_searches_follow_every_change(tmp_path):
+    """The hits' folders' ignore rules are kept from one search to the next (a stat a
+    folder, not an open an ignore-file name), and any change is seen at the next check:
+    an ignore file made, edited in place (its time put back too) or removed, a folder
+    becoming a virtual environment; a folder changed within the last seconds is read
+    again (timestamps are coarse)."""
+    import os
+
+    from lnkmem.ignore import Ignorer
+
+    root = tmp_path / "home"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f.md").write_text("x\n")
+    (root / "a" / "keep.md").write_text("x\n")
+    old = 1_600_000_000
+
+    def age(*paths):  # as if changed long ago: the rules may be kept
+        for p in paths:
+            os.utime(p, (old, old))
+
+    ig = Ignorer(str(root))
+    age(root, root / "a", root / "a" / "b")
+    assert not ig.ignored("a/b/f.md", False, {}) and not ig.ignored("a/b/f.md", False, {})
+    assert "a/b" in ig._folders  # kept
+    (root / "a" / ".gitignore").write_text("b/\n")  # made: the folder's stat changed
+    assert ig.ignored("a/b/f.md", False, {}) and not ig.ignored("a/keep.md", False, {})
+    age(root / "a", root / "a" / ".gitignore")
+    assert ig.ignored("a/b/f.md", False, {})
+    (root / "a" / ".gitignore").write_text("keep.md\n")  # edited in place ...
+    age(root / "a", root / "a" / ".gitignore")  # ... and its times put back (its ctime moves)
+    assert not ig.ignored("a/b/f.md", False, {}) and ig.ignored("a/keep.md", False, {})
+    (root / "a" / ".gitignore").unlink()
+    assert not ig.ignored("a/keep.md", False, {})
+    age(root / "a")
+    assert not ig.ignored("a/b/f.md", False, {})
+    (root / "a" / "b" / "pyvenv.cfg").write_text("home = /usr\n")  # a virtual environment now
+    assert ig.ignored("a/b/f.md", False, {})
+    (root / "a" / "b" / "pyvenv.cfg").unlink()
+    assert not ig.ignored("a/b/f.md", False, {})

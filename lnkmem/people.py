@@ -258,7 +258,6 @@ class Run:
         self.removed = len(plan.removed)
         if plan.total and not self.stop:  # every file read: its entries let go of before the merge
             plan.todo = []  # (~330 B a file: 39 MiB at 120k files; a stop now finds them all indexed)
-            self.stoppable = True
             merging()
 
     def _count_read(self, plan) -> None:
@@ -276,7 +275,7 @@ class Run:
                 self.indexed += 1
 
     def _reading(self, done: int, total: int) -> None:
-        if self.bar.name in ("reading", "writing"):  # (build reports once more after merging)
+        if self.bar.name in ("reading", "writing"):  # (build reports once more at its end)
             self.bar.update(done, total)
 
     def embed(self) -> None:

@@ -84,11 +84,7 @@ class _Zstd:
     @property
     def compress(self):
         if self._compress is None:
-            import zstandard as z
-            params = z.ZstdCompressionParameters.from_level(
-                ZSTD_LEVEL, format=z.FORMAT_ZSTD1_MAGICLESS, write_content_size=0, write_checksum=0,
-                write_dict_id=0)
-            self._compress = z.ZstdCompressor(dict_data=self.loaded, compression_params=params).compress
+            self._compress = _compressor(self.loaded).compress
         return self._compress
 
     @property
@@ -97,6 +93,14 @@ class _Zstd:
             import zstandard as z
             self._decompressor = z.ZstdDecompressor(dict_data=self.loaded, format=z.FORMAT_ZSTD1_MAGICLESS)
         return self._decompressor
+
+
+def _compressor(loaded):
+    """A compressor of the stored form: one magicless frame, no size, checksum or dictionary id."""
+    import zstandard as z
+    params = z.ZstdCompressionParameters.from_level(
+        ZSTD_LEVEL, format=z.FORMAT_ZSTD1_MAGICLESS, write_content_size=0, write_checksum=0, write_dict_id=0)
+    return z.ZstdCompressor(dict_data=loaded, compression_params=params)
 
 
 _digests: "dict[bytes, object]" = {}  # a dictionary's bytes -> it digested (most recently used last)
@@ -119,9 +123,8 @@ def _digested(zdict: bytes):
                 got.precompute_compress(level=ZSTD_LEVEL)  # parses it: raises when it is not one
                 # the decompression tables built now, under the lock (the library makes them on
                 # a first decompression, which two threads could race to)
-                frame = z.ZstdCompressor(dict_data=got, compression_params=z.ZstdCompressionParameters.from_level(
-                    ZSTD_LEVEL, format=z.FORMAT_ZSTD1_MAGICLESS, write_dict_id=0)).compress(b"lnkmem")
-                z.ZstdDecompressor(dict_data=got, format=z.FORMAT_ZSTD1_MAGICLESS).decompress(frame)
+                frame = _compressor(got).compress(b"lnkmem")
+                z.ZstdDecompressor(dict_data=got, format=z.FORMAT_ZSTD1_MAGICLESS).decompress(frame, max_output_size=64)
             except z.ZstdError as e:
                 raise ValueError(f"the passage dictionary is not a zstd dictionary the engine makes ({e})") from None
             while len(_digests) >= _DIGESTS:

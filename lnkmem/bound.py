@@ -392,7 +392,9 @@ class Bindings:
             return None
         key, owner, agent = first.bound.key, first.bound.owner, first.agent
         model = cfg.spec.model or self.opts.embed or "default"
-        return url, model, lambda: {"Authorization": auth_header(key, "embedding", owner, agent)}
+        from lnkmem.embed import binding_headers
+        return url, model, binding_headers(url, lambda: {"Authorization": auth_header(key, "embedding", owner, agent)},
+                                           f"agent {agent}")
 
     def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str) -> BoundSession:
         from lnkmem.engine import Layout, Memory

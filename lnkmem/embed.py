@@ -89,6 +89,17 @@ def _client_for(base: str, timeout: float) -> tuple[httpx.Client, str]:
     raise ValueError(f"not an embedding endpoint base: {base!r} (expected http://host:port or unix:/path)")
 
 
+def binding_headers(base: str, header: Callable[[], dict], who: str) -> Callable[[], dict]:
+    """The header hook of a bound session's embedding calls (§6 rev. 3): the
+    binding's credential goes only to a ``unix:`` endpoint, never over TCP, where
+    it would leave the machine's own sockets; without it the log says why."""
+    if base.startswith("unix:"):
+        return header
+    log.warning("%s: the embedding endpoint %s is not a Unix socket, so the binding's credential is not "
+                "sent to it (a bound engine proves itself only at a Unix endpoint)", who, base)
+    return dict
+
+
 class Embedder:
     """Embeds texts with one model at one endpoint; thread-safe."""
 

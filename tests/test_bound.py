@@ -362,6 +362,29 @@ def test_embedding_header_proves_the_binding(bridges, tmp_path):
         model.stop()
 
 
+def test_the_binding_credential_goes_only_to_a_unix_endpoint(bridges, tmp_path):
+    """§6 rev. 3: a bound agent whose model is served over TCP sends no
+    `Authorization: Link-Binding` to it (the credential would leave the machine's
+    own sockets), ranks by meaning all the same, and the log says why."""
+    model = FakeServer.start("fakes.embedding_server", "--port", "0", "--model", "fake-mini")
+    try:
+        assert model.listen.startswith("http://127.0.0.1:")
+        flags = ["--embed", "fake-mini", "--embed-url", model.listen]
+        m = serve(bridges, tmp_path, extra=flags)
+        with m, m.connect() as c:
+            assert c.first(bridges.bound()) == {"ok": True}
+            assert until(lambda: c.search("buying an automobile")["structuredContent"]["ranked"] == "meaning+words",
+                         timeout=20)
+            m.stop()
+        entries = model.log()
+        assert entries and all(e["status"] == 200 for e in entries)
+        assert [e for e in entries if "auth" in e] == []
+        err = m.stderr()
+        assert "not a Unix socket" in err and "credential" in err
+    finally:
+        model.stop()
+
+
 def test_the_key_is_never_written_or_logged(bridges, tmp_path):
     from lnkmem.bridges.http import proof
     secrets = [KEY, KEY.upper()] + [proof(KEY, p, "o1", "a1") for p in ("files", "storage", "embedding")]

@@ -113,10 +113,21 @@ class _Held:
         return err
 
 
+def places_of(b: Bound) -> tuple:
+    """What a Bound line's plan is made of (§5.4 rev. 3): its files, storage,
+    notes and index; two lines with the same places are served by one binding."""
+    storage = None
+    if b.storage is not None:
+        storage = (os.path.realpath(b.storage.socket), tuple(sorted(b.storage.places.items())))
+    return (os.path.realpath(b.files) if b.files else None, storage,
+            parse_size(b.notes) if b.notes else None, b.index)
+
+
 class Binding(_Held):
-    def __init__(self, owner: str, agent: str, key: str):
+    def __init__(self, owner: str, agent: str, key: str, places: tuple = ()):
         super().__init__()
         self.owner, self.agent, self._key = owner, agent, key
+        self.places = places  # places_of() the line that made it
         self.teams: dict[str, TeamBinding] = {}
         self._closed = threading.Event()
         self._watch_lock = threading.Lock()
@@ -312,6 +323,12 @@ class Bindings:
             log.info("agent %s bound again with a new key", agent)
             binding.close()
             self.held[key] = binding = fresh
+        # (a team line's session has no notes and no index of the agent's: its bridges alone are compared)
+        if binding is not None and (binding.places != places_of(b) if first.team is None
+                                    else binding.places[:2] != places_of(b)[:2]):
+            # §5.4 rev. 3: one start has one plan; never served with places other than its line names
+            raise Refusal(f"agent {agent} is bound with other places (files, storage, notes or index) in this "
+                          f"process; end that binding first")
         if binding is None:
             binding = self._new_binding(first)
             self.held[key] = binding
@@ -327,7 +344,7 @@ class Bindings:
     def _new_binding(self, first: FirstLine) -> Binding:
         """Clients for the bridges the line names, each having taken the key."""
         agent, b = first.agent, first.bound
-        binding = Binding(b.owner, agent, b.key)
+        binding = Binding(b.owner, agent, b.key, places_of(b))
         if b.files:
             binding.clients.append(self._client(b.files, "files", b.owner, agent, b.key))
         if b.storage:

@@ -323,6 +323,36 @@ def test_a_bound_with_memory_and_home_on_the_machine_is_served(bridges, tmp_path
         assert "Home" in r["error"] and KEY not in r["error"]
 
 
+def test_a_second_bound_line_with_other_places_is_refused(bridges, tmp_path):
+    """§5.4 rev. 3: an agent already bound with the same key is served from the held
+    binding only when the line's places are the first line's; a line naming other
+    places is refused (one start has one plan), never served with the first's."""
+    h = Home(tmp_path / "h")
+    h.write("local.md", "The local otter lives on this machine.\n")
+    agents = {"a1": {"argv": command(h, {"LNK_MEMORY_NOTES": str(h.notes)})["argv"], "env": {"LNK_OWNER": "o1"}}}
+    local = bridges.bound(files=False, places=("conversations",), notes="4 KB")  # Home on the machine
+    with _many(bridges, tmp_path, agents) as m, m.connect() as c:
+        assert c.first(local) == {"ok": True}
+        assert until(lambda: "home/local.md" in _hits(c, "otter"), timeout=20)
+        for other in (bridges.bound(places=("conversations",), notes="4 KB"),  # Home through the files bridge
+                      bridges.bound(files=False, places=("conversations", "memory"), notes="4 KB"),
+                      bridges.bound(files=False, places=("conversations",), notes="8 KB"),
+                      bridges.bound(files=False, places=("conversations",), notes=None)):
+            with m.connect() as c2:
+                r = c2.first(other)
+                assert set(r) == {"error"} and "other places" in r["error"] and KEY not in r["error"], (other, r)
+        with m.connect() as c3:  # the same places: served from the held binding
+            assert c3.first(local) == {"ok": True}
+            assert "home/local.md" in _hits(c3, "otter")
+            assert "home/docs/plan.md" not in _hits(c3, "narwhal")
+        assert "home/local.md" in _hits(c, "otter")  # the first session goes on
+        with m.connect() as ctl:  # after `end`, another plan is a new binding
+            assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        with m.connect() as c4:
+            assert c4.first(bridges.bound(places=("conversations",), notes="4 KB")) == {"ok": True}
+            assert until(lambda: "home/docs/plan.md" in _hits(c4, "narwhal"), timeout=20)
+
+
 def test_notes_live_in_home_through_the_files_bridge(bridges, tmp_path):
     line = bridges.bound(places=("conversations",), notes="4 KB")  # files, and storage without a memory place
     with _many(bridges, tmp_path) as m, m.connect() as c:

@@ -135,6 +135,8 @@ def parse_agents(text: str) -> AgentsTable:
 
 
 def parse_options(args) -> Options:
+    from lnkmem.spec import parse_spec
+    parse_spec(os.environ.get("LNK_MEMORY_SPEC"))  # §1.4 rev. 3: like every subcommand (exit 2)
     if not os.path.isabs(args.socket) and not args.socket:
         raise UsageError("socket: an empty path")
     if bool(args.embed) != bool(args.embed_url):

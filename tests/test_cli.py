@@ -37,6 +37,10 @@ def test_command_with_model_and_without_notes(home, tmp_path):
     (["command", "{folder}", "/tmp/s"], {"LNK_MEMORY_SPEC": "not json"}, "JSON"),
     (["serve", "{folder}", "/tmp/s"], {"LNK_MEMORY_SPEC": '{"notes": "lots"}'}, "notes"),
     (["serve", "{folder}", "/tmp/s"], {"LNK_MEMORY_NOTES": "relative/notes.md"}, "LNK_MEMORY_NOTES"),
+    # rev. 3: serve-many validates its own spec too (each agent is served with its argv's)
+    (["serve-many", "{folder}/run/m.sock", "{}"], {"LNK_MEMORY_SPEC": '{"tokens": "lots"}', "LNKMEM_LINGER_S": "0.2"},
+     "tokens"),
+    (["serve-many", "{folder}/run/m.sock", "{}"], {"LNK_MEMORY_SPEC": "not json", "LNKMEM_LINGER_S": "0.2"}, "JSON"),
     (["index", "/no/such"], {}, "required"),
     (["search", "{folder}", "/tmp/s", "x" * 10_001], {}, "query"),  # rev. 2: up to 10,000
     (["frobnicate"], {}, "invalid choice"),

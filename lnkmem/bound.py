@@ -373,8 +373,11 @@ class Bindings:
                                         ignore=True)
         elif cfg.folder:
             places["home"] = LocalPlace(cfg.folder, exclude=[cfg.state] + ([cfg.agent] if cfg.agent else []), ignore=True)
-        if storage is not None and "conversations" in b.storage.places:
+        if storage is not None and "conversations" in b.storage.places:  # wins over a store driver (§3.5)
             places["chats"] = Collection(storage, "conversations")
+        elif cfg.store_driver:
+            from lnkmem.bridges import driver
+            places["chats"] = driver.conversations(cfg, os.path.join(cache, "conversations"))
         elif cfg.agent:
             places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
         if cfg.agent:

@@ -77,7 +77,7 @@ def _config(args, need_folder: bool = True):
     from lnkmem.config import from_args
     return from_args(args.folder, args.state, args.agent, os.environ, need_folder=need_folder,
                      spec=getattr(args, "spec", None), notes=getattr(args, "notes", None),
-                     from_flag=getattr(args, "from_", False))
+                     from_flag=getattr(args, "from_", False), store_driver=getattr(args, "store_driver", None))
 
 
 def cmd_install(args) -> int:

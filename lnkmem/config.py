@@ -1,7 +1,8 @@
 """What one agent is served with: folders, spec and environment (§1-§2).
 
 Everything an agent is served with travels in `serve`'s argv (§1.2 rev. 2):
-``--spec`` (the spec as compact JSON), ``--notes <path>`` and ``--from``. A
+``--spec`` (the spec as compact JSON), ``--notes <path>``, ``--from`` and
+(rev. 3) ``--store-driver <path>``. A
 flag wins over the environment; the environment is used where a flag is
 absent (a person running `serve` by hand). `command` writes the flags,
 `serve` and `serve-many`'s Agents read them, both through this module.
@@ -39,6 +40,8 @@ class AgentConfig:
     # §2.3 rev. 2: a bound agent not named in <agents> needs no thread, but a
     # thread it does name is judged by the rules with the Bound line's owner
     judge_threads: bool = False
+    # §3.5 rev. 3: the store driver keeping this agent's conversations (--store-driver)
+    store_driver: Optional[str] = None
 
     @property
     def budget(self) -> int:
@@ -53,6 +56,8 @@ class AgentConfig:
             out += ["--notes", self.notes_path]
         if self.from_required:
             out.append("--from")
+        if self.store_driver:
+            out += ["--store-driver", self.store_driver]
         return out
 
 
@@ -62,6 +67,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--notes", metavar="PATH", help="the notes file; serves `remember` (else $LNK_MEMORY_NOTES)")
     p.add_argument("--from", dest="from_", action="store_true",
                    help="every call names its conversation (else $LNK_MEMORY_FROM=1)")
+    p.add_argument("--store-driver", metavar="PATH",
+                   help="the store driver keeping the agent's conversations (else $LNK_STORE_DRIVER)")
 
 
 def check_id(what: str, value: str) -> str:
@@ -74,7 +81,7 @@ def check_id(what: str, value: str) -> str:
 
 def from_args(folder: str, state: str, agent: Optional[str], env: Mapping[str, str],
               need_folder: bool = True, spec: Optional[str] = None, notes: Optional[str] = None,
-              from_flag: bool = False) -> AgentConfig:
+              from_flag: bool = False, store_driver: Optional[str] = None) -> AgentConfig:
     """Check the command line's folders, flags and the environment; UsageError if bad.
 
     ``spec``, ``notes`` and ``from_flag`` are `serve`'s flags; where one is
@@ -104,6 +111,13 @@ def from_args(folder: str, state: str, agent: Optional[str], env: Mapping[str, s
         notes = env.get("LNK_MEMORY_NOTES") or None
         if notes is not None and not os.path.isabs(notes):
             raise UsageError(f"LNK_MEMORY_NOTES: not an absolute path: {notes}")
+    if store_driver is not None:  # §2.5 rev. 3: an absolute path, run directly (no shell, no PATH)
+        if not os.path.isabs(store_driver) or "\0" in store_driver:
+            raise UsageError(f"--store-driver: not an absolute path: {store_driver!r}")
+    else:
+        store_driver = env.get("LNK_STORE_DRIVER") or None
+        if store_driver is not None and (not os.path.isabs(store_driver) or "\0" in store_driver):
+            raise UsageError(f"LNK_STORE_DRIVER: not an absolute path: {store_driver!r}")
     owner = env.get("LNK_OWNER", "")
     if owner:
         check_id("LNK_OWNER", owner)
@@ -118,6 +132,7 @@ def from_args(folder: str, state: str, agent: Optional[str], env: Mapping[str, s
         owner=owner,
         model_url=env.get("LNK_MEMORY_MODEL", ""),
         env=dict(env),
+        store_driver=store_driver,
     )
 
 
@@ -159,4 +174,4 @@ def from_serve_argv(argv: Sequence[str], env: Mapping[str, str]) -> AgentConfig:
             raise UsageError(f"env.{k}: must be a string")
         kept[k] = v
     return from_args(args.folder, args.state, args.agent, kept, spec=args.spec, notes=args.notes,
-                     from_flag=args.from_)
+                     from_flag=args.from_, store_driver=args.store_driver)

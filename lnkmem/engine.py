@@ -82,8 +82,12 @@ def local_layout(cfg: AgentConfig) -> Layout:
     places: dict[str, object] = {}
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
     places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
-    if cfg.agent:
+    if cfg.store_driver:  # §3.5: its conversations from the driver alone, through the engine's own copy
+        from lnkmem.bridges import driver
+        places["chats"] = driver.conversations(cfg, os.path.join(cfg.state, "conversations"))
+    elif cfg.agent:
         places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
+    if cfg.agent:
         places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
     if notes:
         places["notes"] = NotesPlace(notes)
@@ -147,9 +151,15 @@ class Memory:
                 self._watcher.start()
             else:
                 self.watch_settled.set()
+            for place in self.places.values():  # a source kept by a loop of its own (a store driver, §3.5)
+                if hasattr(place, "serve"):
+                    place.serve(self)
         return self
 
     def stop(self) -> None:
+        for place in self.places.values():
+            if hasattr(place, "serve"):
+                place.stop()
         if self.writeback is not None and self.store is not None:
             err = self.writeback.stop()
             if err:
@@ -488,6 +498,11 @@ class Memory:
     def changed_path(self, path: str, done) -> None:
         """A `changed` control's path as Link names it (§5.6, lnkmem.changes);
         ``done.set()`` is called once it is in the index (no thread waits for it)."""
+        chats = self.places.get("chats")
+        if hasattr(chats, "before_change") and path.split("/", 1)[0] == "chats":
+            # a store driver's conversation (§3.5): listed again first, then looked at in the copy
+            chats.before_change(lambda: self._queue.put((PATH_ITEM + path, done)))
+            return
         self._queue.put((PATH_ITEM + path, done))
 
     def changed(self, ref: str, wait: bool = True, timeout: float = 30.0, done=None) -> bool:
@@ -499,6 +514,18 @@ class Memory:
         if not wait:
             return True
         return done.wait(timeout)
+
+    @property
+    def conversations(self) -> Optional[str]:
+        """A store driver's state for a search (§4.1 rev. 3): "refreshing",
+        "unavailable: <why>", or None (no driver, or all is well)."""
+        status = getattr(self.places.get("chats"), "status", None)
+        return status() if status is not None else None
+
+    def conversations_idle(self) -> bool:
+        """No store driver listing under way (a search waits for one, at most 2 s)."""
+        idle = getattr(self.places.get("chats"), "idle", None)
+        return idle is None or idle.is_set()
 
     @property
     def indexing(self) -> Optional[tuple[int, int]]:

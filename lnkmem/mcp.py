@@ -45,6 +45,7 @@ MAX_INFLIGHT = 8  # calls under way per session; its input is not read beyond th
 OUT_HIGH = 4 * 1024 * 1024  # answers waiting unread before a session's input is paused
 THREADS_PER_MEMORY = 4  # pool threads one memory's calls may hold at once
 OPEN_WAIT_S = 10.0  # a call waits this long for its memory and index to open
+DRIVER_WAIT_S = 2.0  # a search waits this long at most for a store driver's listing (§3.5)
 FIRST_PASS_WAIT_S = 2.0  # a search on an empty index waits this long for the first pass
 INDEXED_WAIT_S = 10.0  # `remember` waits this long for its change to be searchable
 
@@ -443,6 +444,9 @@ class Session:
             ready = getattr(memory, "ready", None)
             if getattr(memory, "fresh", False) and ready is not None:
                 await until(ready.is_set, FIRST_PASS_WAIT_S)
+            idle = getattr(memory, "conversations_idle", None)
+            if idle is not None:  # a store driver's listing under way (§3.5): never more than 2 s
+                await until(idle, DRIVER_WAIT_S)
         threads, notes_lock = _share(memory)
         loop = asyncio.get_running_loop()
         if name == "remember":

@@ -64,6 +64,7 @@ TOOLS: dict[str, dict] = {
                              "required": ["done", "total"]},
                 "embedding": {"type": "object", "properties": {"done": {"type": "integer"}, "total": {"type": "integer"}},
                               "required": ["done", "total"]},
+                "conversations": {"type": "string"},
             },
             "required": ["hits", "ranked", "truncated"],
         },

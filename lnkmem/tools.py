@@ -101,6 +101,9 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
     embedding = memory.embedding
     if embedding is not None:  # a half-embedded index says so (§4.1 rev. 2)
         status += f"; {embedding[0]}/{embedding[1]} passages embedded so far"
+    conversations = memory.conversations  # a store driver's (§3.5): refreshing, or unavailable and why
+    if conversations is not None:
+        status += f"; conversations {conversations}"
     shown = args.query if len(args.query) <= 120 else args.query[:120] + "…"  # a pasted page is not echoed whole
     intro = f"{len(hits)} hit{'s' if len(hits) != 1 else ''} for {shown!r} (ranked by {ranked.replace('+', ' and ')}{status})\n"
     room = memory.cfg.budget
@@ -122,7 +125,8 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         parts.append("\n" + head + h.text + "\n")
     result = SearchResult(hits=hits, ranked=ranked, truncated=truncated,
                           indexing=Progress(*progress) if progress else None,
-                          embedding=Progress(*embedding) if embedding else None)
+                          embedding=Progress(*embedding) if embedding else None,
+                          conversations=conversations)
     return "".join(parts), to_builtins(result)
 
 

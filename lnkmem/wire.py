@@ -167,6 +167,7 @@ class SearchResult(Struct, omit_defaults=True):
     truncated: bool
     indexing: Optional[Progress] = None
     embedding: Optional[Progress] = None  # only while passages wait for vectors
+    conversations: Optional[str] = None  # §3.5 rev. 3: "refreshing" or "unavailable: <why>" (a store driver)
 
 
 class ReadResult(Struct):

@@ -229,6 +229,20 @@ def test_a_failing_driver_leaves_every_other_source_and_the_kept_copies(home, dr
     assert "Traceback" not in err and why in err  # said in the log too
 
 
+def test_the_copies_kept_are_searched_at_a_restart_while_the_driver_fails(home, driver):
+    with _start(home, driver) as s:
+        s.initialize()
+        assert until(lambda: "chats/t1.jsonl" in refs(s.search("narwhals sleep")), timeout=20)
+    kept = _copies(home)
+    driver.fault("fail")
+    with _start(home, driver) as s:
+        s.initialize()
+        r = s.search("narwhals sleep")["structuredContent"]
+        assert "chats/t1.jsonl" in [h["ref"] for h in r["hits"]]
+        assert r["conversations"] == "unavailable: `lnk-store-driver conversations` failed (exit 1): the store is locked"
+    assert _copies(home) == kept
+
+
 def test_a_missing_driver_is_unavailable_and_the_rest_is_served(home, tmp_path, driver):
     home.write("docs/plan.md", "The narwhal migration plan.\n")
     missing = str(tmp_path / "no-such-driver")
@@ -364,3 +378,39 @@ def test_serve_confined_with_a_store_driver(home, tmp_path, driver):
     assert _tree(*watched) == before
     assert sorted(p.name for p in home.state.parent.iterdir()) == ["lnkmem"]
     assert set(_copies(home)) == {"t1.jsonl", "t1.compact.jsonl", "t2.jsonl"}
+
+
+def test_no_listing_or_answer_names_a_path(tmp_path):
+    """Any bytes as the driver's answers: a listing is either refused whole (DriverFailed)
+    or names threads that are IDs only (the copies' names), never a path; a
+    conversation's answer either passes as JSON object lines or is refused."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from lnkmem.bridges.driver import CopyFolder, DriverFailed, check_conversation, nameable, parse_listing
+
+    threads = st.text(max_size=12) | st.sampled_from(["../x", "/etc/passwd", "a/b", "x.compact", ".hidden", "t1",
+                                                       "a" * 129, "t\n", "\u2025", "ok.1"])
+    items = st.fixed_dictionaries({"thread": threads}, optional={"version": st.text(max_size=5) | st.integers(),
+                                                                 "compact": st.none() | st.text(max_size=5)})
+    lines = st.lists(st.one_of(items.map(json.dumps), st.binary(max_size=20).map(lambda b: b.decode("latin-1"))),
+                     max_size=6)
+    copies = CopyFolder(str(tmp_path / "conversations"))
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(lines)
+    def one(ls):
+        out = "\n".join(ls).encode("utf-8", "surrogatepass")
+        try:
+            listed, skipped = parse_listing(out)
+        except DriverFailed:
+            return
+        for t in listed:
+            assert nameable(t) and "/" not in t and not t.startswith(".")
+            assert os.path.dirname(os.path.join(copies.path, copies.name(t, True))) == copies.path
+        try:
+            check_conversation(out, "t1", False)
+        except DriverFailed:
+            pass
+    one()

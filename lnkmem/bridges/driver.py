@@ -53,6 +53,7 @@ MAX_OUTPUT = 64 * 1024 * 1024  # a call's standard output (§3.5)
 INTERVAL_S = 30.0  # LNKMEM_DRIVER_S: a listing this often while serving
 SEARCH_WAIT_S = 2.0  # a search waits at most this long for a listing under way
 INDEX_WAIT_S = 60.0  # a refresh waits this long at most for its copies to be indexed
+TELL_EVERY_S = 2.0  # a long refresh has the copies made so far indexed this often
 MAX_VERSION = 1024  # characters of an opaque version
 ERR_KEPT = 8192  # the tail of standard error kept, for its last line
 NAMES = ("LNK_AGENT", "LNK_AGENT_ID", "LNK_OWNER")  # the agent's names, given to the driver
@@ -482,6 +483,7 @@ class DriverConversations:
         kept = self.copies.threads()
         changed = False
         problem = None
+        told = time.monotonic()
         for thread in sorted(kept | set(have)):
             if thread not in listed:  # no longer listed: the copy and (at the next look) the index let go of it
                 changed |= self.copies.drop(thread, False)
@@ -510,6 +512,9 @@ class DriverConversations:
                 problem = problem or str(e)
             if version is not None:
                 have[thread] = Listed(version, compact)
+            if changed and self._memory is not None and time.monotonic() - told >= TELL_EVERY_S:
+                told = time.monotonic()  # many threads to fetch: those fetched so far are searchable meanwhile
+                self._memory.changed("chats", wait=False)
         try:
             self.copies.record(have)
         except OSError as e:

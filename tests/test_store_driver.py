@@ -91,6 +91,8 @@ def _strip(hit: dict) -> dict:
 
 def _copies(home: Home) -> dict:
     d = home.state / "conversations"
+    if not d.exists():
+        return {}
     return {p.name: p.read_bytes() for p in d.iterdir() if not p.name.startswith(".")}
 
 
@@ -156,6 +158,9 @@ def test_fetched_again_only_when_a_version_changes(home, driver):
         driver.put("t2", T2 + [{"role": "user", "text": "the keeper mailed it by schooner", "at": AT3}], "2")
         assert until(lambda: "chats/t2.jsonl" in refs(s.search("schooner")), timeout=10)
         assert [c["argv"] for c in driver.calls()[n:] if c["argv"][0] == "conversation"] == [["conversation", "t2"]]
+        shutil.rmtree(home.state / "conversations")  # a person removes the copies: made again
+        assert until(lambda: set(_copies(home)) == {"t1.jsonl", "t1.compact.jsonl", "t2.jsonl"}, timeout=10)
+        assert "chats/t2.jsonl" in refs(s.search("schooner"))
         driver.remove("t2")
         assert until(lambda: refs(s.search("lighthouse")) == [], timeout=10)
         assert "t2.jsonl" not in _copies(home)

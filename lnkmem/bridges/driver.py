@@ -237,7 +237,11 @@ class CopyFolder:
         os.makedirs(path, mode=0o700, exist_ok=True)
 
     def _dir(self) -> int:
-        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:  # removed while serving (by a person): made again, the copies fetched again
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     @staticmethod
     def name(thread: str, compact: bool = False) -> str:
@@ -260,14 +264,23 @@ class CopyFolder:
         except (OSError, ValueError, AttributeError, TypeError):
             return {}
 
-    def threads(self) -> set[str]:
-        """The threads a copy is kept of (whatever the record says)."""
-        out = set()
+    def files(self) -> set[str]:
+        """The names of the copies kept (whatever the record says)."""
         try:
-            names = os.listdir(self.path)
+            fd = self._dir()
         except OSError:
-            return out
-        for n in names:
+            return set()
+        try:
+            return {n for n in os.listdir(fd) if n.endswith(".jsonl") and not n.startswith(".")}
+        except OSError:
+            return set()
+        finally:
+            os.close(fd)
+
+    def threads(self, names: Optional[set] = None) -> set[str]:
+        """The threads a copy is kept of (whatever the record says)."""
+        out: set[str] = set()
+        for n in self.files() if names is None else names:
             if n.endswith(".jsonl"):
                 stem = n[: -len(".jsonl")]
                 if stem.endswith(COMPACT):
@@ -480,7 +493,8 @@ class DriverConversations:
                         ", ".join(ascii(t) for t in skipped[:3]))
         self.skipped = len(skipped)
         have = self.copies.versions()
-        kept = self.copies.threads()
+        files = self.copies.files()
+        kept = self.copies.threads(files)
         changed = False
         problem = None
         told = time.monotonic()
@@ -493,7 +507,8 @@ class DriverConversations:
             if self._stop.is_set():
                 break
             was = have.get(thread)
-            version, compact = (was.version, was.compact) if was is not None and thread in kept else (None, None)
+            version = was.version if was is not None and self.copies.name(thread) in files else None
+            compact = was.compact if was is not None and self.copies.name(thread, True) in files else None
             try:
                 if version != now.version:
                     data = self._run(["conversation", thread])

@@ -200,9 +200,8 @@ class RequestLog:
             "etag": resp.headers.get("ETag") if resp else None,
             "size": len(req.body),
         }
-        auth = req.headers.get("authorization")
-        if auth is not None:  # its scheme only, never the credential
-            entry["auth"] = auth.split(" ", 1)[0]
+        if req.headers.get("authorization") is not None:  # that one was sent, never what it holds
+            entry["auth"] = True
         if req.agent is not None:
             entry["agent"] = req.agent
         if fault is not None:

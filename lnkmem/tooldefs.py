@@ -34,9 +34,8 @@ TOOLS: dict[str, dict] = {
                                          'other words it ranks passages holding it higher), +word or +"phrase" '
                                          '(required), -word (exclude), word* (prefix). Longer text or a '
                                          'sentence is read as prose: quotes, dashes and stars are punctuation '
-                                         'and never lose a document (a quoted phrase found still ranks higher; '
-                                         '+"phrase" is still required). Quotes pair left to right; an unpaired '
-                                         'one is punctuation.'},
+                                         'and never lose a document (+"phrase" is still required). Quotes pair '
+                                         'left to right; an unpaired one is punctuation.'},
                 "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
                           "description": "The most hits to return (1-100; the token budget still cuts their text)."},
                 "sources": {"type": "array", "items": {"enum": list(SOURCES)}, "uniqueItems": True,

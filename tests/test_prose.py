@@ -35,7 +35,7 @@ def prose_server(tmp_path_factory):
     home.write("tickets/decparts.md", "DEC 0054 DEC DEC 0054 0054 dec 0054.\n")
     # a phrase across a passage boundary: two paragraphs, each a passage of its own
     home.write("long/boundary.md", FILLER * 9 + "The wombat said alpha bravo\n\ncharlie delta the wombat ended. "
-               + FILLER * 9 + "\n")
+               + FILLER * 9 + "\n\nThe wombat, the wombat and the wombat again.\n")
     # a line longer than the limit (2,400 characters) with a word where the limit falls
     line = ("word " * 479) + "xylophonically " + ("more " * 200)
     assert line.index("xylophonically") < 2400 < line.index("xylophonically") + len("xylophonically")
@@ -102,13 +102,20 @@ def test_an_odd_quote_never_makes_a_phrase_to_the_end(prose_server):
     assert "home/phrases/two.md" in _refs(s, long) and "home/phrases/one.md" in _refs(s, long)
 
 
-def test_a_present_phrase_in_prose_lifts_its_passage(prose_server):
+def test_a_phrase_beside_words_lifts_its_passage_and_prose_ranks_as_its_words(prose_server):
     s = prose_server
-    # both files hold every word; the quoted phrase decides, and neither is lost
-    q = 'Somebody wrote that "the quick brown fox" and a lazy dog were in the story, then it jumps.'
-    assert _refs(s, q)[:2] == ["home/phrases/one.md", "home/phrases/two.md"]
-    q = 'Somebody wrote that "brown quick" and a lazy dog were in the story, then it jumps.'
-    assert _refs(s, q)[:2] == ["home/phrases/two.md", "home/phrases/one.md"]
+    # both files hold every word; in a keyword query the phrase decides, and neither is lost
+    assert _refs(s, 'fox jumps "quick brown"')[:2] == ["home/phrases/one.md", "home/phrases/two.md"]
+    assert _refs(s, 'fox jumps "brown quick"')[:2] == ["home/phrases/two.md", "home/phrases/one.md"]
+    # pasted prose ranks exactly as its text without quotes, stars and leading dashes
+    for q in ('Somebody wrote that "the quick brown fox" and a lazy dog were in the story, then it -jumps*.',
+              'He said \u201cthe brown quick fox\u201d was \u00ablazy\u00bb \u2014 and the dog jumped, "twice.'):
+        bare = q
+        for c in '"*\u201c\u201d\u00ab\u00bb':
+            bare = bare.replace(c, "")
+        bare = bare.replace(" -", " ")
+        got = [(h["ref"], h["score"]) for h in _hits(s, q)]
+        assert got and got == [(h["ref"], h["score"]) for h in _hits(s, bare)], (q, bare)
 
 
 def test_an_exact_identifier_ranks_above_its_parts_whatever_their_counts(prose_server):
@@ -126,9 +133,12 @@ def test_a_phrase_may_span_a_passage_boundary(prose_server):
     assert hits and {h["ref"] for h in hits} == {"home/long/boundary.md"}
     assert len({tuple(h["lines"]) for h in hits}) == 2  # the two passages it spans
     assert _refs(s, '"bravo delta"') == []  # words apart are no phrase
-    # in prose the spanning phrase lifts the file above one holding the words apart
-    q = 'What did the wombat say when it said "alpha bravo charlie delta" to the others?'
-    assert _refs(s, q)[0] == "home/long/boundary.md"
+    # beside a word the spanning phrase scores: each of its two passages lifted, the others not
+    lifted = {tuple(h["lines"]): h["score"] for h in _hits(s, 'wombat "alpha bravo charlie delta"')}
+    bare = {tuple(h["lines"]): h["score"] for h in _hits(s, "wombat alpha bravo charlie delta")}
+    spanning = {tuple(h["lines"]) for h in hits}
+    assert lifted.keys() == bare.keys() and len(bare) == 3
+    assert all((lifted[k] > bare[k] + 0.1) == (k in spanning) for k in bare), (lifted, bare)
 
 
 def test_a_long_line_is_cut_between_words(prose_server):

@@ -10,7 +10,8 @@ Syntax is for people who mean it. A query is read one of two ways:
   ``+word``);
 - **as prose** otherwise: a pasted text. Its quotes are punctuation, its
   dashes are dashes, ``word*`` is the word: every word ranked, nothing
-  excluded, nothing required.
+  excluded, nothing required but an explicit ``+"a phrase"``. It ranks
+  exactly as the same text with its quotes, stars and leading dashes taken out.
 
 Read as syntax:
 
@@ -26,8 +27,7 @@ Read as syntax:
 - ``word*``: a prefix, expanded to at most :data:`MAX_EXPANSIONS` terms of
   the index's dictionary (an identifier prefix such as ``PIO-13*`` too).
 
-Read as prose, quoted spans of two words or more still score as phrases (a
-lift, never a filter). Either way:
+Either way:
 
 - identifiers (``PIO-1384``, ``v2.3.1``, ``foo_bar``, ``a/b/c.md``,
   ``name@example.com``) are ranked as their parts and whole; the whole
@@ -269,9 +269,13 @@ def _parse(text: str) -> Query:
         ranked_outside = True
         rank(chunk)
     # a phrase is required where the query means it: marked +, or the query's only
-    # ranked parts are phrases (read as syntax); else it scores
+    # ranked parts are phrases (read as syntax); else, read as syntax, it scores; in
+    # prose its quotes were punctuation (a lift measured nothing there: the prose set's
+    # tuning parts, SciFact train 0.6948 -> 0.6951 at 0.1 of its words' idf, 0.6901 at 1)
     for phrase, marked in phrases:
         required = marked or (syntax and not ranked_outside)
+        if not (required or syntax):
+            continue
         if len(q.phrases) + len(q.scored) >= MAX_PHRASES:
             break
         # candidates hold every word of it (a whole identifier of the phrase may sit

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import Home, Server
 
@@ -200,3 +202,36 @@ def test_limit_up_to_100(home):
         assert len(r["structuredContent"]["hits"]) == 100
         r = s.search("numbat", limit=101)
         assert r.get("isError") and "limit" in r["content"][0]["text"]
+
+
+_PIECES = st.lists(st.sampled_from(["word", "xylophonically", "a", "Rich", "Countries", ".", ",", " ", "  ", ". ",
+                                    "! ", "\u6771\u4eac", "\u2014", "-", "x" * 300, "e\u0301"]), min_size=1, max_size=1500)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(_PIECES)
+def test_a_long_line_is_cut_into_its_own_text_never_inside_a_word(parts):
+    """Any line: pieces of at most LIMIT characters that join back into the line, each cut
+    between two characters that are not both letters or digits (an ideograph is a word of
+    its own), unless the piece's second half holds no such place (a run like x * 300 * 9)."""
+    from lnkmem.index.chunk import LIMIT, chunk_text, cuts
+    line = "".join(parts)
+    pieces = [p.text for p in chunk_text(line + "\n")]
+    assert "".join(pieces) == line.rstrip("\n") or not line.strip()
+    at = 0
+    for k in cuts(line):
+        assert 0 < k - at <= LIMIT
+        half = line[at + LIMIT // 2:k + 1]
+        inside = line[k - 1].isalnum() and line[k].isalnum() and not ("\u4e00" <= line[k] <= "\u9fff")
+        assert not inside or all(c.isalnum() for c in half), (at, k, line[k - 20:k + 20])
+        at = k
+    assert len(line) - at <= LIMIT
+
+
+def test_a_line_at_the_limit_is_cut_at_a_sentence_end_near_it():
+    from lnkmem.index.chunk import LIMIT, cuts
+    line = "One sentence ends here. " * 150
+    k = cuts(line)[0]
+    assert line[:k].endswith("here. ") and LIMIT - 400 <= k <= LIMIT
+    line = "Rich Countries " * 400  # no sentence: after a space
+    assert all(line[k - 1] == " " for k in cuts(line))

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Optional
 
 from lnkmem.index import analyze
 
@@ -132,10 +133,12 @@ def _terms_of(text: str) -> list[tuple[str, float]]:
 _SYNTAX = re.compile("[*" + re.escape(QUOTES + analyze.CONNECTORS) + "]")
 
 
-def parse(text: str) -> Query:
-    if _SYNTAX.search(text) is None:
+def parse(text: str, syntax: Optional[bool] = None) -> Query:
+    """The query ``text`` means, read by the rule (:func:`reads_as_syntax`), or as syntax
+    (``syntax=True``) or prose (``False``) whatever its length (for a caller that knows)."""
+    if _SYNTAX.search(text) is None and syntax is None:
         return _plain(text)
-    return _parse(text)
+    return _parse(text, syntax)
 
 
 def _plain(text: str) -> Query:
@@ -185,12 +188,13 @@ def _reads_as_syntax(tokens: list) -> bool:
     return sum(len(m.group(2).split()) if m.group(2) is not None else 1 for m in meaningful) <= SYNTAX_WORDS
 
 
-def _parse(text: str) -> Query:
+def _parse(text: str, syntax: Optional[bool] = None) -> Query:
     q = Query()
     budget = _Budget()
     text = _balanced(text)
     tokens = list(_TOKEN.finditer(text))
-    syntax = _reads_as_syntax(tokens)
+    if syntax is None:
+        syntax = _reads_as_syntax(tokens)
     q.prose = not syntax
     positive: list[str] = []
     phrases: list[tuple[str, bool]] = []  # (phrase, required by its marker)

@@ -395,7 +395,7 @@ class Checks:
 
 
 PHRASE_WEIGHT = 0.1  # a scored phrase's lift: this times the sum of its words' idf (the prose set's tuning parts, SciFact train / LoCoMo 1-5: 0 0.6948 / 0.7914, 0.1 0.6951 / 0.7914, 0.25 0.6942 / 0.7924, 0.5 0.6924 / 0.7922, 1 0.6901 / 0.7912)
-PHRASE_CHECK = 1000  # passages read per search for the scored phrases, at most
+PHRASE_CHECK = 256  # passages read per search for the scored phrases, at most (the best of those that may hold one)
 
 
 class Texts:

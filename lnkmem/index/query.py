@@ -10,8 +10,9 @@ Syntax is for people who mean it. A query is read one of two ways:
   ``+word``);
 - **as prose** otherwise: a pasted text. Its quotes are punctuation, its
   dashes are dashes, ``word*`` is the word: every word ranked, nothing
-  excluded, nothing required but an explicit ``+"a phrase"``. It ranks
-  exactly as the same text with its quotes, stars and leading dashes taken out.
+  excluded, nothing required but an explicit ``+"a phrase"``. Any other prose
+  query ranks exactly as the same text with its quotes, stars and leading
+  dashes and pluses taken out (``bench/bench_prose.py`` measures it).
 
 Read as syntax:
 

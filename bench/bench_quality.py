@@ -18,7 +18,9 @@ In-process with the engine's own parts (``indexer.build`` into a real LMDB
   passage contains. A query is right when its first hit is that passage
   (a path query: any passage of that file). ``--make-set`` writes the set
   anew from the corpus (only identifiers and phrases found in exactly one
-  passage are taken).
+  passage are taken). The same set is measured again beside adversarial
+  distractors (issue 35): for each identifier query a file holding its parts
+  many times and never it whole (``PIO 1384 is unrelated; … PIO PIO 1384``).
 
 - **Ties** (issue 11): one file of 444,444 tied passages; a search's time.
 
@@ -191,10 +193,30 @@ def make_set(tmp: str, seed: int = SEED) -> list[dict]:
     return out
 
 
-def exact(tmp: str, queries: list[dict], seed: int = SEED) -> dict:
+def distractor(ident: str) -> str:
+    """A file that holds an identifier's parts, many times, and never the identifier
+    (issue 35: "PIO 1384 is unrelated; … PIO PIO 1384")."""
+    parts = [x for x in re.split(r"[-_./@:+#~]+", ident.strip('"')) if x]
+    sp = " ".join(parts)
+    return f"{sp} is unrelated; nothing here names it. {parts[0]} {parts[0]} {sp} {sp} {parts[-1]} {sp}.\n"
+
+
+ADVERSARIAL = ("cve", "code identifier", "identifier and a word", "quoted identifier")
+
+
+def exact(tmp: str, queries: list[dict], seed: int = SEED, adversarial: bool = False) -> dict:
+    """The set's first-hit rate; with ``adversarial``, beside a distractor file for each
+    identifier query (its parts, many times, never it whole)."""
     home = corpus_home(tmp, seed)
+    if adversarial:
+        d = os.path.join(home, "zz-distractors")
+        os.makedirs(d, exist_ok=True)
+        for i, q in enumerate(queries):
+            if q["kind"] in ADVERSARIAL:
+                with open(os.path.join(d, f"d{i:03d}.md"), "w") as f:
+                    f.write(distractor(q["contains"]))
     t = time.perf_counter()
-    store = build(home, os.path.join(tmp, f"corpus-idx2-{seed}"))
+    store = build(home, os.path.join(tmp, f"corpus-idx2-{seed}-{int(adversarial)}"))
     log(f"corpus: {store.snapshot.live} passages indexed in {time.perf_counter() - t:.1f}s")
     by_kind: dict[str, list[int]] = {}
     misses = []
@@ -251,8 +273,9 @@ def main(argv=None) -> int:
         with open(SET) as f:
             queries = json.load(f)
         sci = scifact(tmp, a.tune) if a.only in (None, "scifact") else None
-        ti = None
+        ti = adv = None
         ex = exact(tmp, queries) if a.only in (None, "exact") else None
+        adv = exact(tmp, queries, adversarial=True) if a.only in (None, "exact") else None
         ti = ties(tmp) if a.only in (None, "ties") else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -302,6 +325,20 @@ def main(argv=None) -> int:
         if ex["misses"]:
             lines.append("Misses: " + "; ".join(f"`{q}` → {got} (wanted {ref})" for q, ref, got in ex["misses"]))
             lines.append("")
+    if adv:
+        n_adv = sum(1 for q in queries if q["kind"] in ADVERSARIAL)
+        lines += [f"The same set beside adversarial distractors (issue 35): for each of its {n_adv} identifier "
+                  "queries a file holding the identifier's parts many times and never it whole "
+                  "(`PIO 1384 is unrelated; … PIO PIO 1384`, `bench_quality.distractor`).", "",
+                  "| identifiers and phrases, with distractors | right passage first | |", "|---|---|---|"]
+        for k, (ok, n) in adv["by_kind"].items():
+            lines.append(f"| {k} | {ok}/{n} | |")
+        total = sum(n for _, n in adv["by_kind"].values())
+        lines.append(f"| **all** | **{adv['first']:.1%}** of {total} | ≥ {T_EXACT:.0%} |")
+        lines.append("")
+        if adv["misses"]:
+            lines.append("Misses: " + "; ".join(f"`{q}` → {got} (wanted {ref})" for q, ref, got in adv["misses"]))
+            lines.append("")
     if ti:
         lines += [f"Tie-safe top-k (issue 11): a Home of one file holding {ti['passages']:,} tied passages "
                   f"(`# zq\\nzq\\n\\n` × 444,444, 4 MB): `zq`, limit 10, in-process: p50 of 7 "
@@ -310,7 +347,7 @@ def main(argv=None) -> int:
                   f"indexing the file took {ti['index_s']:.1f} s; both grow with the machine's load: "
                   f"15.6 ms and 8.7 s when it was quiet).", ""]
     text = "\n".join(lines)
-    common.report("bench_quality", when, mach, text, {"scifact": sci, "exact": ex}, t0)
+    common.report("bench_quality", when, mach, text, {"scifact": sci, "exact": ex, "adversarial": adv}, t0)
     if a.record:
         common.write_section(SECTION, lines)
     return 0

@@ -19,8 +19,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-SCIFACT = os.environ.get("LNKMEM_SCIFACT", "/work/shared/data/beir-scifact")
-LOCOMO = os.environ.get("LNKMEM_LOCOMO", "/work/shared/data/locomo/locomo10.json")
+def _shared(rel: str) -> str:
+    """``shared/data/<rel>`` beside the project (its checkout's parent, or the parent's
+    parent for a worktree under ``wt/``), found relative to this file, never at a fixed path."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for up in (os.path.dirname(root), os.path.dirname(os.path.dirname(root))):
+        p = os.path.join(up, "shared", "data", rel)
+        if os.path.exists(p):
+            return p
+    return os.path.join(os.path.dirname(root), "shared", "data", rel)
+
+
+SCIFACT = os.environ.get("LNKMEM_SCIFACT") or _shared("beir-scifact")
+LOCOMO = os.environ.get("LNKMEM_LOCOMO") or _shared(os.path.join("locomo", "locomo10.json"))
 
 
 # ---------------------------------------------------------------- BEIR

@@ -89,7 +89,7 @@ def add_parsers(sub) -> None:
                                    "Query syntax: \"an exact phrase\", -word (not this), word* (prefix), plain words.")
     _folder_args(s, agent_positional=False)
     s.add_argument("query", nargs="+", help="the words to look for (quote them or not)")
-    s.add_argument("--limit", type=int, default=10, metavar="N", help="the most hits to print (1-50; default 10)")
+    s.add_argument("--limit", type=int, default=10, metavar="N", help="the most hits to print (1-100; default 10)")
     s.add_argument("--sources", action="append", metavar="LIST",
                    help="only these sources, comma-separated: home, chats, skills, notes")
     s.add_argument("--under", metavar="REF", help="only refs starting with this, e.g. home/projects/")

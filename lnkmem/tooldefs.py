@@ -27,10 +27,17 @@ TOOLS: dict[str, dict] = {
             "properties": {
                 "query": {"type": "string", "minLength": 1, "maxLength": 10000,
                           "description": 'What to look for: words (ranked, none required), identifiers such as '
-                                         'PIO-1384 or a/b/c.md (exact ones rank first), "an exact phrase", '
-                                         '-word (exclude), word* (prefix).'},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10,
-                          "description": "The most hits to return."},
+                                         'PIO-1384 or a/b/c.md (the passage holding one exactly ranks above '
+                                         'any holding only its parts), or pasted text. Syntax is read only in a '
+                                         'short keyword query (at most 6 words, no sentence punctuation): '
+                                         '"an exact phrase" (required when the query is only phrases; beside '
+                                         'other words it ranks passages holding it higher), +word or +"phrase" '
+                                         '(required), -word (exclude), word* (prefix). Longer text or a '
+                                         'sentence is read as prose: quotes, dashes and stars are punctuation '
+                                         'and never lose a document (+"phrase" is still required). Quotes pair '
+                                         'left to right; an unpaired one is punctuation.'},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10,
+                          "description": "The most hits to return (1-100; the token budget still cuts their text)."},
                 "sources": {"type": "array", "items": {"enum": list(SOURCES)}, "uniqueItems": True,
                             "description": "Only these sources (default: all)."},
                 "under": {"type": "string", "maxLength": 4096,

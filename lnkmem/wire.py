@@ -122,7 +122,7 @@ class Refusal(Struct):
 
 class SearchArgs(_Strict):
     query: Annotated[str, Meta(min_length=1, max_length=10_000)]
-    limit: Annotated[int, Meta(ge=1, le=50)] = 10
+    limit: Annotated[int, Meta(ge=1, le=100)] = 10
     sources: Optional[list[Source]] = None
     under: Optional[Annotated[str, Meta(max_length=4096)]] = None
     after: Optional[Annotated[str, Meta(min_length=1, max_length=64)]] = None

@@ -187,7 +187,7 @@ def test_protocol_errors_never_end_the_server(served):
     assert served.request("tools/call", {"name": "nope"})["error"]["code"] == -32602
     r = served.call("search", {"query": ""})
     assert r["isError"] and "query" in r["content"][0]["text"]
-    r = served.call("search", {"query": "x", "limit": 51})
+    r = served.call("search", {"query": "x", "limit": 101})  # (1-100, rev. 3)
     assert r["isError"] and "limit" in r["content"][0]["text"]
     r = served.call("search", {"query": "x", "sources": ["web"]})
     assert r["isError"] and "sources" in r["content"][0]["text"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from lnkmem.index import postings, search
+from lnkmem.index import query as qlang
 from lnkmem.index.store import Batch, Store
 from tests.helpers import random_file
 
@@ -142,17 +143,20 @@ def test_scores_of_given_passages_are_the_words_scores(tmp_path, merge):
             q = _query(rng)
             if i % 6 == 0:
                 q += " t2*"
+            # (read as syntax whatever its length: its -word excludes, its t2* is a prefix)
+            text, q = q, qlang.parse(q, syntax=True)
             full = dict(search.words(st, q, len(snap.alive), candidates=len(snap.alive))[0])
             # a passage holding an excluded word is left out of the words ranking, but
             # scored (the caller's passages passed the checks): as without the exclusion
-            excluded = {w[1:] for w in q.split() if w.startswith("-")}
-            ranked = " ".join(w for w in q.split() if not w.startswith("-") and w not in excluded)
-            unfiltered = dict(search.words(st, ranked, len(snap.alive), candidates=len(snap.alive))[0])
+            excluded = {w[1:] for w in text.split() if w.startswith("-")}
+            ranked = " ".join(w for w in text.split() if not w.startswith("-") and w not in excluded)
+            unfiltered = dict(search.words(st, qlang.parse(ranked, syntax=True), len(snap.alive),
+                                           candidates=len(snap.alive))[0])
             assert all(unfiltered[p] == s for p, s in full.items())
             some = rng.sample(range(len(every)), 80) + list(full)[:20]
             got = search.scores_of(st, q, some)
             want = [unfiltered.get(p, 0.0) for p in some]
-            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(got.tolist(), want)), q
+            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(got.tolist(), want)), text
             assert got.dtype == np.float32 and len(got) == len(some)
             dead = [p for p in some if p < len(snap.alive) and not snap.alive[p]]
             assert all(got[some.index(p)] == 0 for p in dead)

@@ -3,17 +3,57 @@
 A passage is what search ranks and returns: a heading's section, or a few
 paragraphs of one, about ``TARGET`` characters long. Headings start a new
 passage; blank lines end paragraphs; a paragraph longer than ``LIMIT`` is cut
-at line ends, and a line longer than that at ``LIMIT`` characters (keeping
-its line number).
+at line ends, and a line longer than that into pieces of at most ``LIMIT``
+characters (keeping its line number), each cut at a sentence's end where one
+lies within ``NEAR`` characters of the limit, else after the last space before
+it, never inside a word (:func:`cuts`); only a run of ``LIMIT`` characters
+with no space nor punctuation in its second half is cut at the limit.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Iterator, NamedTuple
 
 TARGET = 1200
 LIMIT = 2400
 SMALL = 300  # a piece this short (a title, a lead line) joins what follows
+NEAR = 400  # a long line's piece ends at a sentence's end this near its limit, if one lies there
+
+_SENTENCE_END = re.compile(r"[.!?\u3002\uff01\uff1f][\"'\u201d\u2019)\]]*\s+")
+_SPACE = re.compile(r"\s+")
+
+
+def cuts(line: str) -> list[int]:
+    """Where a line longer than LIMIT is cut: each piece at most LIMIT characters, ending
+    after a sentence's end within NEAR of its limit, else after its last space, else at
+    its last boundary of a word (punctuation; an ideograph stands alone), and at the
+    limit only where the second half of a piece holds none of those."""
+    out = []
+    at = 0
+    n = len(line)
+    while n - at > LIMIT:
+        end = at + LIMIT
+        cut = 0
+        for m in _SENTENCE_END.finditer(line, end - NEAR, end):
+            cut = m.end()
+        if not cut:
+            for m in _SPACE.finditer(line, at + LIMIT // 2, end):
+                cut = m.end()
+        if not cut:
+            k = end
+            while k > at + LIMIT // 2 and (line[k - 1].isalnum() and line[k].isalnum()) and \
+                    not (_ideograph(line[k - 1]) or _ideograph(line[k])):
+                k -= 1
+            cut = k if k > at + LIMIT // 2 else end
+        out.append(cut)
+        at = cut
+    return out
+
+
+def _ideograph(c: str) -> bool:
+    return "\u3040" <= c <= "\u30ff" or "\u3400" <= c <= "\u4dbf" or "\u4e00" <= c <= "\u9fff" or \
+        "\uac00" <= c <= "\ud7af" or "\uf900" <= c <= "\ufaff"
 
 
 class Piece(NamedTuple):
@@ -61,8 +101,10 @@ def _split_long(first: int, lines: list[str]) -> Iterator[tuple[int, int, str]]:
             if buf:
                 yield start, n - 1, "\n".join(buf)
                 buf, size = [], 0
-            for k in range(0, len(line), LIMIT):
-                yield n, n, line[k : k + LIMIT]
+            at = 0
+            for cut in cuts(line) + [len(line)]:
+                yield n, n, line[at:cut]
+                at = cut
             start = n + 1
             continue
         if size + len(line) > LIMIT and buf:

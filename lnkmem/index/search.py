@@ -22,6 +22,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from lnkmem.index import analyze
 from lnkmem.index import postings as plists
 from lnkmem.index import query as qlang
 from lnkmem.index.store import SOURCE_CODE, Passage, Snapshot, Store, joined
@@ -209,10 +210,10 @@ class _Term:
     cached, when every posting in it is live or its segment's dead are few: see
     :func:`_terms`), its live df, weight, idf and score bound."""
 
-    __slots__ = ("term", "w", "lists", "df", "maxtf", "idf", "ub", "dead")
+    __slots__ = ("term", "w", "lists", "df", "maxtf", "idf", "ub", "dead", "k1")
 
-    def __init__(self, term: str, w: float):
-        self.term, self.w = term, w
+    def __init__(self, term: str, w: float, k1: float = 0.0):
+        self.term, self.w, self.k1 = term, w, k1
         # (key, packed bytes or None, (pids, tfs) decoded or None); a list decoded and checked
         # against the live passages: (None, None, its live (pids, tfs))
         self.lists: list = []
@@ -253,16 +254,22 @@ def _weights(store: Store, txn, segs: list[bytes], q: qlang.Query) -> dict:
 
 
 class Checks:
-    """What a hit must satisfy beyond its score: no excluded term, every phrase's
-    terms and words in order, no excluded phrase, a time in [after, before)."""
+    """What a hit must satisfy beyond its score: no excluded term, every required
+    phrase's words in order (in the passage, or across its boundary with the passage
+    before or after it in its file), every ``+word``, no excluded phrase, a time in
+    [after, before). Also the scored phrases' lifts (:meth:`lift`)."""
 
     def __init__(self, q: qlang.Query, after: Optional[float], before: Optional[float]):
         self.q = q
         self.after, self.before = after, before
-        self.phrases = [qlang.phrase_pattern(w) for w in q.phrases]
+        self.phrases = [(qlang.phrase_pattern(w), len(w)) for w in q.phrases]
         self.not_phrases = [qlang.phrase_pattern(w) for w in q.excluded_phrases]
+        self.scored = [(qlang.phrase_pattern(w), len(w)) for w in q.scored]
+        self.lifts: list[float] = [0.0] * len(q.scored)  # each scored phrase's lift (set by the ranking)
+        self.holders: list = [None] * len(q.scored)  # pids that may hold each scored phrase (bool by pid)
         self.banned: Optional[np.ndarray] = None  # pids holding an excluded term
-        self.required: Optional[np.ndarray] = None  # pids holding every phrase's terms
+        self.required: Optional[np.ndarray] = None  # pids holding (with a neighbour) every required term
+        self.snap: Optional[Snapshot] = None  # the snapshot the ranking read (a passage's neighbours)
 
     @property
     def on_text(self) -> bool:
@@ -321,14 +328,16 @@ class Checks:
             files[p.ref] = _seconds(store.file_mtime(p.ref))
         return files[p.ref]
 
-    def text_ok(self, p: Passage, t: Optional[float] = None) -> bool:
+    def text_ok(self, texts: "Texts", pid: int, p: Passage, t: Optional[float] = None) -> bool:
         if self.after is not None or self.before is not None:
             if t is None or (self.after is not None and t < self.after) or \
                     (self.before is not None and t >= self.before):
                 return False
         if self.phrases or self.not_phrases:
             low = p.text.casefold()
-            if any(not r.search(low) for r in self.phrases) or any(r.search(low) for r in self.not_phrases):
+            if any(r.search(low) for r in self.not_phrases):
+                return False
+            if any(not texts.holds(r, n, pid, p, low) for r, n in self.phrases):
                 return False
         return True
 
@@ -345,14 +354,117 @@ class Checks:
         out: Pairs = []
         dated = self.after is not None or self.before is not None
         files: dict = {}
+        texts = Texts(store, self.snap or store.refresh())
         for i in range(0, min(len(pairs), CHECK_CAP), 256):
             chunk = pairs[i:min(i + 256, CHECK_CAP)]
-            for pair, p in zip(chunk, store.passages_of(pid for pid, _ in chunk)):
-                if p is not None and self.text_ok(p, self.time_of(store, p, files) if dated else None):
+            for pair, p in zip(chunk, texts.read([pid for pid, _ in chunk])):
+                if p is not None and self.text_ok(texts, pair[0], p, self.time_of(store, p, files) if dated else None):
                     out.append(pair)
                     if len(out) >= want:
                         return out
         return out
+
+    def lift(self, store: Store, snap: Snapshot, cand: np.ndarray, sc: np.ndarray) -> np.ndarray:
+        """``sc`` (the scores of ``cand``) with each scored phrase's lift added where the
+        passage holds it (or it spans the passage's boundary with a neighbour in its
+        file): at most PHRASE_CHECK passages read, the best of those whose words (with a
+        neighbour's) hold the phrase's."""
+        if not self.scored or not len(cand):
+            return sc
+        may = np.zeros(len(cand), bool)
+        for h in self.holders:
+            if h is not None:
+                inside = cand < len(h)
+                may[inside] |= h[cand[inside]]
+        at = np.flatnonzero(may)
+        if not len(at):
+            return sc
+        if len(at) > PHRASE_CHECK:
+            at = at[np.argpartition(-sc[at], PHRASE_CHECK - 1)[:PHRASE_CHECK]]
+        sc = sc.copy()
+        texts = Texts(store, snap)
+        pids = cand[at].tolist()
+        for i, pid, p in zip(at.tolist(), pids, texts.read(pids)):
+            if p is None:
+                continue
+            low = p.text.casefold()
+            for (r, n), lift, h in zip(self.scored, self.lifts, self.holders):
+                if lift and h is not None and pid < len(h) and h[pid] and texts.holds(r, n, pid, p, low):
+                    sc[i] += lift
+        return sc
+
+
+PHRASE_WEIGHT = 0.1  # a scored phrase's lift: this times the sum of its words' idf (the prose set's tuning parts, SciFact train / LoCoMo 1-5: 0 0.6948 / 0.7914, 0.1 0.6951 / 0.7914, 0.25 0.6942 / 0.7924, 0.5 0.6924 / 0.7922, 1 0.6901 / 0.7912)
+PHRASE_CHECK = 256  # passages read per search for the scored phrases, at most (the best of those that may hold one)
+
+
+class Texts:
+    """The passages one search reads for its text checks, by pid, and their neighbours
+    in their file (a phrase may span the boundary between two passages)."""
+
+    def __init__(self, store: Store, snap: Snapshot):
+        self.store, self.snap = store, snap
+        self.kept: dict[int, Optional[Passage]] = {}
+
+    def read(self, pids: list[int]) -> list[Optional[Passage]]:
+        todo = [p for p in pids if p not in self.kept]
+        for p, got in zip(todo, self.store.passages_of(todo)):
+            self.kept[p] = got
+        return [self.kept[p] for p in pids]
+
+    def neighbours(self, pid: int) -> list[int]:
+        """The passages just before and after ``pid`` in its file, alive."""
+        refid, alive = self.snap.refid, self.snap.alive
+        if not 0 <= pid < min(len(refid), len(alive)) or refid[pid] < 0:
+            return []
+        r = refid[pid]
+        return [n for n in (pid - 1, pid + 1) if 0 <= n < min(len(refid), len(alive)) and refid[n] == r and alive[n]]
+
+    def holds(self, pattern: re.Pattern, size: int, pid: int, p: Passage, low: str) -> bool:
+        """Whether passage ``p`` (``pid``; ``low``: its text case-folded) holds the phrase
+        (``pattern``, ``size`` characters long), alone or across its boundary with a
+        neighbour of its file."""
+        if pattern.search(low):
+            return True
+        span = 2 * size + 64
+        near = self.neighbours(pid)
+        for n, o in zip(near, self.read(near)):
+            if o is None or o.ref != p.ref:
+                continue
+            a, b = (o.text, p.text) if n < pid else (p.text, o.text)
+            a, b = a[-span:].casefold(), b[:span].casefold()
+            joined = a + "\n" + b
+            for m in pattern.finditer(joined):
+                if m.start() < len(a) < m.end():
+                    return True
+        return False
+
+
+def _holders(cap: int, refid: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
+    """The passages (bool by pid) that hold every term (``masks``: bool by pid, one a
+    term), alone or with the passage before or after them in their file."""
+    every = masks[0].copy()
+    for m in masks[1:]:
+        every &= m
+    if cap < 2:
+        return every
+    same = np.zeros(cap, bool)  # pid and pid + 1 in one file
+    n = min(cap, len(refid))
+    same[:n - 1] = (refid[:n - 1] == refid[1:n]) & (refid[:n - 1] >= 0)
+    nxt = same.copy()
+    prv = np.zeros(cap, bool)
+    prv[1:] = same[:-1]
+    for m in masks:
+        up = np.zeros(cap, bool)
+        up[:-1] = m[1:]
+        down = np.zeros(cap, bool)
+        down[1:] = m[:-1]
+        nxt &= m | up
+        prv &= m | down
+    some = masks[0].copy()
+    for m in masks[1:]:
+        some |= m
+    return every | ((nxt | prv) & some)
 
 
 def _newest(store: Store, snap: Snapshot, checks: Checks, want: int, sources, under) -> Pairs:
@@ -440,8 +552,9 @@ def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Opt
           after: Optional[float] = None, before: Optional[float] = None) -> tuple[Pairs, Checks]:
     """Best (pid, score) pairs for ``query``, best first, and the checks any
     other ranking's hits must pass too (exclusions, phrases, dates)."""
+    q = qlang.parse(query) if isinstance(query, str) else query
     try:
-        out = _words(store, query, limit, sources, under, k1, b, candidates, after, before)
+        out = _words(store, q, limit, sources, under, k1, b, candidates, after, before)
     except BaseException:
         _scratch.drop()
         raise
@@ -508,8 +621,8 @@ def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: s
     return joined(pids, tfs, np.intp)
 
 
-def _words(store: Store, query, limit: int, sources, under, k1: float, b: float, candidates, after, before):
-    q = qlang.parse(query) if isinstance(query, str) else query
+def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, b: float, candidates, after,
+           before):
     checks = Checks(q, after, before)
     snap = store.refresh()
     want = candidates or limit
@@ -532,38 +645,56 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
             for term in q.excluded:
                 banned[postings(txn, segs, term)[0]] = True
             checks.banned = banned
-        for terms in q.phrase_terms:
-            if not terms:
-                continue
-            has = None
-            for term in list(dict.fromkeys(terms))[:8]:  # enough to narrow; the text check decides
-                m = np.zeros(cap, bool)
+        checks.snap = snap
+        held: dict[str, np.ndarray] = {}  # term -> bool by pid: the passages holding it
+
+        def holding(term: str) -> np.ndarray:
+            if term not in held:
+                m = held[term] = np.zeros(cap, bool)
                 m[postings(txn, segs, term)[0]] = True
-                has = m if has is None else has & m
+            return held[term]
+
+        def require(has: np.ndarray) -> None:
             checks.required = has if checks.required is None else checks.required & has
+
+        for terms in q.phrase_terms:  # a required phrase: in a passage, or across a boundary of its file
+            if terms:  # (its first 8 distinct words: enough to narrow; the text check decides)
+                require(_holders(cap, snap.refid, [holding(t) for t in list(dict.fromkeys(terms))[:8]]))
+        for terms in q.required:  # +word: in the passage
+            for t in terms:
+                require(holding(t).copy())
+        for i, terms in enumerate(q.scored_terms):
+            terms = list(dict.fromkeys(terms))[:8]
+            if terms:
+                masks = [holding(t) for t in terms]
+                checks.holders[i] = _holders(cap, snap.refid, masks)
+                checks.lifts[i] = PHRASE_WEIGHT * sum(_idf(snap, int(np.count_nonzero(m))) for m in masks)
         pruned = None
-        if PRUNE and len(weights) > 1 and not checks.on_text and not checks.dated and snap.segs is not None \
-                and snap.seg_of is not None:
-            pruned = _maxscore(store, txn, snap, segs, weights, checks, scores, touched, want, sources, under, k1, b)
+        if PRUNE and len(weights) > 1 and not checks.on_text and not checks.dated and not q.scored \
+                and snap.segs is not None and snap.seg_of is not None:
+            pruned = _maxscore(store, txn, snap, segs, weights, checks, scores, touched, want, sources, under, k1, b,
+                               q.flat)
         else:
             # one ranked word and nothing to filter by: its postings' scores are the
             # candidates' own (no scatter into the score array, nothing to zero after)
-            alone = len(weights) == 1 and not checks.any and not checks.dated and not under \
+            alone = len(weights) == 1 and not checks.any and not checks.dated and not under and not q.scored \
                 and (sources is None or set(sources) >= set(SOURCE_CODE))
             if alone and PRUNE and snap.segs is not None and snap.seg_of is not None:
                 (term, w), = weights.items()
                 got = _one_word(store, txn, snap, segs, term, w, want, k1, b)
                 if got is not None:
                     return list(zip(got[0].tolist(), got[1].tolist())), checks
+            listed = []
             for term, w in weights.items():
                 pids, tfs = postings(txn, segs, term)
-                tfs = tfs.astype(np.float32)
-                df = len(pids)
-                if df == 0:
-                    continue
-                idf = float(np.log1p((snap.live - df + 0.5) / (df + 0.5))) * w
-                dl = snap.doclen[pids]
-                sc = _tf_score(idf, tfs, dl, avgdl, k1, b)
+                if len(pids):
+                    listed.append((term, pids, tfs, _idf(snap, len(pids)) * w))
+            flat = flat_idfs({t: idf for t, _, _, idf in listed}, k1, q.flat)
+            for term, pids, tfs, idf in listed:
+                kt = k1
+                if term in flat:
+                    idf, kt = flat[term], FLAT_K1
+                sc = _tf_score(idf, tfs.astype(np.float32), snap.doclen[pids], avgdl, kt, b)
                 if alone:
                     cand, sc = top(snap, pids, sc, want)
                     return list(zip(cand.tolist(), sc.tolist())), checks
@@ -590,6 +721,8 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
     if not len(cand):
         return [], checks
     sc = scores[cand]
+    if q.scored:
+        sc = checks.lift(store, snap, cand, sc)
     if checks.on_text:
         cand, sc = top(snap, cand, sc, min(len(cand), CHECK_CAP))
         pairs = checks.filter(store, list(zip(cand.tolist(), sc.tolist())), want)
@@ -598,7 +731,8 @@ def _words(store: Store, query, limit: int, sources, under, k1: float, b: float,
     return list(zip(cand.tolist(), sc.tolist())), checks
 
 
-def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, k1: float, b: float) -> list:
+def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, k1: float, b: float,
+           flat: Sequence[str] = ()) -> list:
     """The ranked terms that have a live posting: each one's lists (a segment's still
     packed when every posting in it is live: its header gives the count and the
     largest tf; or when its segment's dead passages are few beside it: counted off by
@@ -609,7 +743,7 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
     mindl, dirty, held = _facts(snap)
     terms = []
     for term, w in weights.items():
-        tm = _Term(term, w)
+        tm = _Term(term, w, k1)
         t = term.encode()
         for sk in store.holding(txn, segs, t):
             key = sk + t
@@ -655,10 +789,42 @@ def _terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, 
                 tm.maxtf = max(tm.maxtf, int(ts.max()))
                 tm.lists.append((None, None, (ps, ts)))  # (no key: its postings are no longer the list's whole)
         if tm.df:
-            tm.idf = float(np.log1p((snap.live - tm.df + 0.5) / (tm.df + 0.5))) * w
-            tm.ub = _tf_score(tm.idf, tm.maxtf, mindl, avgdl, k1, b)
+            tm.idf = _idf(snap, tm.df) * w
             terms.append(tm)
+    flat = flat_idfs({tm.term: tm.idf for tm in terms}, k1, flat)
+    for tm in terms:
+        if tm.term in flat:
+            tm.idf, tm.k1 = flat[tm.term], FLAT_K1
+        tm.ub = _tf_score(tm.idf, tm.maxtf, mindl, avgdl, tm.k1, b)
     return terms
+
+
+def _idf(snap: Snapshot, df: int) -> float:
+    return float(np.log1p((snap.live - df + 0.5) / (df + 0.5)))
+
+
+FLAT = True  # a whole identifier scores flat, at least what its parts can (the identifier rule, §4.1 rev. 3)
+FLAT_K1 = 1e-6  # the k1 a flat term is scored with: its score is its idf whatever its count and passage length
+
+
+def flat_idfs(idfs: dict, k1: float, flat: Sequence[str]) -> dict:
+    """The whole identifiers among a query's terms (``idfs``: term -> idf times its
+    weight), each with the idf it scores flat with: its own plus the most each of its
+    parts can score in any passage (BM25's bound as tf grows: idf (k1 + 1)). The passage
+    holding ``PIO-1384`` exactly then ranks above any holding only ``PIO`` and ``1384``,
+    however often; a plain word's score is unchanged. ``flat``: the identifiers to score
+    so (``Query.flat``: every one in a query read as syntax, those naming one thing,
+    ``PIO-1384``, in prose)."""
+    if not FLAT or not flat:
+        return {}
+    out = {}
+    for term, idf in idfs.items():
+        if term in flat and analyze.joined(term):
+            parts = {analyze.term_of(w) for w in analyze.words(term)}
+            parts.discard("")
+            parts.discard(term)
+            out[term] = idf + sum(idfs.get(t, 0.0) for t in parts) * (k1 + 1)
+    return out
 
 
 # a one-word search takes a word whose lists hold this many postings block by block
@@ -676,6 +842,8 @@ def _one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w
     of those is theta, and then only the blocks whose bound reaches theta. A passage that
     could place is never in a block left out, so the answer is scoring every posting's.
     None when its lists are short (scoring them whole costs less)."""
+    if analyze.joined(term):  # (scored flat: _terms)
+        return None
     t = term.encode()
     total = 0
     for sk in store.holding(txn, segs, t):  # from the headers: a rare word costs nothing more
@@ -791,7 +959,8 @@ def _holding(ps: np.ndarray, dead: np.ndarray) -> int:
 
 
 def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
-              scores: np.ndarray, touched: list, want: int, sources, under, k1: float, b: float) -> Optional[np.ndarray]:
+              scores: np.ndarray, touched: list, want: int, sources, under, k1: float, b: float,
+              flat: Sequence[str] = ()) -> Optional[np.ndarray]:
     """Score ``weights``' terms into ``scores`` with MaxScore (Turtle and Flood):
     terms by their score bound, highest first, each list scored whole until the
     bounds of the terms left sum below the ``want``-th best score so far (theta):
@@ -802,7 +971,7 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
     ``under`` and the query's exclusions; None when no list had a posting."""
     cap = len(snap.alive)
     avgdl = snap.avgdl
-    terms = _terms(store, txn, snap, segs, weights, k1, b)
+    terms = _terms(store, txn, snap, segs, weights, k1, b, flat)
     if not terms:
         return None
     terms.sort(key=lambda x: -x.ub)
@@ -824,9 +993,9 @@ def _maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dic
         tfs = tfs.astype(np.float32)
         dl = snap.doclen[pids]
         if first:  # (no score yet: every one 0, and a term's lists hold a passage once)
-            scores[pids] = _tf_score(tm.idf, tfs, dl, avgdl, k1, b)
+            scores[pids] = _tf_score(tm.idf, tfs, dl, avgdl, tm.k1, b)
         else:
-            scores[pids] += _tf_score(tm.idf, tfs, dl, avgdl, k1, b)
+            scores[pids] += _tf_score(tm.idf, tfs, dl, avgdl, tm.k1, b)
 
     for i, tm in enumerate(terms):
         pids, tfs = [], []
@@ -906,7 +1075,7 @@ def _bound(store: Store, tm: "_Term", pids: np.ndarray, snap: Snapshot, k1: floa
                 np.maximum(mt[lo:hi], np.where(ps[at] == sub, ts[at], 0), out=mt[lo:hi])
     tf = mt.astype(np.float32)
     dl = snap.doclen[pids]
-    return np.where(mt > 0, _tf_score(tm.idf, tf, dl, snap.avgdl, k1, b), 0).astype(np.float32)
+    return np.where(mt > 0, _tf_score(tm.idf, tf, dl, snap.avgdl, tm.k1, b), 0).astype(np.float32)
 
 
 def _reaching(cand: np.ndarray, bounds: list, scores: np.ndarray, theta: float, r: int = 0):
@@ -990,7 +1159,7 @@ def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1
     avgdl = snap.avgdl
     with store.env.begin() as txn:
         segs = store.segment_keys(txn)
-        terms = _terms(store, txn, snap, segs, _weights(store, txn, segs, q), k1, b)
+        terms = _terms(store, txn, snap, segs, _weights(store, txn, segs, q), k1, b, q.flat)
         terms.sort(key=lambda x: -x.ub)  # MaxScore's order of adding
         for tm in terms:
             for ps, ts in _lists_for(store, tm, want):
@@ -1002,7 +1171,18 @@ def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1
                     continue
                 ps, ts, at = ps[hit], ts[hit].astype(np.float32), at[hit]
                 dl = snap.doclen[ps]
-                acc[at] += _tf_score(tm.idf, ts, dl, avgdl, k1, b)
+                acc[at] += _tf_score(tm.idf, ts, dl, avgdl, tm.k1, b)
+    if q.scored:  # each scored phrase's lift where a passage holds it (as words() lifts it)
+        dfs = {tm.term: tm.df for tm in terms}
+        patterns = [(qlang.phrase_pattern(w), len(w)) for w in q.scored]
+        lifts = [PHRASE_WEIGHT * sum(_idf(snap, dfs[t]) for t in dict.fromkeys(ts[:8]) if t in dfs)
+                 if ts and all(t in dfs for t in ts) else 0.0 for ts in q.scored_terms]
+        texts = Texts(store, snap)
+        wl = want.tolist()
+        for i, pid, p in zip(range(len(wl)), wl, texts.read(wl)):
+            if p is not None:
+                low = p.text.casefold()
+                acc[i] += sum(lift for (r, n), lift in zip(patterns, lifts) if lift and texts.holds(r, n, pid, p, low))
     out[ok] = acc[np.searchsorted(want, pids[ok])]
     return out
 

@@ -58,7 +58,7 @@ from lnkmem.errors import DamagedIndex, ToolError
 from lnkmem.index import postings, textpack
 from lnkmem.index.refs import Refs
 
-FORMAT = b"lnkmem-index-4"  # 4: postings in bit-packed blocks, passages deflated (issue 12)
+FORMAT = b"lnkmem-index-5"  # 5: long lines cut at word boundaries (issue 35); 4: postings in bit-packed blocks, passages deflated (issue 12)
 SOURCES = ("home", "chats", "skills", "notes")
 SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
 

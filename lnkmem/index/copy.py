@@ -799,28 +799,34 @@ class _Reader:
     def _postings(self, name: str, s: _Segment, held: np.ndarray, sk: bytes) -> None:
         n = len(held)
         vals = s.postings
+        top = int(held[-1]) if n else -1
+        if n and top < 4 * n + DENSE_SLACK:  # a mask of the segment's ids: one gather a posting
+            mask = np.zeros(top + 1, bool)
+            mask[held] = True
+
+            def mask_ok(pp: np.ndarray) -> bool:
+                return int(pp.max()) <= top and bool(mask[pp].all())
+        else:
+            def mask_ok(pp: np.ndarray) -> bool:
+                at = np.minimum(np.searchsorted(held, pp), n - 1)
+                return bool((held[at] == pp).all())
+        claims = postings.stated_counts(vals)
+        if len(claims) and claims.min() < 0:
+            raise _bad(f"{name}: a posting list has a broken length")
+        if len(claims) and claims.max() > n:
+            raise _bad(f"{name}: a posting list claims more postings than the segment holds")
+        upto = np.cumsum(claims)
         a = 0
         while a < len(vals):
             # a batch: lists whose stated counts add up to CHECK_POSTINGS (a list of more alone)
-            b, claimed = a, 0
-            while b < len(vals):
-                c = postings.stated_count(vals[b])
-                if c < 0:
-                    raise _bad(f"{name}: a posting list has a broken length")
-                if c > n:
-                    raise _bad(f"{name}: a posting list claims more postings than the segment holds")
-                if b > a and claimed + c > CHECK_POSTINGS:
-                    break
-                claimed += c
-                b += 1
+            below = int(upto[a - 1]) if a else 0
+            b = max(int(np.searchsorted(upto, below + CHECK_POSTINGS, side="right")), a + 1)
             try:
                 pp, counts = postings.check_many(vals[a:b])
             except ValueError as e:
                 raise _bad(f"{name}: {e}") from None
-            if len(pp):
-                at = np.minimum(np.searchsorted(held, pp), max(n - 1, 0))
-                if n == 0 or not (held[at] == pp).all():
-                    raise _bad(f"{name}: a posting names a passage the segment does not hold")
+            if len(pp) and (n == 0 or not mask_ok(pp)):
+                raise _bad(f"{name}: a posting names a passage the segment does not hold")
             if self.txn is not None:
                 if self.order is None:
                     items = [(sk + t, v) for t, v in zip(s.terms[a:b], vals[a:b]) if len(v) > 1]

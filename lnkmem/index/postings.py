@@ -732,6 +732,36 @@ def check(v) -> Optional[str]:
     return None
 
 
+def _counts(values: list, buf: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(stated counts, bytes of each count, starts, lengths) of stored values joined in
+    ``buf``: their varints read all at once; a count that is broken, or over 32 bits, -1."""
+    k = len(values)
+    lens = np.fromiter(map(len, values), np.int64, k)
+    starts = np.cumsum(lens) - lens
+    raw = np.frombuffer(buf + bytes(8), np.uint8)
+    n = np.zeros(k, np.int64)
+    used = np.zeros(k, np.int64)
+    for i in range(5):  # varints of at most 5 bytes
+        todo = np.flatnonzero(used == 0)
+        if not len(todo):
+            break
+        b = raw[starts[todo] + i].astype(np.int64)
+        n[todo] |= (b & 0x7F) << (7 * i)
+        used[todo[b < 0x80]] = i + 1
+    n[(used == 0) | (used > lens) | (n >= 1 << 32)] = -1
+    return n, used, starts, lens
+
+
+def stated_counts(values: list) -> np.ndarray:
+    """:func:`stated_count` of each stored value, read all at once: -1 where the count is
+    broken or leaves no room for its blocks' headers."""
+    if not values:
+        return np.empty(0, np.int64)
+    n, used, _, lens = _counts(values, b"".join(values))
+    n[(n > 0) & (lens < used + (n + BLOCK - 1) // BLOCK * _HS)] = -1
+    return n
+
+
 def check_many(values: list) -> tuple[np.ndarray, np.ndarray]:
     """(pids u32 of every list one after another, each list's count) of stored values
     that are each one :func:`pack` makes -- what :func:`check` asks of one, asked of
@@ -742,22 +772,11 @@ def check_many(values: list) -> tuple[np.ndarray, np.ndarray]:
     k = len(values)
     if not k:
         return np.empty(0, np.uint32), np.empty(0, np.int64)
-    lens = np.fromiter(map(len, values), np.int64, k)
     buf = b"".join(values)
-    ends = np.cumsum(lens)
-    starts = ends - lens
+    n, used, starts, lens = _counts(values, buf)
+    ends = starts + lens
     raw = np.frombuffer(buf + bytes(8), np.uint8)
-    n = np.zeros(k, np.int64)
-    used = np.zeros(k, np.int64)
-    for i in range(5):  # the counts: varints of at most 5 bytes
-        todo = used == 0
-        if not todo.any():
-            break
-        b = raw[np.minimum(starts[todo] + i, len(raw) - 1)].astype(np.int64)
-        n[todo] |= (b & 0x7F) << (7 * i)
-        done = np.flatnonzero(todo)[b < 0x80]
-        used[done] = i + 1
-    if (used == 0).any() or (used > lens).any() or (n >= 1 << 32).any():
+    if (n < 0).any():
         raise ValueError("a posting list has a broken length")
     nb = (n + BLOCK - 1) // BLOCK
     body0 = starts + used + nb * _HS

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from lnkmem.index.search import bm25
 from lnkmem.index.store import Store
 from lnkmem.sync import Replica, WriteBack
 from tests.bridges import KEY, Bridges
-from tests.helpers import Home, Many, until
+from tests.helpers import Home, until
 from tests.test_copy_verify import check_copy, copy_dir, copy_files, hits, manifest, named_files, serve
 
 OF = "agent o1/a1"

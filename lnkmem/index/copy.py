@@ -51,7 +51,7 @@ import msgspec
 import numpy as np
 
 from lnkmem.index import postings, textpack
-from lnkmem.index.store import FileRec, SegMeta, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k
+from lnkmem.index.store import FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k
 
 FORMAT = "lnkmem-copy-4"  # -4: bounded files, a paged table, the head and dictionary apart (issue 33)
 OLD_FORMAT = "lnkmem-copy-3"  # read once, then written back as FORMAT

@@ -159,10 +159,16 @@ def test_one_changed_file_sends_one_page_of_the_table(bridges, tmp_path):
 
 # --- orphans ----------------------------------------------------------------------------
 
-def test_segments_merged_during_a_write_back_are_deleted_at_the_next(bridges, tmp_path):
-    """The local merger folds the segments a write-back is sending: that manifest names the
-    old ones; the next write-back sends the merged one and deletes every old one."""
-    mem, h = memory(tmp_path / "a", {f"n/f{i}.md": text(i) for i in range(40)}, batches=5)
+def test_the_copy_keeps_its_segments_through_local_merges_and_drops_them_once_dead(bridges, tmp_path):
+    """The local merger folds the segments a write-back is sending: the copy does not follow
+    (the next write-back sends no segment: the merged one's passages are the copy's, by id and
+    digest); a copy segment whose passages all died is deleted once the manifest no longer names
+    it; and once most of the copy is dead it is written anew whole, every old file deleted."""
+    mem, h = memory(tmp_path / "a", {f"n0/f{i}.md": text(i) for i in range(8)})
+    for b in range(1, 5):  # five segments, one a folder
+        for i in range(8):
+            h.write(f"n{b}/f{i}.md", text(10 * b + i))
+        mem.refresh_all()
     st = mem.store
     assert len(st.segment_sizes()) == 5
     rep = replica(bridges)
@@ -178,12 +184,46 @@ def test_segments_merged_during_a_write_back_are_deleted_at_the_next(bridges, tm
     bridges.storage.request("POST", "/_fault", json.dumps({"mode": "ok"}).encode())
     assert errors == [False]
     first = manifest(bridges)
-    assert len(first["segments"]) == 5  # the version exported before the merge
+    assert len(st.segment_sizes()) == 1 and len(first["segments"]) == 5
+    bridges.storage.request("DELETE", "/_log")
+    assert wb.write() is True
+    assert puts(bridges, "seg-") == []  # the merged segment is the copy's already
+    assert manifest(bridges)["segments"] == first["segments"]
+    # one folder's files gone: the copy segment that held only them is deleted
+    n0 = [parts for parts in first["segments"]
+          if all(r.startswith("home/n0/") for r in msgspec.msgpack.decode(zlib.decompress(
+              (copy_dir(bridges) / parts[0]).read_bytes()))[2])]
+    assert n0
+    for i in range(8):
+        (h.folder / f"n0/f{i}.md").unlink()
+    mem.refresh_all()
     assert wb.write() is True
     after = manifest(bridges)
-    assert len(after["segments"]) == 1
-    assert set(copy_files(bridges)) == named_files(after)  # none of the five is left
-    check_copy(copy_files(bridges))
+    assert not any(parts in after["segments"] for parts in n0)
+    assert set(copy_files(bridges)) == named_files(after)
+    assert not set(check_copy(copy_files(bridges)).refs) & {f"home/n0/f{i}.md" for i in range(8)}
+    # three more folders gone: their segments go, the one left is whole
+    for b in range(1, 4):
+        for i in range(8):
+            (h.folder / f"n{b}/f{i}.md").unlink()
+    mem.refresh_all()
+    assert wb.write() is True
+    assert len(manifest(bridges)["segments"]) == 1
+    assert set(copy_files(bridges)) == named_files(manifest(bridges))
+    # most of what the copy holds dead: written anew whole, nothing of the old files left
+    before = named_files(manifest(bridges))
+    for i in range(6):
+        (h.folder / f"n4/f{i}.md").unlink()
+    mem.refresh_all()
+    assert wb.write() is True
+    last = manifest(bridges)
+    assert not {n for n in named_files(last) & before if n.startswith("seg-")}
+    assert set(copy_files(bridges)) == named_files(last)
+    dst = Store(str(tmp_path / "cache"))
+    copyfmt.load(dst, check_copy(copy_files(bridges)), "v")
+    assert dst.all_files() == st.all_files()
+    assert bm25(dst, "uniq47x0", 5) == bm25(st, "uniq47x0", 5) and bm25(dst, "uniq47x0", 5)
+    dst.close()
     st.close()
 
 
@@ -271,7 +311,8 @@ def _as_previous_format(bridges) -> dict:
     head = msgspec.msgpack.decode(zlib.decompress(files[m["head"]]))
     zdict = msgspec.msgpack.decode(zlib.decompress(files[m["dict"]])) if m.get("dict") else None
     rows = sorted(r for n in m["pages"] for r in msgspec.msgpack.decode(zlib.decompress(files[n]))[0])
-    table = put([rows, head[0], head[1], head[2], head[3], zdict])
+    dead = np.sort(np.concatenate([np.frombuffer(t, "<u4") for t in head[0]] + [np.empty(0, "<u4")]))
+    table = put([rows, dead.astype(">u4").tobytes(), head[1], head[2], head[3], zdict])
     tname = old_name("table", table)
     (d / tname).write_bytes(table)
     vecs = []
@@ -311,3 +352,46 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
     assert after["format"] == copyfmt.FORMAT
     assert set(copy_files(bridges)) == named_files(after)  # nothing of the old format is left
     assert {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"} <= set(check_copy(copy_files(bridges)).refs)
+
+
+def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(tmp_path):
+    """A copy segment keeps its file while some of its passages live; the others are marked dead
+    in the head. Once the cache gives those ids to new passages (after a merge freed them), the
+    copy holds each such id twice -- dead in the old segment, live in a new one -- and a cache
+    loaded from it has the new passages only: the old ones' words find nothing."""
+    mem, h = memory(tmp_path / "a", {"a.md": "alphaold words here\n", "b.md": "bravo stays\n",
+                                     "c.md": "charlie stays\n"})
+    st = mem.store
+    bucket: dict = {}
+
+    def write_back() -> copyfmt.Manifest:
+        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
+        bucket.update(exp.blobs)
+        bucket["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+        copyfmt.written(st, exp, f"v{len(bucket)}")
+        return exp.manifest
+
+    first = write_back()
+    old_ids = set(st.all_files()["home/a.md"].pids)
+    h.write("a.md", "alphanew words here\n")
+    mem.refresh_all()
+    write_back()
+    st.merge(sorted(st.segment_sizes()))  # a's old passages dropped: their ids free
+    h.write("d.md", "deltafresh arrives\n")
+    mem.refresh_all()
+    assert set(st.all_files()["home/d.md"].pids) & old_ids  # ids given again
+    m = write_back()
+    assert first.segments[0] in m.segments  # b and c still live in the first segment's file
+    head = msgspec.msgpack.decode(zlib.decompress(bucket[m.head]))
+    assert set(np.frombuffer(head[0][m.segments.index(first.segments[0])], "<u4").tolist()) >= old_ids
+    dst = Store(str(tmp_path / "cache"))
+    copyfmt.load(dst, check_copy(bucket), "v")
+    try:
+        for q, want in (("alphaold", []), ("alphanew", ["home/a.md"]), ("bravo", ["home/b.md"]),
+                        ("charlie", ["home/c.md"]), ("deltafresh", ["home/d.md"])):
+            got = [dst.passages_of([p])[0].ref for p, _ in bm25(dst, q, 5)]
+            assert got == want, (q, got)
+        assert dst.all_files() == st.all_files()
+    finally:
+        dst.close()
+        st.close()

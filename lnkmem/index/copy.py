@@ -140,7 +140,7 @@ class _Page(msgspec.Struct, array_like=True):
 
 
 class _Head(msgspec.Struct, array_like=True):
-    dead: bytes  # u32 big-endian (the dead table's keys)
+    tombs: list[bytes]  # for each segment, its passages no longer live (u32, ascending)
     next_pid: int
     model: Optional[str]
     of: Optional[str] = None
@@ -200,7 +200,7 @@ def decode_manifest(data: bytes) -> Manifest:
 class CopyState(msgspec.Struct):
     version: Optional[str] = None  # the copy version this cache is of
     gen: int = -1  # the cache generation last written to (or read from) the copy
-    parts: dict[int, list[str]] = msgspec.field(default_factory=dict)  # local segment -> its parts in the copy
+    seg_mark: int = 0  # the cache's next segment number when this version was written (or read)
     vectors: list[str] = msgspec.field(default_factory=list)
     vec_model: Optional[str] = None
     pages: list[str] = msgspec.field(default_factory=list)
@@ -213,6 +213,46 @@ class CopyState(msgspec.Struct):
     # or of the previous format): the write-back that replaces it deletes every file of
     # the place its new manifest does not name
     sweep: bool = False
+
+
+class _CopySeg(msgspec.Struct, array_like=True):
+    """One segment of the copy as the cache knows it: its parts, every passage id it holds,
+    which are live in it, and each live passage's digest (its stored bytes): a local
+    segment made since (a merge) whose live passages are all these, by id and digest,
+    needs nothing sent."""
+    parts: list[str]
+    pids: bytes  # u32
+    live: bytes  # one byte a pid
+    sums: bytes  # u64 a pid (0 where not live)
+
+
+class _CopySegs(msgspec.Struct, array_like=True):
+    version: Optional[str]
+    segs: list[_CopySeg]
+
+
+def _digests(blobs: list) -> np.ndarray:
+    """Each stored passage's 64-bit digest (0 for none)."""
+    out = np.zeros(len(blobs), np.uint64)
+    for i, b in enumerate(blobs):
+        if b:
+            out[i] = int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little") | 1
+    return out
+
+
+def _copy_segs(txn, store: Store, state: "CopyState") -> list:
+    """The copy's segments as recorded for the version the cache is of ([] when unknown)."""
+    raw = txn.get(b"copy-segs", db=store.meta)
+    if not raw or state.version is None or state.sweep:
+        return []
+    try:
+        cs = msgspec.msgpack.decode(raw, type=_CopySegs)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+    known = set(state.named)
+    if cs.version != state.version or not all(n in known for c in cs.segs for n in c.parts):
+        return []
+    return cs.segs
 
 
 def copy_state(store: Store) -> CopyState:
@@ -294,7 +334,9 @@ class Export:
         self.of = of
         self.part = part or part_bytes()
         self.gen = -1
-        self.parts: dict[int, list[str]] = {}  # local segment -> its parts, for every segment
+        self.copy_segs: list[_CopySeg] = []  # the copy's segments this export makes
+        self.seg_mark = 0
+        self.compacted = False
         self.pages: list[str] = []
         self.vec_sent: list[int] = []  # pending vectors this export carries
         self.sent: list[str] = []
@@ -320,18 +362,22 @@ class Export:
             self.gen = int(txn.get(b"gen", db=store.meta))
             raw_model = txn.get(b"model", db=store.meta)
             model = raw_model.decode() if raw_model else None
-            segs = [(int.from_bytes(k, "big"), bytes(k)) for k in txn.cursor(db=store.segments).iternext(values=False)]
-            for seg, sk in segs:
-                if seg in state.parts and all(n in known for n in state.parts[seg]):
-                    self.parts[seg] = state.parts[seg]
-                    continue
+            self.seg_mark = int(txn.get(b"next_seg", db=store.meta))
+            dead = np.frombuffer(b"".join(bytes(k) for k in txn.cursor(db=store.dead).iternext(values=False)),
+                                 ">u4").astype(np.int64)
+            dead.sort()
+            kept, todo = self._plan(txn, dead)
+            segments: list[list[str]] = [c.parts for c in kept]
+            self.copy_segs = list(kept)
+            for sk in todo:
                 names = []
-                for name, blob in self._segment(txn, sk):
+                for name, blob in self._segment(txn, sk, dead):
                     names.append(name)
                     if name not in known:
                         self.sent.append(name)
                         yield name, blob
-                self.parts[seg] = names
+                self.copy_segs.append(_CopySeg(names, *self._made))
+                segments.append(names)
             # the file table, in pages: a page is made of the files whose ref falls in it
             files = txn.stat(store.files)["entries"]
             pages = len(state.pages)
@@ -351,8 +397,11 @@ class Export:
                     self.sent.append(name)
                     yield name, blob
             del by_page
-            dead = b"".join(bytes(k) for k in txn.cursor(db=store.dead).iternext(values=False))
-            hname, blob = self._out("head", _Head(dead, int(txn.get(b"next_pid", db=store.meta)), model, self.of))
+            tombs = []
+            for c in self.copy_segs:
+                pids = np.frombuffer(c.pids, "<u4")
+                tombs.append(np.sort(pids[np.frombuffer(c.live, np.uint8) == 0]).astype("<u4").tobytes())
+            hname, blob = self._out("head", _Head(tombs, int(txn.get(b"next_pid", db=store.meta)), model, self.of))
             if hname not in known:
                 self.sent.append(hname)
                 yield hname, blob
@@ -396,20 +445,91 @@ class Export:
                 if name not in known:
                     self.sent.append(name)
                     yield name, blob
-        self._manifest = Manifest(FORMAT, [self.parts[s] for s, _ in segs], self.pages, hname, dname,
+        self._manifest = Manifest(FORMAT, segments, self.pages, hname, dname,
                                   vec_names, model, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.of)
 
     def _vectors(self, pids: list, rows: list) -> tuple[str, bytes]:
         return self._out("vec", _Vectors(np.asarray(pids, "<u4").tobytes(), b"".join(rows), len(rows[0]) - 4))
 
-    def _segment(self, txn, sk: bytes) -> Iterator[tuple[str, bytes]]:
+    def _plan(self, txn, dead: np.ndarray) -> tuple[list, list]:
+        """(the copy's segments kept, each with its passages live now; the local segments
+        sent anew). The copy follows its own policy, not the local merger's: a local
+        segment whose live passages the copy holds already (one the copy was written or
+        read with, or made since by merging such: the same ids and digests) sends nothing;
+        a copy segment keeps its file while any of its passages is live, the rest marked
+        in the head; once more than half of the copy's passages are not live, it is
+        written anew whole (compacted)."""
+        store, state = self.store, self.state
+        old = _copy_segs(txn, store, state)
+        local = []
+        for k, v in txn.cursor(db=store.segments):
+            stored, _ = _seg_codec.stored(v)
+            local.append((int.from_bytes(k, "big"), bytes(k), np.frombuffer(stored.pids, "<u4").astype(np.int64)))
+        if not old:
+            return [], [sk for _, sk, _ in local]
+        # every passage live in the copy: (id, its segment, its digest), by id
+        hp, hc, hs = [], [], []
+        for ci, c in enumerate(old):
+            live = np.frombuffer(c.live, np.uint8) == 1
+            hp.append(np.frombuffer(c.pids, "<u4")[live].astype(np.int64))
+            hc.append(np.full(int(live.sum()), ci, np.int64))
+            hs.append(np.frombuffer(c.sums, "<u8")[live])
+        hp_a, hc_a, hs_a = np.concatenate(hp), np.concatenate(hc), np.concatenate(hs)
+        order = np.argsort(hp_a, kind="stable")
+        hp_a, hc_a, hs_a = hp_a[order], hc_a[order], hs_a[order]
+        held_p, held_c = [], []
+        todo = []
+        for seg, sk, pids in local:
+            at = np.searchsorted(dead, pids)
+            live = pids[~((at < len(dead)) & (dead[np.minimum(at, max(len(dead) - 1, 0))] == pids))] \
+                if len(dead) else pids
+            if not len(live):
+                continue
+            j = np.minimum(np.searchsorted(hp_a, live), len(hp_a) - 1)
+            ok = hp_a[j] == live
+            if ok.all() and seg >= state.seg_mark:  # made since: a merge of the copy's, or ids given again
+                blobs = [txn.get(_k(int(p)), db=store.passages) for p in live.tolist()]
+                ok = hs_a[j] == _digests([bytes(b) if b is not None else b"" for b in blobs])
+            if ok.all():
+                held_p.append(live)
+                held_c.append(hc_a[j])
+            else:
+                todo.append(sk)
+        kept_p = np.concatenate(held_p) if held_p else np.empty(0, np.int64)
+        kept_c = np.concatenate(held_c) if held_c else np.empty(0, np.int64)
+        kept = []
+        total = still = 0
+        for ci, c in enumerate(old):
+            mine = np.sort(kept_p[kept_c == ci])
+            pids = np.frombuffer(c.pids, "<u4").astype(np.int64)
+            if not len(mine):
+                continue
+            at = np.minimum(np.searchsorted(mine, pids), len(mine) - 1)
+            live = (mine[at] == pids)
+            kept.append(_CopySeg(c.parts, c.pids, live.astype(np.uint8).tobytes(),
+                                 np.where(live, np.frombuffer(c.sums, "<u8"), 0).astype("<u8").tobytes()))
+            total += len(pids)
+            still += int(live.sum())
+        if total and (total - still) * 2 > total:  # more than half of what the copy holds is not live
+            self.compacted = True
+            return [], [sk for _, sk, _ in local]
+        return kept, todo
+
+    def _segment(self, txn, sk: bytes, dead: np.ndarray) -> Iterator[tuple[str, bytes]]:
         """The parts of one local segment: its passages in id order, then its postings
         in term order, a part closed once it holds `part` bytes (so a part holds one
-        item over it at most)."""
+        item over it at most). Sets ``_made``: its ids, which are live, their digests."""
         store = self.store
         stored, runs = _seg_codec.stored(txn.get(sk, db=store.segments))
         pids = np.frombuffer(stored.pids, "<u4")
         lens = stored.lens
+        p64 = pids.astype(np.int64)
+        if len(dead) and len(pids):
+            at = np.minimum(np.searchsorted(dead, p64), len(dead) - 1)
+            live = ~(dead[at] == p64)
+        else:
+            live = np.ones(len(pids), bool)
+        sums = np.zeros(len(pids), np.uint64)
         ref_at = np.repeat(np.arange(len(stored.names)), runs)
         cur: dict = {"i0": 0, "refs": [], "passages": [], "terms": [], "postings": [], "size": 0}
         made = 0
@@ -425,7 +545,9 @@ class Export:
         n = len(pids)
         for i in range(n):
             blob = txn.get(_k(int(pids[i])), db=store.passages)
-            blob = bytes(blob) if blob is not None else b""
+            blob = bytes(blob) if blob is not None and live[i] else b""
+            if blob:
+                sums[i] = int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") | 1
             ref = names[ref_at[i]]
             cur["refs"].append(ref)
             cur["passages"].append(blob)
@@ -442,6 +564,7 @@ class Export:
                 made += 1
         if cur["size"] or not made or cur["i0"] < n:
             yield close(n)
+        self._made = (pids.tobytes(), live.astype(np.uint8).tobytes(), sums.astype("<u8").tobytes())
 
 
 def export(store: Store, state: CopyState, of: Optional[str] = None, part: Optional[int] = None) -> Export:
@@ -456,14 +579,13 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
     with store.write_lock, store.env.begin(write=True) as txn:
         for p in exp.vec_sent:
             txn.delete(_k(p), db=store.vec_pending)
-        live = {int.from_bytes(k, "big") for k in txn.cursor(db=store.segments).iternext(values=False)}
         old = _state_in(txn, store)
         named = m.names()
         keep = set(named)
         doomed = [n for n in dict.fromkeys(old.doomed + old.named + exp.sent) if n not in keep]
-        state = CopyState(version, exp.gen, {s: n for s, n in exp.parts.items() if s in live},
-                          m.vectors, m.model, m.pages, named, doomed)
+        state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed)
         _put_state(txn, store, state)
+        txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, exp.copy_segs)), db=store.meta)
     return state
 
 
@@ -602,16 +724,25 @@ class _Reader:
         _check_names(m, self.of)
         old = m.format == OLD_FORMAT
         # the head (dead passages, next id, model, whose) and the dictionary
-        if old:
+        if old:  # one dead list for every segment
             table = _decode(_blob(self.fetch, m.pages[0]), _Table, m.pages[0])
-            head = _Head(table.dead, table.next_pid, table.model, table.of)
+            dead = np.sort(_u4(table.dead, m.pages[0], ">u4").astype(np.int64))
+            head = _Head([], table.next_pid, table.model, table.of)
             zdict = table.zdict
-            where = m.pages[0]
+            tombs = [dead] * len(m.segments)
         else:
             table = None
             head = _decode(_blob(self.fetch, m.head), _Head, m.head)
             zdict = _decode(_blob(self.fetch, m.dict), bytes, m.dict) if m.dict else None
-            where = m.head
+            if len(head.tombs) != len(m.segments):
+                raise _bad("the head's dead passages and the manifest's segments disagree")
+            tombs = []
+            for t in head.tombs:
+                a = _u4(t, m.head).astype(np.int64)
+                if len(a) > 1 and not (a[1:] > a[:-1]).all():
+                    raise _bad("the head's dead passages are not distinct and ascending")
+                tombs.append(a)
+            head.tombs = []
         if self.of is not None and head.of != self.of:
             raise _bad(f"the copy's table is not this memory's (it says it is of {head.of!r})")
         if head.model != m.model:
@@ -622,7 +753,6 @@ class _Reader:
             raise _bad(f"the table's passage dictionary is not one the engine makes ({e})") from None
         if not isinstance(head.next_pid, int) or head.next_pid < 1 or head.next_pid > 1 << 32:
             raise _bad(f"the table's next passage id {head.next_pid} is not beyond its passages")
-        dead = _u4(head.dead, where, ">u4").astype(np.int64)
         # the table's pages: each file's record (written as read), and who owns which passage
         refs: list[str] = []
         ref_ix: dict[str, int] = {}
@@ -661,14 +791,12 @@ class _Reader:
         owned = np.concatenate(owned_p) if owned_p else np.empty(0, np.int64)
         owner = np.concatenate(owned_r) if owned_r else np.empty(0, np.int64)
         del owned_p, owned_r
-        # every passage of the copy is a file's live one or dead, never both, never twice
-        every = np.concatenate((owned, dead))
-        whose = np.concatenate((owner, np.full(len(dead), -1, np.int64)))
-        by = np.argsort(every, kind="stable")
-        every, whose = every[by], whose[by]
-        del by
+        # every live passage of the copy is a file's, never twice (and in one segment: below)
+        by = np.argsort(owned, kind="stable")
+        every, whose = owned[by], owner[by]
+        del by, owned, owner
         if len(every) > 1 and not (every[1:] != every[:-1]).all():
-            raise _bad("the table gives a passage to two files, or to a file and the dead")
+            raise _bad("the table gives a passage to two files")
         top = int(every[-1]) if len(every) else 0
         if head.next_pid < top + 1:
             raise _bad(f"the table's next passage id {head.next_pid} is not beyond its passages")
@@ -681,16 +809,15 @@ class _Reader:
         # segments, part by part
         next_seg = int(self.txn.get(b"next_seg", db=self.store.meta)) if self.txn is not None else 1
         seg_map: dict[int, list[str]] = {}
-        for parts in m.segments:
-            self._segment(parts, every, whose, seen, zdict, next_seg)
+        self.copy_segs: list[_CopySeg] = []
+        for parts, tomb in zip(m.segments, tombs):
+            self._segment(parts, every, whose, seen, zdict, next_seg, tomb, check_tomb=not old)
             seg_map[next_seg] = list(parts)
             next_seg += 1
+        del tombs
         if not seen.all():
             raise _bad("the table's files and the segments' live passages disagree")
-        if self.txn is not None:
-            dk = sorted(self.remap(dead).tolist())
-            self.txn.cursor(db=self.store.dead).putmulti([(_k(p), b"") for p in dk], append=True)
-        vecs = self._vectors(head, np.sort(dead))
+        vecs = self._vectors(head)
         if self.txn is not None:
             txn, store = self.txn, self.store
             if m.model:
@@ -705,6 +832,7 @@ class _Reader:
             txn.put(b"next_seg", str(next_seg).encode(), db=store.meta)
             txn.put(b"next_pid", str(next_pid).encode(), db=store.meta)
             self.seg_map = seg_map
+            self.next_seg = next_seg
         del vecs
         return Verified(m, refs, len(every), self.order is not None, self.fetch)
 
@@ -717,17 +845,24 @@ class _Reader:
             items.append((bytes(k), _enc.encode(FileRec(r.version, r.size, new, r.kind, r.mtime))))
         txn.cursor(db=db).putmulti(items)
 
-    def _segment(self, parts: list[str], every, whose, seen, zdict, seg: int) -> None:
-        """One segment, part by part: its passages (checked against the table), then its
-        postings (each list's ids those of the segment's passages, checked in batches)."""
+    def _segment(self, parts: list[str], every, whose, seen, zdict, seg: int, tomb: np.ndarray,
+                 check_tomb: bool = True) -> None:
+        """One segment, part by part: its live passages (those not in ``tomb``; checked
+        against the table, each in one segment only), then its postings (each list's ids
+        those of the segment's passages, checked in batches; the dead ones' postings
+        dropped). Only the live passages reach the cache."""
         names: list[str] = []
         runs: list[int] = []
-        pid_parts: list[np.ndarray] = []  # the copy's ids
-        new_parts: list[np.ndarray] = []  # the cache's (renumbered or not)
+        pid_parts: list[np.ndarray] = []  # the copy's ids, all
+        new_parts: list[np.ndarray] = []  # the cache's (renumbered or not), live ones
         len_parts: list[bytes] = []
+        rec_p, rec_l, rec_s = [], [], []  # for the cache's record of the copy's segments
         held: Optional[np.ndarray] = None  # the segment's pids, sorted, once its postings begin
         prev: Optional[bytes] = None
         sk = _k(seg)
+        tombed = 0
+        nt = len(tomb)
+        self._tomb = tomb
         for name in parts:
             raw = _blob(self.fetch, name)
             s = _decode(raw, _Segment, name)
@@ -738,48 +873,64 @@ class _Reader:
             if n and held is not None:
                 raise _bad(f"{name}: passages after the segment's postings")
             if n:
-                at = np.minimum(np.searchsorted(every, pids), max(len(every) - 1, 0))
-                if not len(every) or not (every[at] == pids).all():
-                    raise _bad(f"{name}: a passage the table knows nothing of")
+                if nt:
+                    at = np.minimum(np.searchsorted(tomb, pids), nt - 1)
+                    live = tomb[at] != pids
+                else:
+                    live = np.ones(n, bool)
+                tombed += n - int(live.sum())
+                lp = pids[live]
+                li = np.flatnonzero(live)
+                at = np.minimum(np.searchsorted(every, lp), max(len(every) - 1, 0))
+                if len(lp) and (not len(every) or not (every[at] == lp).all()):
+                    raise _bad(f"{name}: a live passage no file of the table has")
                 if seen[at].any() or not _distinct(at):
                     raise _bad(f"{name}: a passage is in two segments")
                 seen[at] = True
-                # a file's live passage is of that file (dead ones: of any clean ref)
-                for r in set(s.refs):
+                refs = [s.refs[i] for i in li.tolist()]
+                for r in set(refs):
                     self.check_ref(r, name)
                 get = self.ref_ix.get
-                ix = np.fromiter((get(r, -2) for r in s.refs), np.int64, n)
-                own = whose[at]
-                if not ((own < 0) | (own == ix)).all():
+                ix = np.fromiter((get(r, -2) for r in refs), np.int64, len(refs))
+                if not (whose[at] == ix).all():
                     raise _bad(f"{name}: the table gives a file a passage of another")
                 text_room = RATIO * len(raw) + SLACK  # the passages' bytes decompressed, in all
                 dec = _dec_passage.decode
-                for i, blob in enumerate(s.passages):
-                    if blob:
-                        try:
-                            one = textpack.unpack(blob, zdict, max(text_room, 1))
-                            text_room -= len(one)
-                            ref = dec(one).ref
-                        except ValueError as e:
-                            raise _bad(f"{name}: passage {int(pids[i])} is not understood ({e})") from None
-                        except (msgspec.DecodeError, msgspec.ValidationError):
-                            raise _bad(f"{name}: passage {int(pids[i])} is not understood") from None
-                        if ref != s.refs[i]:
-                            raise _bad(f"{name}: passage {int(pids[i])} names another ref than its segment")
-                for r in s.refs:
+                blobs = [s.passages[i] for i in li.tolist()]
+                for i, blob in zip(li.tolist(), blobs):
+                    if not blob:
+                        raise _bad(f"{name}: live passage {int(pids[i])} has no text")
+                    try:
+                        one = textpack.unpack(blob, zdict, max(text_room, 1))
+                        text_room -= len(one)
+                        ref = dec(one).ref
+                    except ValueError as e:
+                        raise _bad(f"{name}: passage {int(pids[i])} is not understood ({e})") from None
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        raise _bad(f"{name}: passage {int(pids[i])} is not understood") from None
+                    if ref != s.refs[i]:
+                        raise _bad(f"{name}: passage {int(pids[i])} names another ref than its segment")
+                for r in refs:
                     if names and names[-1] == r:
                         runs[-1] += 1
                     else:
                         names.append(r)
                         runs.append(1)
-                new = self.remap(pids)
+                new = self.remap(lp)
                 pid_parts.append(pids)
                 new_parts.append(new)
-                len_parts.append(s.lens)
+                lens = np.frombuffer(s.lens, "<u4")
+                len_parts.append(lens[live].tobytes())
+                rec_p.append(pids)
+                rec_l.append(live)
+                sums = np.zeros(n, np.uint64)
+                sums[li] = _digests(blobs)
+                rec_s.append(sums)
                 if self.txn is not None:
-                    items = sorted((_k(p), b) for p, b in zip(new.tolist(), s.passages) if b)
+                    items = sorted(zip((_k(p) for p in new.tolist()), blobs))
                     self.txn.cursor(db=self.store.passages).putmulti(items)
                     del items
+                del blobs
             if s.terms:
                 if held is None:
                     held = np.sort(np.concatenate(pid_parts)) if pid_parts else np.empty(0, np.int64)
@@ -790,11 +941,18 @@ class _Reader:
                     prev = t
                 self._postings(name, s, held, sk)
             del raw, s
+        if check_tomb and tombed != nt:
+            raise _bad("the head marks dead passages its segment does not hold")
         lens = b"".join(len_parts)
         pids_all = np.concatenate(new_parts) if new_parts else np.empty(0, "<u4")
         if self.txn is not None:
-            self.txn.put(sk, _seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
-                                                    np.asarray(runs, np.int64)), db=self.store.segments)
+            if len(pids_all):
+                self.txn.put(sk, _seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
+                                                        np.asarray(runs, np.int64)), db=self.store.segments)
+            cat = (lambda xs, d: np.concatenate(xs) if xs else np.empty(0, d))
+            self.copy_segs.append(_CopySeg(list(parts), cat(rec_p, np.int64).astype("<u4").tobytes(),
+                                           cat(rec_l, bool).astype(np.uint8).tobytes(),
+                                           cat(rec_s, np.uint64).astype("<u8").tobytes()))
 
     def _postings(self, name: str, s: _Segment, held: np.ndarray, sk: bytes) -> None:
         n = len(held)
@@ -828,18 +986,36 @@ class _Reader:
             if len(pp) and (n == 0 or not mask_ok(pp)):
                 raise _bad(f"{name}: a posting names a passage the segment does not hold")
             if self.txn is not None:
+                batch = list(vals[a:b])
+                tomb = self._tomb
+                if len(tomb) and len(pp):  # the dead passages' postings dropped
+                    at = np.minimum(np.searchsorted(tomb, pp), len(tomb) - 1)
+                    hit = np.bincount(np.repeat(np.arange(len(counts)), counts)[tomb[at] == pp],
+                                      minlength=len(counts))
+                    which = np.flatnonzero(hit).tolist()
+                    if which:
+                        mask = np.zeros(int(tomb[-1]) + 1, bool) if int(tomb[-1]) < 1 << 26 else None
+                        if mask is not None:
+                            mask[tomb] = True
+                            for i, v in zip(which, postings.join_many([[batch[i]] for i in which], mask)):
+                                batch[i] = v if v is not None else b""
+                        else:
+                            for i in which:
+                                p, tf = postings.unpack(batch[i])
+                                keep = ~np.isin(p.astype(np.int64), tomb)
+                                batch[i] = postings.pack(p[keep], tf[keep]) if keep.any() else b""
                 if self.order is None:
-                    items = [(sk + t, v) for t, v in zip(s.terms[a:b], vals[a:b]) if len(v) > 1]
+                    items = [(sk + t, v) for t, v in zip(s.terms[a:b], batch) if len(v) > 1]
                 else:
                     items = []
-                    for t, v in zip(s.terms[a:b], vals[a:b]):
+                    for t, v in zip(s.terms[a:b], batch):
                         if len(v) > 1:
                             p, tf = postings.unpack(v)
                             items.append((sk + t, postings.pack(self.remap(p.astype(np.int64)), tf)))
                 self.txn.cursor(db=self.store.postings).putmulti(items, append=True)
             a = b
 
-    def _vectors(self, head: _Head, dead: np.ndarray) -> int:
+    def _vectors(self, head: _Head) -> int:
         m = self.m
         dim = None
         live = 0
@@ -861,23 +1037,16 @@ class _Reader:
                 if not np.isfinite(scale).all():
                     raise _bad(f"{name}: a vector's scale is not a number")
             if self.txn is not None:
-                live += self._load_vectors(v, vp, dead)
+                live += self._load_vectors(v, vp)
         return live
 
-    def _load_vectors(self, v: _Vectors, vp: np.ndarray, dead: np.ndarray) -> int:
+    def _load_vectors(self, v: _Vectors, vp: np.ndarray) -> int:
         txn, store = self.txn, self.store
         width = v.dim + 4
         order = self.order
         live = 0
         items = []
-        if len(dead):
-            at = np.minimum(np.searchsorted(dead, vp), len(dead) - 1)
-            gone = (dead[at] == vp).tolist()
-        else:
-            gone = [False] * len(vp)
         for i, pid in enumerate(vp.tolist()):
-            if gone[i]:
-                continue
             if order is not None:
                 j = int(np.searchsorted(order, pid))
                 if j >= len(order) or order[j] != pid:
@@ -953,8 +1122,10 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
             # the copy's files are no longer the cache's segments; the previous format: written
             # in this one), and the files of the place it does not name deleted then
             state = CopyState(version, -1, doomed=doomed, sweep=True)
+            txn.delete(b"copy-segs", db=store.meta)
         else:
-            state = CopyState(version, gen, r.seg_map, list(manifest.vectors), manifest.model,
+            state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,
                               list(manifest.pages), named, doomed)
+            txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, r.copy_segs)), db=store.meta)
         _put_state(txn, store, state)
     return v

@@ -354,7 +354,8 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
     assert {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"} <= set(check_copy(copy_files(bridges)).refs)
 
 
-def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(tmp_path):
+@pytest.mark.parametrize("batch", [copyfmt.CHECK_POSTINGS, 3])
+def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(tmp_path, monkeypatch, batch):
     """A copy segment keeps its file while some of its passages live; the others are marked dead
     in the head. Once the cache gives those ids to new passages (after a merge freed them), the
     copy holds each such id twice -- dead in the old segment, live in a new one -- and a cache
@@ -384,6 +385,7 @@ def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(t
     assert first.segments[0] in m.segments  # b and c still live in the first segment's file
     head = msgspec.msgpack.decode(zlib.decompress(bucket[m.head]))
     assert set(np.frombuffer(head[0][m.segments.index(first.segments[0])], "<u4").tolist()) >= old_ids
+    monkeypatch.setattr(copyfmt, "CHECK_POSTINGS", batch)  # (3: lists checked a few at a time)
     dst = Store(str(tmp_path / "cache"))
     copyfmt.load(dst, check_copy(bucket), "v")
     try:

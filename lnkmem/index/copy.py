@@ -67,6 +67,7 @@ SLACK = 1 << 20
 MAX_FILES = 100_000  # files one manifest may name
 MAX_DIM = 16384
 MAX_TERM = 1024
+MAX_COPY_SEGMENTS = 256  # past this many segments the copy is written anew whole (a load's GETs)
 FILES_A_PAGE = 128  # the table's files a page, aimed at: pages are 2**k, made again past 4x either way
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
 SPARSE = 4  # ids beyond SPARSE x passages + DENSE_SLACK are renumbered at load
@@ -457,8 +458,8 @@ class Export:
         segment whose live passages the copy holds already (one the copy was written or
         read with, or made since by merging such: the same ids and digests) sends nothing;
         a copy segment keeps its file while any of its passages is live, the rest marked
-        in the head; once more than half of the copy's passages are not live, it is
-        written anew whole (compacted)."""
+        in the head; once more than half of the copy's passages are not live, or it has
+        more than MAX_COPY_SEGMENTS segments, it is written anew whole (compacted)."""
         store, state = self.store, self.state
         old = _copy_segs(txn, store, state)
         local = []
@@ -475,6 +476,9 @@ class Export:
             hc.append(np.full(int(live.sum()), ci, np.int64))
             hs.append(np.frombuffer(c.sums, "<u8")[live])
         hp_a, hc_a, hs_a = np.concatenate(hp), np.concatenate(hc), np.concatenate(hs)
+        if not len(hp_a) or len(old) > MAX_COPY_SEGMENTS:  # nothing live, or too many files to load
+            self.compacted = True
+            return [], [sk for _, sk, _ in local]
         order = np.argsort(hp_a, kind="stable")
         hp_a, hc_a, hs_a = hp_a[order], hc_a[order], hs_a[order]
         held_p, held_c = [], []
@@ -994,10 +998,10 @@ class _Reader:
                                       minlength=len(counts))
                     which = np.flatnonzero(hit).tolist()
                     if which:
-                        mask = np.zeros(int(tomb[-1]) + 1, bool) if int(tomb[-1]) < 1 << 26 else None
-                        if mask is not None:
-                            mask[tomb] = True
-                            for i, v in zip(which, postings.join_many([[batch[i]] for i in which], mask)):
+                        dead = np.zeros(int(tomb[-1]) + 1, bool) if int(tomb[-1]) < 1 << 26 else None
+                        if dead is not None:
+                            dead[tomb] = True
+                            for i, v in zip(which, postings.join_many([[batch[i]] for i in which], dead)):
                                 batch[i] = v if v is not None else b""
                         else:
                             for i in which:
@@ -1111,7 +1115,13 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
                    store.vec_pending):
             txn.drop(db, delete=False)
         r = _Reader(manifest, fetch, of, sources, width, store, txn)
-        v = r.run()
+        try:
+            v = r.run()
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError) as e:
+            if isinstance(e, CopyDamaged):
+                raise
+            # a check this module lacks: still a copy not to load, never a reason to stop
+            raise CopyDamaged(f"the copy is not understood ({type(e).__name__}: {e})") from e
         gen = int(txn.get(b"gen", db=store.meta)) + 1
         txn.put(b"gen", str(gen).encode(), db=store.meta)
         named = manifest.names()

@@ -461,11 +461,13 @@ def bench_scale(scale: float) -> dict:
         r["copy_after_bytes"], r["copy_after_files"] = copy_size(br)
         # a cold load: an empty cache, the copy present
         br.storage.request("DELETE", "/_log")
+        br.files.request("DELETE", "/_log")
         m, rss = scale_run(base, br, base / "cache-b", "b")
         r["cold_rss_before"] = rss.mark()
         r["cold_s"], c = ready(m, br)
         r["cold_rss"] = rss.peak()
         r["cold_gets"] = sum(1 for e in br.storage.log() if e["method"] == "GET" and "/lnkmem/" in e["path"])
+        r["cold_reads"] = sum(1 for e in br.files.log() if "/v1/read" in e["path"])  # sources read again: 0
         log(f"  cold load {r['cold_s']:.1f} s, peak RSS {r['cold_rss'] / 2**20:.0f} MiB")
         c.close()
         rss.stop()
@@ -492,6 +494,8 @@ def table_scale(rs: list) -> str:
         f"({r['change_pages'] / 1e6:.2f}) in {r['change_puts']} PUTs")
     row("cold load (empty cache, copy present): ready after, peak RSS", lambda r: f"{r['cold_s']:.1f} s, "
         f"{r['cold_rss'] / mib:.0f} MiB")
+    row("… files GET from the copy; files read from the sources", lambda r: f"{r['cold_gets']}; "
+        f"{r.get('cold_reads', '?')}")
     row("cold load vs re-indexing (goal ≥ 3×)", lambda r: f"{r['reindex_s'] / r['cold_s']:.1f}× "
         f"{ok(r['reindex_s'] >= 3 * r['cold_s'])}")
     row("peak RSS of write-back / cold load (goal ≤ 300 MiB at 10×)", lambda r: f"{r['wb_rss'] / mib:.0f} / "

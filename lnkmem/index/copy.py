@@ -492,8 +492,12 @@ class Export:
             j = np.minimum(np.searchsorted(hp_a, live), len(hp_a) - 1)
             ok = hp_a[j] == live
             if ok.all() and seg >= state.seg_mark:  # made since: a merge of the copy's, or ids given again
-                blobs = [txn.get(_k(int(p)), db=store.passages) for p in live.tolist()]
-                ok = hs_a[j] == _digests([bytes(b) if b is not None else b"" for b in blobs])
+                for a in range(0, len(live), 4096):  # (a few MiB of passages at a time)
+                    some = live[a:a + 4096].tolist()
+                    blobs = [txn.get(_k(p), db=store.passages) for p in some]
+                    if not (hs_a[j[a:a + 4096]] == _digests([bytes(b) if b is not None else b"" for b in blobs])).all():
+                        ok = np.zeros(len(live), bool)
+                        break
             if ok.all():
                 held_p.append(live)
                 held_c.append(hc_a[j])

@@ -543,6 +543,7 @@ class Export:
         made = 0
 
         def close(i: int) -> tuple[str, bytes]:
+            store.let_go()  # the map's pages read for this part, the heap it freed
             a = cur["i0"]
             part = _Segment(pids[a:i].tobytes(), bytes(lens[4 * a:4 * i]), cur["refs"], cur["terms"],
                             cur["postings"], cur["passages"])
@@ -949,6 +950,8 @@ class _Reader:
                     prev = t
                 self._postings(name, s, held, sk)
             del raw, s
+            if self.store is not None:
+                self.store.let_go()  # (LMDB's dirty pages stay until the commit)
         if check_tomb and tombed != nt:
             raise _bad("the head marks dead passages its segment does not hold")
         lens = b"".join(len_parts)

@@ -524,8 +524,11 @@ def main(argv=None) -> int:
         text = table_scale(rs)
         common.report("lnkmem bound copy at scale", when, mach, text, {"runs": rs}, t0, a.json)
         if a.record:
+            import subprocess
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                    text=True).stdout.strip() or "?"
             cmd = ".venv/bin/python bench/bench_bound.py" + "".join(f" --scale {s:g}" for s in a.scale)
-            record(text, cmd, when, mach, "bound-scale", "Bound copy at scale")
+            record(text, cmd, when, f"{mach}, commit {commit}", "bound-scale", "Bound copy at scale")
             log("recorded in docs/BENCHMARKS.md")
         return 0
     r = bench(QUICK if a.quick else FULL)

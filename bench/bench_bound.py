@@ -20,6 +20,23 @@ idle a moment before the Bound line is sent. Measures:
 
 Prints a markdown table with targets and pass/fail; ``--record`` writes it to
 the ``bench:bound`` section of ``docs/BENCHMARKS.md``.
+
+``--scale S`` (issue 33) measures the copy at scale instead: the Home is
+``bench/corpus.py``'s at scale S (its ``home/`` in the files bridge, its
+conversations in the storage bridge), and one ``serve-many`` after another
+(``LNKMEM_QUIET_S`` and ``LNKMEM_WRITEBACK_S`` high, so the copy is written
+only when asked), VmRSS of ``serve-many`` sampled every 50 ms:
+
+- re-indexing from the sources: an empty cache, no copy: Bound -> nothing
+  indexing, and peak RSS;
+- the first write-back: a ``flush`` then: its time, peak RSS, bytes PUT, the
+  largest file PUT, the copy's size and files;
+- 30 changed files (a paragraph appended to each, one ``changed`` each), then a
+  ``flush``: bytes PUT (of them the table's pages);
+- a cold load: an empty cache, the copy present: Bound -> nothing indexing,
+  peak RSS; the cold load against re-indexing (goal: at least 3x faster).
+
+``--record`` writes that table to the ``bench:bound-scale`` section.
 """
 
 from __future__ import annotations
@@ -29,6 +46,7 @@ import sys
 sys.dont_write_bytecode = True
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -290,15 +308,229 @@ def table(r: dict) -> str:
     return "\n".join(rows + notes)
 
 
+# --- the copy at scale (issue 33) ----------------------------------------------------------
+
+SCALE_ENV = {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "3600"}
+CHANGED = 30
+
+
+class RssSampler:
+    """VmRSS of one process every 50 ms, on a thread; ``peak()`` since the last ``mark()``."""
+
+    def __init__(self, pid: int):
+        import threading
+        self.pid = pid
+        self.top = 0
+        self.now = 0
+        self._stop = False
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _read(self) -> int:
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def _run(self) -> None:
+        while not self._stop:
+            v = self._read()
+            self.now = v
+            self.top = max(self.top, v)
+            time.sleep(0.05)
+
+    def mark(self) -> int:
+        """Start a new window; RSS now."""
+        self.now = self._read()
+        self.top = self.now
+        return self.now
+
+    def peak(self) -> int:
+        return max(self.top, self._read())
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def place_corpus(scale: float, br: Bridges) -> dict:
+    """bench/corpus.py's Home at ``scale`` (made once, kept in bench/out/) placed in the
+    fake bridges (copied: the bench changes files): home/ as a1's Home, agent/chats/ as its conversations."""
+    import corpus
+    src = os.path.join(HERE, "out", f"corpus-{scale:g}")
+    stamp = corpus.generate(src, scale, 7, log=log)
+    home, convs = br.home("a1"), br.store("conversations")
+    n = 0
+    for top, dst in ((os.path.join(src, "home"), home), (os.path.join(src, "agent", "chats"), convs)):
+        for d, _, names in os.walk(top):
+            rel = os.path.relpath(d, top)
+            os.makedirs(os.path.join(dst, rel), exist_ok=True)
+            for name in names:
+                shutil.copyfile(os.path.join(d, name), os.path.join(dst, rel, name))
+                n += 1
+    return {"files": n, "stamp": stamp}
+
+
+def scale_run(base: Path, br: Bridges, cache: Path, name: str):
+    m = Many(base / name / "mem.sock", {}, br.flags() + ["--cache", str(cache), "--stay"], env=SCALE_ENV)
+    if m.proc.poll() is not None:
+        raise RuntimeError(f"serve-many did not start: {m.stderr()[-2000:]}")
+    time.sleep(0.5)
+    return m, RssSampler(m.proc.pid)
+
+
+def ready(m, br: Bridges) -> tuple:
+    """Bound line -> the first search with nothing indexing: (seconds, the session)."""
+    c = m.connect(timeout=3600)
+    t0 = time.perf_counter()
+    r = c.first(br.bound())
+    if r != {"ok": True}:
+        raise RuntimeError(f"Bound: {r}")
+    while "indexing" in c.search("zzzzprobe")["structuredContent"]:
+        time.sleep(0.05)
+    return time.perf_counter() - t0, c
+
+
+def control(m, obj: dict) -> float:
+    with m.connect(timeout=3600) as ctl:
+        t0 = time.perf_counter()
+        r = ctl.first(obj)
+        dt = time.perf_counter() - t0
+    if r != {"ok": True}:
+        raise RuntimeError(f"{obj}: {r}")
+    return dt
+
+
+def copy_puts(br: Bridges) -> list:
+    return [e for e in br.storage.log() if e["method"] == "PUT" and "/lnkmem/" in e["path"] and e["status"] in (200, 201)]
+
+
+def bench_scale(scale: float) -> dict:
+    base = Path(OUT + f"-scale-{scale:g}")
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    br = Bridges(base / "link", bindings={"a1": {"owner": "o1", "key": KEY}})
+    r: dict = {"scale": scale, "load": [loadavg()]}
+    flush = {"flush": {"owner": "o1", "agent": "a1"}}
+    try:
+        placed = place_corpus(scale, br)
+        r["files"] = placed["files"]
+        r["home_bytes"] = sum(p.stat().st_size for p in br.home("a1").rglob("*") if p.is_file())
+        log(f"scale {scale:g}: {r['files']} files, {r['home_bytes'] / 1e6:.1f} MB")
+        # re-indexing from the sources: no copy, an empty cache
+        m, rss = scale_run(base, br, base / "cache-a", "a")
+        r["reindex_rss_before"] = rss.mark()
+        r["reindex_s"], c = ready(m, br)
+        r["reindex_rss"] = rss.peak()
+        log(f"  re-index {r['reindex_s']:.1f} s, peak RSS {r['reindex_rss'] / 2**20:.0f} MiB")
+        # the first write-back
+        br.storage.request("DELETE", "/_log")
+        r["wb_rss_before"] = rss.mark()
+        r["wb_s"] = control(m, flush)
+        r["wb_rss"] = rss.peak()
+        p = copy_puts(br)
+        r["wb_bytes"] = sum(e["size"] for e in p)
+        r["wb_largest"] = max(e["size"] for e in p)
+        r["copy_bytes"], r["copy_files"] = copy_size(br)
+        log(f"  first write-back {r['wb_s']:.1f} s, RSS {r['wb_rss_before'] / 2**20:.0f} -> "
+            f"{r['wb_rss'] / 2**20:.0f} MiB, {r['wb_bytes'] / 1e6:.1f} MB PUT, largest {r['wb_largest'] / 1e6:.1f} MB")
+        # 30 changed files, then a flush
+        homefiles = sorted(p for p in br.home("a1").rglob("*.md"))
+        br.storage.request("DELETE", "/_log")
+        for i in range(CHANGED):
+            f = homefiles[(i * 7919 + 13) % len(homefiles)]
+            with open(f, "a") as fh:
+                fh.write(f"\n\nA late paragraph on the zanzibarquokka{i}, added by the benchmark.\n")
+            control(m, {"changed": {"owner": "o1", "agent": "a1", "path": "home/" + f.relative_to(br.home("a1")).as_posix()}})
+        while "zanzibarquokka29" not in json.dumps(c.search("zanzibarquokka29")["structuredContent"]) \
+                and "indexing" in c.search("zzzzprobe")["structuredContent"]:
+            time.sleep(0.1)
+        r["change_flush_s"] = control(m, flush)
+        p = copy_puts(br)
+        r["change_bytes"] = sum(e["size"] for e in p)
+        r["change_pages"] = sum(e["size"] for e in p if "/lnkmem/page-" in e["path"])
+        r["change_puts"] = len(p)
+        log(f"  {CHANGED} changed files: {r['change_bytes'] / 1e6:.2f} MB PUT ({r['change_pages'] / 1e6:.2f} MB "
+            f"of pages) in {len(p)} PUTs, flush {r['change_flush_s']:.1f} s")
+        c.close()
+        rss.stop()
+        m.stop()
+        r["copy_after_bytes"], r["copy_after_files"] = copy_size(br)
+        # a cold load: an empty cache, the copy present
+        br.storage.request("DELETE", "/_log")
+        br.files.request("DELETE", "/_log")
+        m, rss = scale_run(base, br, base / "cache-b", "b")
+        r["cold_rss_before"] = rss.mark()
+        r["cold_s"], c = ready(m, br)
+        r["cold_rss"] = rss.peak()
+        r["cold_gets"] = sum(1 for e in br.storage.log() if e["method"] == "GET" and "/lnkmem/" in e["path"])
+        r["cold_reads"] = sum(1 for e in br.files.log() if "/v1/read" in e["path"])  # sources read again: 0
+        log(f"  cold load {r['cold_s']:.1f} s, peak RSS {r['cold_rss'] / 2**20:.0f} MiB")
+        c.close()
+        rss.stop()
+        m.stop()
+    finally:
+        br.stop()
+    r["load"].append(loadavg())
+    return r
+
+
+def table_scale(rs: list) -> str:
+    mib = 2 ** 20
+    head = "| | " + " | ".join(f"{r['scale']:g}× ({r['files']} files, {r['home_bytes'] / 1e6:.0f} MB)" for r in rs) + " |"
+    rows = [head, "|---|" + "---|" * len(rs)]
+
+    def row(label, f):
+        rows.append(f"| {label} | " + " | ".join(f(r) for r in rs) + " |")
+    row("re-indexing from the sources: time, peak RSS", lambda r: f"{r['reindex_s']:.1f} s, {r['reindex_rss'] / mib:.0f} MiB")
+    row("first write-back (`flush`): time, RSS before → peak", lambda r: f"{r['wb_s']:.1f} s, "
+        f"{r['wb_rss_before'] / mib:.0f} → {r['wb_rss'] / mib:.0f} MiB")
+    row("… bytes PUT, largest file PUT", lambda r: f"{r['wb_bytes'] / 1e6:.1f} MB, {r['wb_largest'] / 1e6:.1f} MB")
+    row("… the copy: size, files", lambda r: f"{r['copy_bytes'] / 1e6:.1f} MB, {r['copy_files']}")
+    row(f"{CHANGED} changed files, then `flush`: bytes PUT (table pages)", lambda r: f"{r['change_bytes'] / 1e6:.2f} MB "
+        f"({r['change_pages'] / 1e6:.2f}) in {r['change_puts']} PUTs")
+    row("cold load (empty cache, copy present): ready after, peak RSS", lambda r: f"{r['cold_s']:.1f} s, "
+        f"{r['cold_rss'] / mib:.0f} MiB")
+    row("… files GET from the copy; files read from the sources", lambda r: f"{r['cold_gets']}; "
+        f"{r.get('cold_reads', '?')}")
+    row("cold load vs re-indexing (goal ≥ 3×)", lambda r: f"{r['reindex_s'] / r['cold_s']:.1f}× "
+        f"{ok(r['reindex_s'] >= 3 * r['cold_s'])}")
+    row("peak RSS of write-back / cold load (goal ≤ 300 MiB at 10×)", lambda r: f"{r['wb_rss'] / mib:.0f} / "
+        f"{r['cold_rss'] / mib:.0f} MiB")
+    row("load average (1 min) at start / end", lambda r: f"{r['load'][0]:.1f} / {r['load'][1]:.1f}")
+    notes = ["", "Each column one run: `serve-many` against the fake bridges over Unix sockets, "
+             "`LNKMEM_QUIET_S`/`LNKMEM_WRITEBACK_S` 3600 (the copy written only on `flush`), words ranking (no model); "
+             "RSS: `VmRSS` of `serve-many` every 50 ms; \"ready\": Bound line sent → the first search with nothing "
+             "indexing; bytes: the storage bridge's log of PUT bodies below `lnkmem/`."]
+    return "\n".join(rows + notes)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="lnkmem: bound sessions' benchmark")
     ap.add_argument("--quick", action="store_true", help="a 300-file Home, one start of each kind")
     ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
     ap.add_argument("--json", help="also write the raw figures to this file")
+    ap.add_argument("--scale", type=float, action="append", metavar="S",
+                    help="the copy at scale S of bench/corpus.py instead (repeatable: 0.25, 1, 4, 10)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = machine()
+    if a.scale:
+        rs = [bench_scale(s) for s in a.scale]
+        text = table_scale(rs)
+        common.report("lnkmem bound copy at scale", when, mach, text, {"runs": rs}, t0, a.json)
+        if a.record:
+            import subprocess
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                    text=True).stdout.strip() or "?"
+            cmd = ".venv/bin/python bench/bench_bound.py" + "".join(f" --scale {s:g}" for s in a.scale)
+            record(text, cmd, when, f"{mach}, commit {commit}", "bound-scale", "Bound copy at scale")
+            log("recorded in docs/BENCHMARKS.md")
+        return 0
     r = bench(QUICK if a.quick else FULL)
     text = table(r)
     common.report("lnkmem bound sessions benchmark", when, mach, text, r, t0, a.json)

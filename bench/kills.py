@@ -293,7 +293,7 @@ def copy_store(bridges: Bridges, where: Path) -> tuple[Store, bool] | None:
     if not man.exists():
         return None
     manifest = copyfmt.decode_manifest(man.read_bytes())
-    names = manifest.segments + manifest.vectors + [manifest.table]
+    names = manifest.names()
     missing = [n for n in names if not (d / n).exists()]
     check(not missing, f"the copy's manifest names files that are not there: {missing[:3]}")
     shutil.rmtree(where, ignore_errors=True)

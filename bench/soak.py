@@ -45,14 +45,12 @@ import statistics
 import subprocess
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-import msgspec  # noqa: E402
 
 from tests.bridges import Bridges  # noqa: E402
 from tests.helpers import Home, Many, agent_entry  # noqa: E402
@@ -290,9 +288,9 @@ class Soak:
                 lost.append(f"notes of {who}: {text.splitlines()[:4]} != {want}")
         # the copy holds every file of the bridge's Home
         d = self.bridges.store("memory") / "lnkmem"
-        m = json.loads((d / "manifest.json").read_bytes())
-        table = msgspec.msgpack.decode(zlib.decompress((d / m["table"]).read_bytes()))
-        in_copy = {ref for ref, _ in table[0]}
+        from lnkmem.index import copy as copyfmt
+        m = copyfmt.decode_manifest((d / "manifest.json").read_bytes())
+        in_copy = set(copyfmt.verify(m, lambda n: (d / n).read_bytes()).refs)
         home = self.bridges.home()
         for p in home.rglob("*.md"):
             ref = f"home/{p.relative_to(home).as_posix()}"

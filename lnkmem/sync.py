@@ -83,12 +83,20 @@ class Replica:
             raise
 
     def fetch(self, name: str) -> bytes:
+        size = copyfmt.blob_size(name)
+        if size is not None and size > copyfmt.MAX_BLOB:  # refused before it is fetched
+            raise copyfmt.CopyDamaged(f"{name} is {size} bytes, over {copyfmt.MAX_BLOB}")
         try:
             return self.place.read(name)[0]
         except TooLarge as e:  # no file of a copy this engine made is that large
             raise copyfmt.CopyDamaged(f"{name} is larger than an answer may be ({e})") from None
 
-    def put_blob(self, name: str, data: bytes) -> None:
+    def put_blob(self, name: str, data) -> None:
+        """Create one content-addressed file (``data``: bytes, or an iterable of bytes
+        chunks, joined here until the place takes a stream: one file is at most
+        copyfmt.MAX_BLOB)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            data = b"".join(data)
         try:
             self.place.write(name, data, None)  # If-None-Match: *
         except Conflict:  # content-addressed: the same file is there, unless someone rewrote it
@@ -105,20 +113,24 @@ class Replica:
                     pass  # changed again meanwhile: the next write-back's check sees it
 
     def names(self) -> set:
-        """The names of the copy's files (seg/table/vec) in its place, as far as they can be listed."""
+        """The names of the copy's files in its place, as far as they can be listed."""
         try:
-            return {e.path for e in self.place.list() if copyfmt._NAME.fullmatch(e.path)}
+            return {e.path for e in self.place.list() if copyfmt.is_copy_file(e.path)}
         except (NotFound, Forbidden, BridgeDown):
             return set()
 
     def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
         return self.place.write(copyfmt.MANIFEST, data, expect)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str) -> bool:
+        """Delete one file; whether it is gone (False: to be tried again later)."""
         try:
             self.place.delete(name)
-        except (NotFound, Forbidden, BridgeDown, Conflict):
+        except NotFound:
             pass
+        except (Forbidden, BridgeDown, Conflict):
+            return False
+        return True
 
 
 def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[str, int]] = None) -> str:
@@ -140,7 +152,7 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
         if manifest is None:
             return "reused"
         try:
-            verified = copyfmt.verify(manifest, replica.fetch, replica.of, sources, width)
+            copyfmt.load_copy(store, manifest, replica.fetch, version, replica.of, sources, width)
         except NotFound as e:  # vanished under a newer write, or never there
             try:
                 again, _ = replica.manifest(version)
@@ -156,7 +168,6 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
             log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
             copyfmt.damaged(store, version)
             return "damaged"
-        copyfmt.load(store, verified, version)
         return "loaded"
     raise BridgeDown("the copy kept changing while it was read")
 
@@ -268,18 +279,27 @@ class WriteBack:
                 w.set()
 
     def write(self) -> bool:
-        """One write-back, riding out 412s. True when something was written."""
+        """One write-back, riding out 412s. True when something was written.
+
+        The files the copy lacks are made, recorded and sent one at a time (the
+        export is a generator: one file in memory, whatever the index's size), then
+        the manifest swapped conditionally; once it has landed, every file it no
+        longer names -- of the version it replaced, or sent by a write-back that
+        never got to its manifest -- is deleted (:meth:`sweep`)."""
         with self.lock:
             store = self.store_of()
             for attempt in range(10):
                 state = copyfmt.copy_state(store)
                 if not copyfmt.dirty(store, state):
                     self.state = "clean"
+                    self.sweep(store, state)
                     return False
                 self.state = "writing"
                 exp = copyfmt.export(store, state, self.replica.of)
-                for name, blob in exp.blobs.items():
+                for name, blob in exp.blobs:
+                    copyfmt.note_sent(store, [name])  # before it is: a kill leaves it known
                     self.replica.put_blob(name, blob)
+                    del blob
                 try:
                     version = self.replica.put_manifest(copyfmt.encode_manifest(exp.manifest), state.version)
                 except Conflict:
@@ -288,15 +308,29 @@ class WriteBack:
                     self.state = "reloading"
                     self.reload()
                     continue
-                copyfmt.written(store, exp, version)
+                new = copyfmt.written(store, exp, version)
                 self.last_write = time.monotonic()
                 self.writes += 1
-                old = set(state.segments.values()) | set(state.vectors) | ({state.table} if state.table else set())
-                keep = set(exp.manifest.segments) | set(exp.manifest.vectors) | {exp.manifest.table}
                 if state.sweep:  # the files of a damaged (or renumbered) version are not all known
-                    old |= self.replica.names()
-                for name in old - keep:
-                    self.replica.delete(name)
+                    named = set(new.named)
+                    copyfmt.note_sent(store, sorted(n for n in self.replica.names() if n not in named))
+                self.sweep(store, copyfmt.copy_state(store))
                 self.state = "dirty" if copyfmt.dirty(store) else "clean"
                 return True
             raise BridgeDown("gave up after 10 conflicting writes")
+
+    def sweep(self, store: Store, state) -> None:
+        """Delete the files no manifest names any more (``state.doomed``), once the copy is
+        still the version this cache wrote or read -- or, when a newer one is there, those
+        it does not name either (another engine may name a file again)."""
+        if not state.doomed or state.version is None:
+            return
+        doomed = set(state.doomed)
+        try:
+            newer, _ = self.replica.manifest(state.version)
+        except (NotFound, copyfmt.CopyDamaged, BridgeDown):
+            return  # not now: at a later write-back
+        if newer is not None:
+            doomed -= set(newer.names())
+        gone = [n for n in sorted(doomed) if self.replica.delete(n)]
+        copyfmt.forget_doomed(store, gone + [n for n in state.doomed if n not in doomed])

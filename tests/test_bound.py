@@ -50,9 +50,9 @@ def copy_refs(bridges) -> set:
     """The refs the copy's file table holds (read straight from the copy's files)."""
     files = copy_files(bridges)
     m = json.loads(files["manifest.json"])
-    table = msgspec.msgpack.decode(zlib.decompress(files[m["table"]]))
-    assert all(name in files for name in m["segments"] + m["vectors"] + [m["table"]])
-    return {ref for ref, _ in table[0]}
+    named = [n for seg in m["segments"] for n in seg] + m["pages"] + m["vectors"] + [m["head"]]
+    assert all(name in files for name in named + ([m["dict"]] if m.get("dict") else []))
+    return {ref for name in m["pages"] for ref, _ in msgspec.msgpack.decode(zlib.decompress(files[name]))[0]}
 
 
 def log(server: FakeServer) -> list:

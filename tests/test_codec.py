@@ -453,8 +453,8 @@ def _copy_of(tmp_path: Path, h: Home) -> dict:
     mem.store = mem.open_store()
     mem.refresh_all()
     exp = copyfmt.export(mem.store, copyfmt.CopyState(), "agent o1/a1")
+    files = dict(exp.blobs)  # (made as they are asked for: before the store closes)
     mem.store.close()
-    files = dict(exp.blobs)
     files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
     return files
 
@@ -473,9 +473,9 @@ def _reseal(files: dict, kind: str, old: str, obj) -> dict:
     out[name] = blob
     m = json.loads(files["manifest.json"])
     if kind == "seg":
-        m["segments"] = [name if s == old else s for s in m["segments"]]
+        m["segments"] = [[name if s == old else s for s in parts] for parts in m["segments"]]
     else:
-        m["table"] = name
+        m[kind] = name
     out["manifest.json"] = json.dumps(m).encode()
     return out
 
@@ -484,7 +484,7 @@ def test_a_copy_carries_compressed_passages_and_its_dictionary(tmp_path):
     h = _corpus(tmp_path / "a", 0.003)
     files = _copy_of(tmp_path, h)
     v = _verify(files)
-    assert v.table.zdict  # made from the index's text, sent with the table
+    assert v.manifest.dict in files  # made from the index's text, sent as a file of its own
     # loaded into a fresh cache: the same passages, readable with the copy's dictionary
     src = Store.open(str(h.state / "index"))
     dst = Store.open(str(tmp_path / "cache" / "index"))
@@ -511,9 +511,9 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
     h = _corpus(tmp_path / "a", 0.003)
     files = _copy_of(tmp_path, h)
     m = copyfmt.decode_manifest(files["manifest.json"])
-    name = m.segments[0]
+    name = m.segments[0][0]
     seg = msgspec.msgpack.decode(zlib.decompress(files[name]))
-    table = msgspec.msgpack.decode(zlib.decompress(files[m.table]))
+    zdict = msgspec.msgpack.decode(zlib.decompress(files[m.dict]))
     cases = []
     s = list(seg)  # a list claiming 2**32 postings in a few bytes
     s[4] = [b"\xff\xff\xff\xff\x0f" + bytes(7 * 4)] + s[4][1:]
@@ -526,16 +526,14 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
     s[5] = [b"\x02" + z.compress(bytes(100 << 20)) + z.flush()] + s[5][1:]
     cases.append(("seg", name, s, "passage"))
     s = list(seg)  # a passage deflated with another dictionary
-    s[5] = [textpack.Packer(b"another dictionary" * 50).pack(textpack.unpack(seg[5][0], table[5]))] + s[5][1:]
+    s[5] = [textpack.Packer(b"another dictionary" * 50).pack(textpack.unpack(seg[5][0], zdict))] + s[5][1:]
     cases.append(("seg", name, s, "passage"))
-    t = list(table)  # a dictionary longer than deflate's window
-    t[5] = bytes(textpack.DICT_SIZE + 1)
-    cases.append(("table", m.table, t, "dictionary"))
-    t = list(table)  # a zstd dictionary's magic number, then garbage
-    t[5] = b"\x37\xa4\x30\xec" + bytes(range(256)) * 8
-    cases.append(("table", m.table, t, "dictionary"))
+    # a dictionary longer than deflate's window
+    cases.append(("dict", m.dict, bytes(textpack.DICT_SIZE + 1), "dictionary"))
+    # a zstd dictionary's magic number, then garbage
+    cases.append(("dict", m.dict, b"\x37\xa4\x30\xec" + bytes(range(256)) * 8, "dictionary"))
     s = list(seg)  # a zstd passage that inflates to 100 MB
-    s[5] = [b"\x03" + textpack._zstd(table[5]).compress(bytes(100 << 20))] + s[5][1:]
+    s[5] = [b"\x03" + textpack._zstd(zdict).compress(bytes(100 << 20))] + s[5][1:]
     cases.append(("seg", name, s, "passage"))
     for kind, old, obj, why in cases:
         t0 = time.perf_counter()

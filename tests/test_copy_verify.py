@@ -118,12 +118,18 @@ def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: 
         assert time.monotonic() - t0 < 10
         assert m.proc.poll() is None
     v = check_copy(copy_files(bridges))  # the copy is whole again
-    assert {r for r, _ in v.table.files} >= {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"}
+    assert set(v.refs) >= {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"}
     puts = [e for e in bridges.storage.log() if e["method"] == "PUT" and e["path"].endswith("manifest.json")]
     assert puts and puts[0]["status"] == 200, puts
     assert puts[0].get("if_match", "").strip('"') == bad_version, puts[0]
     lists = [e for e in bridges.storage.log() if e["method"] == "GET" and "?prefix=" in e["path"]]
     assert len(lists) <= 4, len(lists)  # no re-listing loop (issue 11: ten times per try)
+
+
+def named_files(m: dict) -> set:
+    """Every file a manifest (as JSON) names, the manifest too."""
+    out = {n for seg in m["segments"] for n in seg} | set(m["pages"]) | set(m["vectors"]) | {m["head"], "manifest.json"}
+    return out | ({m["dict"]} if m.get("dict") else set())
 
 
 def version_of(bridges) -> str:
@@ -136,9 +142,9 @@ def version_of(bridges) -> str:
 def test_table_naming_a_passage_beyond_next_pid_is_never_loaded(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    table = unpack(copy_files(bridges)[m["table"]])
-    table[2] = 1  # next_pid below the ids the segments use
-    m["table"] = put(bridges, "table", table)
+    head = unpack(copy_files(bridges)[m["head"]])
+    head[1] = 1  # next_pid below the ids the segments use
+    m["head"] = put(bridges, "head", head)
     set_manifest(bridges, m)
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
     with serve(bridges, tmp_path, "t") as s, s.connect() as c:  # and a restart opens the cache
@@ -149,12 +155,12 @@ def test_table_naming_a_passage_beyond_next_pid_is_never_loaded(bridges, tmp_pat
 def test_lengths_that_disagree_and_negative_ids(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    seg = unpack(copy_files(bridges)[m["segments"][0]])
+    seg = unpack(copy_files(bridges)[m["segments"][0][0]])
     seg[1] = seg[1][:-4]  # one length fewer than passages
-    m["segments"][0] = put(bridges, "seg", seg)
-    table = unpack(copy_files(bridges)[m["table"]])
-    table[2] = -5
-    m["table"] = put(bridges, "table", table)
+    m["segments"][0][0] = put(bridges, "seg", seg)
+    head = unpack(copy_files(bridges)[m["head"]])
+    head[1] = -5
+    m["head"] = put(bridges, "head", head)
     set_manifest(bridges, m)
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
 
@@ -162,9 +168,9 @@ def test_lengths_that_disagree_and_negative_ids(bridges, tmp_path):
 def test_huge_next_pid_never_sizes_memory(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    table = unpack(copy_files(bridges)[m["table"]])
-    table[2] = 300_000_000
-    m["table"] = put(bridges, "table", table)
+    head = unpack(copy_files(bridges)[m["head"]])
+    head[1] = 300_000_000
+    m["head"] = put(bridges, "head", head)
     set_manifest(bridges, m)
     with serve(bridges, tmp_path, "t") as s, s.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
@@ -173,8 +179,8 @@ def test_huge_next_pid_never_sizes_memory(bridges, tmp_path):
         assert peak < 400 * 1024, peak
         with s.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    v = check_copy(copy_files(bridges))
-    assert v.table.next_pid < 1000  # written back with ids that fit its passages
+    m = manifest(bridges)
+    assert unpack(copy_files(bridges)[m["head"]])[1] < 1000  # written back with ids that fit its passages
 
 
 def test_zip_bomb_segment(bridges, tmp_path):
@@ -183,7 +189,7 @@ def test_zip_bomb_segment(bridges, tmp_path):
     z = zlib.compressobj(9)
     zero = bytes(1 << 20)
     bomb = b"".join(z.compress(zero) for _ in range(300)) + z.flush()  # 300 MB in ~300 KB
-    m["segments"].append(put(bridges, "seg", None, raw=bomb))
+    m["segments"].append([put(bridges, "seg", None, raw=bomb)])
     set_manifest(bridges, m)
     with serve(bridges, tmp_path, "t") as s, s.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
@@ -203,14 +209,14 @@ def test_unreadable_copy_blocks_nothing(bridges, tmp_path, damage):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
     if damage == "truncated segment":
-        blob = copy_files(bridges)[m["segments"][0]]
-        os.unlink(copy_dir(bridges) / m["segments"][0])
-        m["segments"][0] = put(bridges, "seg", None, raw=blob[: len(blob) // 2])
+        blob = copy_files(bridges)[m["segments"][0][0]]
+        os.unlink(copy_dir(bridges) / m["segments"][0][0])
+        m["segments"][0][0] = put(bridges, "seg", None, raw=blob[: len(blob) // 2])
         set_manifest(bridges, m)
     elif damage == "manifest not JSON":
         (copy_dir(bridges) / "manifest.json").write_bytes(b"{not json")
     else:
-        os.unlink(copy_dir(bridges) / m["segments"][0])
+        os.unlink(copy_dir(bridges) / m["segments"][0][0])
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
 
 
@@ -219,19 +225,22 @@ def test_refs_leaving_their_source_are_never_served(bridges, tmp_path):
     m = manifest(bridges)
     files = copy_files(bridges)
     bad = "home/../../../../etc/passwd"
-    table = unpack(files[m["table"]])
-    zdict = table[5] if len(table) > 5 else None  # the passages' dictionary (textpack)
+    zdict = msgspec.msgpack.decode(zlib.decompress(files[m["dict"]])) if m.get("dict") else None  # (textpack)
 
     def moved(p: bytes) -> bytes:
         return textpack.Packer(zdict).pack(msgspec.msgpack.encode([bad] + msgspec.msgpack.decode(textpack.unpack(p, zdict))[1:]))
-    for i, name in enumerate(m["segments"]):
-        seg = unpack(files[name])
-        if "home/docs/plan.md" in seg[2]:
-            seg[2] = [bad if r == "home/docs/plan.md" else r for r in seg[2]]
-            seg[5] = [moved(p) if p else p for p in seg[5]]
-            m["segments"][i] = put(bridges, "seg", seg)
-    table[0] = [[bad if r == "home/docs/plan.md" else r, rec] for r, rec in table[0]]
-    m["table"] = put(bridges, "table", table)
+    for i, parts in enumerate(m["segments"]):
+        for j, name in enumerate(parts):
+            seg = unpack(files[name])
+            if "home/docs/plan.md" in seg[2]:
+                seg[2] = [bad if r == "home/docs/plan.md" else r for r in seg[2]]
+                seg[5] = [moved(p) if p else p for p in seg[5]]
+                m["segments"][i][j] = put(bridges, "seg", seg)
+    # the file table's pages, with the forged ref in the page it belongs to
+    pages = [unpack(files[n])[0] for n in m["pages"]]
+    rows = [[bad if r == "home/docs/plan.md" else r, rec] for page in pages for r, rec in page]
+    pages = [sorted(r for r in rows if copyfmt.page_of(r[0], len(pages)) == i) for i in range(len(pages))]
+    m["pages"] = [put(bridges, "page", [p]) for p in pages]
     set_manifest(bridges, m)
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges), forbidden=[("narwhal", bad)])
 
@@ -240,7 +249,7 @@ def test_rewritten_segment_is_never_served(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
     files = copy_files(bridges)
-    for name in m["segments"]:
+    for name in (n for parts in m["segments"] for n in parts):
         seg = unpack(files[name])
         seg[5] = [p.replace(b"narwhal", b"forgery") for p in seg[5]]
         seg[3] = [b"forgeri" if t == b"narwhal" else t for t in seg[3]]
@@ -258,15 +267,15 @@ def test_a_copy_file_over_the_answer_limit_is_a_damaged_copy_and_its_files_go(br
     damaged version it does not name are deleted."""
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    big = m["segments"][0]
+    big = m["segments"][0][0]
     (copy_dir(bridges) / big).write_bytes(os.urandom(300_000))  # over the limit set below
     extra = put(bridges, "seg", [b"", b"", [], [], [], []])  # named by the damaged version only
-    m["segments"].append(extra)
+    m["segments"].append([extra])
     set_manifest(bridges, m)
     served_from_sources_and_replaced(bridges, tmp_path, "big", version_of(bridges),
                                      env={"LNKMEM_MAX_BODY": "200000"})
     after = manifest(bridges)
-    named = set(after["segments"]) | set(after["vectors"]) | {after["table"], "manifest.json"}
+    named = named_files(after)
     assert set(copy_files(bridges)) == named  # nothing of the damaged version is left beside it
     assert extra not in named
     if big in named:  # the same segment made again: the huge file was overwritten with its true content
@@ -277,14 +286,14 @@ def test_a_copy_never_holds_more_than_the_sources_it_was_made_from(bridges, tmp_
     """A file gone from Home while no engine ran: the copy loaded at the next start still names
     it, but the copy written back after re-indexing does not (and neither do searches)."""
     make_copy(bridges, tmp_path)
-    assert "home/docs/other.md" in {r for r, _ in check_copy(copy_files(bridges)).table.files}
+    assert "home/docs/other.md" in check_copy(copy_files(bridges)).refs
     (bridges.home() / "docs" / "other.md").unlink()
     with serve(bridges, tmp_path, "gone") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: hits(c, "penguins") == [], timeout=20)
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    held = {r for r, _ in check_copy(copy_files(bridges)).table.files}
+    held = set(check_copy(copy_files(bridges)).refs)
     assert "home/docs/other.md" not in held and "home/docs/plan.md" in held, held
 
 
@@ -319,8 +328,8 @@ def _store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
     vecs = np.eye(max(dim, len(alive)), dim, dtype=np.float32)[: len(alive)] + 0.01
     mem.store.put_vectors(alive, vecs)
     exp = copyfmt.export(mem.store, copyfmt.CopyState(), of)
+    files = dict(exp.blobs)  # (made as they are asked for: before the store closes)
     mem.store.close()
-    files = dict(exp.blobs)
     files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
     return files
 
@@ -380,7 +389,7 @@ def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
         puts = manifest_puts(bridges)
         assert len(puts) == 1, [p["time"] for p in puts]
         v = check_copy(copy_files(bridges))
-        refs = {r for r, _ in v.table.files}
+        refs = set(v.refs)
         assert all(f"home/burst/b{k}/f{i}.md" in refs for k in range(10) for i in range(100))
 
 

@@ -76,14 +76,11 @@ def bridges(tmp_path):
 
 
 def _copy_refs(bridges) -> set:
-    import zlib
-
-    import msgspec
+    from lnkmem.index import copy as copyfmt
     d = bridges.store("memory") / "lnkmem"
-    m = json.loads((d / "manifest.json").read_bytes())
-    assert all((d / n).exists() for n in m["segments"] + m["vectors"] + [m["table"]])
-    table = msgspec.msgpack.decode(zlib.decompress((d / m["table"]).read_bytes()))
-    return {ref for ref, _ in table[0]}
+    m = copyfmt.decode_manifest((d / "manifest.json").read_bytes())
+    assert all((d / n).exists() for n in m.names())
+    return set(copyfmt.verify(m, lambda n: (d / n).read_bytes()).refs)
 
 
 def test_bridge_faults_while_serving_lose_nothing(bridges, tmp_path):

@@ -772,8 +772,8 @@ def test_copy_files_fuzzed(tmp_path):
             files = dict(theirs) if rng.random() < 0.5 else {**files, "manifest.json": theirs["manifest.json"]}
         elif op == "manifest":
             m = json.loads(files["manifest.json"])
-            key = rng.choice(["segments", "table", "vectors", "model", "of", "format"])
-            m[key] = rng.choice([None, [], ["../x"], "seg-" + "0" * 40 + ".bin", 3, [names[0]] * 2])
+            key = rng.choice(["segments", "pages", "head", "dict", "vectors", "model", "of", "format"])
+            m[key] = rng.choice([None, [], ["../x"], "seg-" + "0" * 40 + "-9.bin", 3, [names[0]] * 2, [[names[0]]]])
             files["manifest.json"] = json.dumps(m).encode()
         elif op == "drop" and victim != "manifest.json":
             del files[victim]

@@ -1,59 +1,92 @@
 """The index copy's format (§7.2, §7.3; docs/ARCHITECTURE.md "The copy").
 
-A copy is a set of immutable, content-addressed files plus one manifest:
+A copy is a set of immutable, content-addressed files plus one small manifest,
+made for a bucket: no file is larger than :data:`MAX_BLOB` (64 MiB) whatever
+the index's size, and a small change sends about what changed.
 
-``manifest.json``        which files make this version (its bridge version is
-                         the copy's version)
-``seg-<hash>.bin``       one index segment: its passages, lengths and postings,
-                         as the index stores them (postings.py, textpack.py)
-``table-<hash>.bin``     the file table (ref -> version, size, passages), dead
-                         passages, the next passage id, the model, the
-                         passages' dictionary (zstd, or deflate)
-``vec-<hash>.bin``       a chunk of passage embeddings (int8 + scale)
+``manifest.json``          which files make this version (its bridge version is
+                           the copy's version)
+``seg-<hash>-<size>.bin``  a part of one index segment: passages (ids, lengths,
+                           refs, the stored passages) and then postings (terms and
+                           their lists, as the index stores them, postings.py); a
+                           segment is one or more parts, its passages before its
+                           postings, each part at most :func:`part_bytes`
+``page-<hash>-<size>.bin`` one page of the file table: the files whose ref hashes
+                           (crc32) to the page's number among the pages
+``head-<hash>-<size>.bin`` dead passages, the next passage id, the model, whose
+                           copy it is
+``dict-<hash>-<size>.bin`` the passages' dictionary (textpack: zstd, or deflate)
+``vec-<hash>-<size>.bin``  a chunk of passage embeddings (int8 + scale)
 
-Files are written before the manifest that names them, and never changed, so
-a reader that fetches a manifest and then its files sees exactly one version;
-the manifest and the table name whose memory the copy is (``of``);
-a write-back after one changed file sends one small segment, a vector chunk,
-the table and the manifest. The local LMDB cache is rebuilt from a copy in
-one write transaction, so a reader of the cache also sees one version.
+A name says its file's length, so a file over the bound is refused before it
+is fetched. Files are written before the manifest that names them, and never
+changed, so a reader that fetches a manifest and then its files sees exactly
+one version. A write-back after one changed file sends one small segment, a
+vector chunk, one page, the head and the manifest. :func:`export` makes the
+files one at a time (a generator the write-back sends as they come);
+:func:`load_copy` fetches, checks and writes them into the cache one at a time
+in one LMDB write transaction, so a reader of the cache sees one version and
+memory holds about one file, whatever the copy's size.
 
-The copy is untrusted input (§7.2 rev. 2): :func:`verify` checks all of it --
-names against content hashes, decompressed sizes against the compressed ones,
-counts, lengths and ids against each other, refs against this memory's
-sources, vector widths, whose copy it is -- before :func:`load` lets any of it
-into the cache; a copy that fails is :class:`CopyDamaged`, never loaded.
+The copy is untrusted input (§7.2 rev. 2): every check -- names against
+content hashes and lengths, decompressed sizes against the compressed ones,
+counts, lengths and ids against each other (posting lists all at once,
+:func:`postings.check_many`), refs against this memory's sources, vector
+widths, whose copy it is -- passes before the transaction commits; a copy that
+fails is :class:`CopyDamaged`, and nothing of it is kept. The previous format
+(``lnkmem-copy-3``: one segment a file, one table) is read once and written
+back in this one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 import zlib
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import msgspec
 import numpy as np
 
 from lnkmem.index import postings, textpack
-from lnkmem.index.store import FileRec, SegMeta, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k
+from lnkmem.index.store import FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k
 
-FORMAT = "lnkmem-copy-3"  # -3: compressed postings and passages (issue 12); an older copy is replaced
+FORMAT = "lnkmem-copy-4"  # -4: bounded files, a paged table, the head and dictionary apart (issue 33)
+OLD_FORMAT = "lnkmem-copy-3"  # read once, then written back as FORMAT
 MANIFEST = "manifest.json"
 
 # bounds on what a copy may make the engine hold (§7.2: never trusted to size an allocation)
 MAX_MANIFEST = 1 << 20
-MAX_BLOB = 1 << 30
+MAX_BLOB = 64 << 20  # a file of the copy, at most (rev. 3)
+OLD_MAX_BLOB = 1 << 30  # a file of an lnkmem-copy-3 copy (one segment a file), at most
+PART_BYTES = 16 << 20  # what a write-back puts in one file (`LNKMEM_COPY_PART` for tests)
 RATIO = 32  # decompressed bytes per compressed byte, at most (plus SLACK)
 SLACK = 1 << 20
 MAX_FILES = 100_000  # files one manifest may name
 MAX_DIM = 16384
 MAX_TERM = 1024
-POSTINGS_PER_BYTE = 8  # postings a segment may claim per byte of it (real ones: about 1)
+MAX_COPY_SEGMENTS = 256  # past this many segments the copy is written anew whole (a load's GETs)
+FILES_A_PAGE = 128  # the table's files a page, aimed at: pages are 2**k, made again past 4x either way
+CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
 SPARSE = 4  # ids beyond SPARSE x passages + DENSE_SLACK are renumbered at load
 DENSE_SLACK = 1 << 16
-_NAME = re.compile(r"(seg|table|vec)-[0-9a-f]{40}\.bin")
+_NAME = re.compile(r"(seg|page|head|dict|vec)-[0-9a-f]{40}-([0-9]{1,12})\.bin")
+_OLD_NAME = re.compile(r"(seg|table|vec)-[0-9a-f]{40}\.bin")
+
+
+def part_bytes() -> int:
+    """The bytes a write-back puts in one file of the copy, aimed at (`LNKMEM_COPY_PART`,
+    for tests; never over :data:`MAX_BLOB`)."""
+    raw = os.environ.get("LNKMEM_COPY_PART", "")
+    v = int(raw) if raw.isdigit() and int(raw) > 0 else PART_BYTES
+    return min(v, MAX_BLOB // 2)
+
+
+def is_copy_file(name: str) -> bool:
+    """Whether ``name`` is the name of a file of a copy (this format's or the previous one's)."""
+    return bool(_NAME.fullmatch(name) or _OLD_NAME.fullmatch(name))
 
 
 class CopyDamaged(ValueError):
@@ -62,15 +95,39 @@ class CopyDamaged(ValueError):
 
 class Manifest(msgspec.Struct, forbid_unknown_fields=False):
     format: str
-    segments: list[str]
-    table: str
+    segments: list[list[str]]  # each segment's parts, in order
+    pages: list[str]  # the file table's pages, by number
+    head: str
+    dict: Optional[str] = None
     vectors: list[str] = msgspec.field(default_factory=list)
     model: Optional[str] = None
     made: Optional[str] = None
     of: Optional[str] = None  # whose memory: "agent <owner>/<agent>" or "team <team id>"
 
+    def names(self) -> list[str]:
+        """Every file this version is made of."""
+        out = [n for seg in self.segments for n in seg] + list(self.pages)
+        out += [self.head] if self.head else []
+        out += [self.dict] if self.dict else []
+        return out + list(self.vectors)
+
+
+class _OldManifest(msgspec.Struct, forbid_unknown_fields=False):
+    format: str
+    segments: list[str]
+    table: str
+    vectors: list[str] = msgspec.field(default_factory=list)
+    model: Optional[str] = None
+    made: Optional[str] = None
+    of: Optional[str] = None
+
+
+class _Format(msgspec.Struct, forbid_unknown_fields=False):
+    format: str
+
 
 class _Segment(msgspec.Struct, array_like=True):
+    """A part of a segment (the whole of a small one; in lnkmem-copy-3 always the whole)."""
     pids: bytes
     lens: bytes
     refs: list[str]
@@ -79,13 +136,24 @@ class _Segment(msgspec.Struct, array_like=True):
     passages: list[bytes]
 
 
-class _Table(msgspec.Struct, array_like=True):
+class _Page(msgspec.Struct, array_like=True):
+    files: list[tuple[str, bytes]]  # (ref, its FileRec as the index stores it), refs ascending
+
+
+class _Head(msgspec.Struct, array_like=True):
+    tombs: list[bytes]  # for each segment, its passages no longer live (u32, ascending)
+    next_pid: int
+    model: Optional[str]
+    of: Optional[str] = None
+
+
+class _Table(msgspec.Struct, array_like=True):  # lnkmem-copy-3's: the head and the whole table in one
     files: list[tuple[str, bytes]]
     dead: bytes
     next_pid: int
     model: Optional[str]
     of: Optional[str] = None
-    zdict: Optional[bytes] = None  # the passages' dictionary (textpack: zstd, or deflate)
+    zdict: Optional[bytes] = None
 
 
 class _Vectors(msgspec.Struct, array_like=True):
@@ -99,7 +167,12 @@ def _pack(obj) -> bytes:
 
 
 def _name(kind: str, blob: bytes) -> str:
-    return f"{kind}-{hashlib.sha256(blob).hexdigest()[:40]}.bin"
+    return f"{kind}-{hashlib.sha256(blob).hexdigest()[:40]}-{len(blob)}.bin"
+
+
+def page_of(ref: str, pages: int) -> int:
+    """The table page that holds ``ref`` among ``pages``."""
+    return zlib.crc32(ref.encode("utf-8", "surrogatepass")) % pages
 
 
 def encode_manifest(m: Manifest) -> bytes:
@@ -107,15 +180,20 @@ def encode_manifest(m: Manifest) -> bytes:
 
 
 def decode_manifest(data: bytes) -> Manifest:
+    """The manifest (one of the previous format too, given this format's shape)."""
     if len(data) > MAX_MANIFEST:
         raise CopyDamaged(f"the manifest is {len(data)} bytes, over {MAX_MANIFEST}")
     try:
-        m = msgspec.json.decode(data, type=Manifest)
+        fmt = msgspec.json.decode(data, type=_Format).format
+        if fmt == FORMAT:
+            return msgspec.json.decode(data, type=Manifest)
+        if fmt == OLD_FORMAT:
+            o = msgspec.json.decode(data, type=_OldManifest)
+            return Manifest(OLD_FORMAT, [[s] for s in o.segments], [o.table], "", None, o.vectors,
+                            o.model, o.made, o.of)
     except msgspec.DecodeError as e:
         raise CopyDamaged(f"the manifest is not understood: {e}") from None
-    if m.format != FORMAT:
-        raise CopyDamaged(f"copy format {m.format!r} is not {FORMAT!r}")
-    return m
+    raise CopyDamaged(f"copy format {fmt!r} is not {FORMAT!r}")
 
 
 # --- local state of the cache relative to the copy ------------------------------------
@@ -123,18 +201,88 @@ def decode_manifest(data: bytes) -> Manifest:
 class CopyState(msgspec.Struct):
     version: Optional[str] = None  # the copy version this cache is of
     gen: int = -1  # the cache generation last written to (or read from) the copy
-    segments: dict[int, str] = msgspec.field(default_factory=dict)  # local segment -> copy file
+    seg_mark: int = 0  # the cache's next segment number when this version was written (or read)
     vectors: list[str] = msgspec.field(default_factory=list)
     vec_model: Optional[str] = None
-    table: Optional[str] = None
-    # the copy's files are not all known here (a damaged version, or one loaded renumbered):
-    # the write-back that replaces it deletes every file its new manifest does not name
+    pages: list[str] = msgspec.field(default_factory=list)
+    named: list[str] = msgspec.field(default_factory=list)  # every file the copy at `version` is made of
+    # files sent by this cache but named by no manifest it wrote (a write-back killed or
+    # beaten to the manifest), or named by a version this cache replaced and not yet
+    # deleted: each deleted at a later write-back unless a manifest names it again
+    doomed: list[str] = msgspec.field(default_factory=list)
+    # the copy's files are not all known here (a damaged version, one loaded renumbered
+    # or of the previous format): the write-back that replaces it deletes every file of
+    # the place its new manifest does not name
     sweep: bool = False
+
+
+class _CopySeg(msgspec.Struct, array_like=True):
+    """One segment of the copy as the cache knows it: its parts, every passage id it holds,
+    which are live in it, and each live passage's digest (its stored bytes): a local
+    segment made since (a merge) whose live passages are all these, by id and digest,
+    needs nothing sent."""
+    parts: list[str]
+    pids: bytes  # u32
+    live: bytes  # one byte a pid
+    sums: bytes  # u64 a pid (0 where not live)
+
+
+class _CopySegs(msgspec.Struct, array_like=True):
+    version: Optional[str]
+    segs: list[_CopySeg]
+
+
+def _digests(blobs: list) -> np.ndarray:
+    """Each stored passage's 64-bit digest (0 for none)."""
+    out = np.zeros(len(blobs), np.uint64)
+    for i, b in enumerate(blobs):
+        if b:
+            out[i] = int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little") | 1
+    return out
+
+
+def _copy_segs(txn, store: Store, state: "CopyState") -> list:
+    """The copy's segments as recorded for the version the cache is of ([] when unknown)."""
+    raw = txn.get(b"copy-segs", db=store.meta)
+    if not raw or state.version is None or state.sweep:
+        return []
+    try:
+        cs = msgspec.msgpack.decode(raw, type=_CopySegs)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+    known = set(state.named)
+    if cs.version != state.version or not all(n in known for c in cs.segs for n in c.parts):
+        return []
+    return cs.segs
 
 
 def copy_state(store: Store) -> CopyState:
     raw = store.get_meta(b"copy")
-    return msgspec.msgpack.decode(raw, type=CopyState) if raw else CopyState()
+    if not raw:
+        return CopyState()
+    try:
+        return msgspec.msgpack.decode(raw, type=CopyState)
+    except (msgspec.DecodeError, msgspec.ValidationError):  # a cache of the previous format's copy
+        try:
+            old = msgspec.msgpack.decode(raw)
+            version = old.get("version") if isinstance(old, dict) else None
+        except msgspec.DecodeError:
+            version = None
+        return CopyState(version=version if isinstance(version, str) else None, sweep=True)
+
+
+def _put_state(txn, store: Store, state: CopyState) -> None:
+    txn.put(b"copy", msgspec.msgpack.encode(state), db=store.meta)
+
+
+def _state_in(txn, store: Store) -> CopyState:
+    raw = txn.get(b"copy", db=store.meta)
+    if not raw:
+        return CopyState()
+    try:
+        return msgspec.msgpack.decode(raw, type=CopyState)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return CopyState(sweep=True)
 
 
 def dirty(store: Store, state: Optional[CopyState] = None) -> bool:
@@ -146,109 +294,343 @@ def dirty(store: Store, state: Optional[CopyState] = None) -> bool:
     return state.version is None or gen != state.gen or pending > 0
 
 
-# --- export: what a write-back sends --------------------------------------------
+def note_sent(store: Store, names: Iterable[str]) -> None:
+    """Files about to be sent: remembered (before they are) so that one no manifest ends
+    up naming is deleted later, even after a kill (§7.3 rev. 3)."""
+    with store.write_lock, store.env.begin(write=True) as txn:
+        state = _state_in(txn, store)
+        have = set(state.doomed) | set(state.named)
+        new = [n for n in names if n not in have]
+        if new:
+            state.doomed = state.doomed + new
+            _put_state(txn, store, state)
 
-class Export(msgspec.Struct):
-    gen: int
-    manifest: Manifest
-    blobs: dict[str, bytes]  # files the copy lacks
-    segments: dict[int, str]  # local segment -> file name, for every segment
-    vec_sent: list[int]  # pending vectors this export carries
 
+def forget_doomed(store: Store, gone: Iterable[str]) -> None:
+    """Files deleted from the copy's place: nothing is left to do about them."""
+    gone = set(gone)
+    if not gone:
+        return
+    with store.write_lock, store.env.begin(write=True) as txn:
+        state = _state_in(txn, store)
+        state.doomed = [n for n in state.doomed if n not in gone]
+        _put_state(txn, store, state)
+
+
+# --- export: what a write-back sends, one file at a time -----------------------------------
 
 MAX_VECTOR_CHUNKS = 16
 
 
-def export(store: Store, state: CopyState, of: Optional[str] = None) -> Export:
-    """Everything needed to make the copy equal to the cache now, in one read txn."""
-    blobs: dict[str, bytes] = {}
-    segs: dict[int, str] = {}
-    with store.env.begin() as txn:
-        gen = int(txn.get(b"gen", db=store.meta))
-        raw_model = txn.get(b"model", db=store.meta)
-        model = raw_model.decode() if raw_model else None
+class Export:
+    """Everything needed to make the copy equal to the cache now, read in one read txn.
+
+    ``blobs`` yields (name, bytes) of each file the copy lacks, one at a time, made as
+    it is asked for (a write-back sends each before the next is made); once it is
+    exhausted, ``manifest`` is the version they make."""
+
+    def __init__(self, store: Store, state: CopyState, of: Optional[str], part: Optional[int] = None):
+        self.store = store
+        self.state = state
+        self.of = of
+        self.part = part or part_bytes()
+        self.gen = -1
+        self.copy_segs: list[_CopySeg] = []  # the copy's segments this export makes
+        self.seg_mark = 0
+        self.compacted = False
+        self.pages: list[str] = []
+        self.vec_sent: list[int] = []  # pending vectors this export carries
+        self.sent: list[str] = []
+        self._manifest: Optional[Manifest] = None
+        self.blobs: Iterator[tuple[str, bytes]] = self._make()
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            raise RuntimeError("the export's files are not all made yet")
+        return self._manifest
+
+    def _out(self, kind: str, obj) -> tuple[str, bytes]:
+        blob = obj if isinstance(obj, bytes) else _pack(obj)
+        if len(blob) > MAX_BLOB:  # never made: no part holds more than one item over `part`
+            raise ValueError(f"a {kind} file of {len(blob)} bytes, over {MAX_BLOB}")
+        return _name(kind, blob), blob
+
+    def _make(self) -> Iterator[tuple[str, bytes]]:
+        store, state = self.store, self.state
+        known = set(state.named)
+        with store.env.begin() as txn:
+            self.gen = int(txn.get(b"gen", db=store.meta))
+            raw_model = txn.get(b"model", db=store.meta)
+            model = raw_model.decode() if raw_model else None
+            self.seg_mark = int(txn.get(b"next_seg", db=store.meta))
+            dead = np.frombuffer(b"".join(bytes(k) for k in txn.cursor(db=store.dead).iternext(values=False)),
+                                 ">u4").astype(np.int64)
+            dead.sort()
+            kept, todo = self._plan(txn, dead)
+            segments: list[list[str]] = [c.parts for c in kept]
+            self.copy_segs = list(kept)
+            for sk in todo:
+                names = []
+                for name, blob in self._segment(txn, sk, dead):
+                    names.append(name)
+                    if name not in known:
+                        self.sent.append(name)
+                        yield name, blob
+                self.copy_segs.append(_CopySeg(names, *self._made))
+                segments.append(names)
+            # the file table, in pages: a page is made of the files whose ref falls in it
+            files = txn.stat(store.files)["entries"]
+            pages = len(state.pages)
+            if not pages or not FILES_A_PAGE // 4 * pages <= files <= FILES_A_PAGE * 4 * pages:
+                pages = 1
+                while pages * FILES_A_PAGE < files:
+                    pages *= 2
+            by_page: list[list] = [[] for _ in range(pages)]
+            for k, v in txn.cursor(db=store.files):
+                ref = bytes(k).decode()
+                by_page[page_of(ref, pages)].append((ref, bytes(v)))
+            for i in range(pages):
+                name, blob = self._out("page", _Page(by_page[i]))
+                by_page[i] = None  # type: ignore[call-overload]
+                self.pages.append(name)
+                if name not in known:
+                    self.sent.append(name)
+                    yield name, blob
+            del by_page
+            tombs = []
+            for c in self.copy_segs:
+                pids = np.frombuffer(c.pids, "<u4")
+                tombs.append(np.sort(pids[np.frombuffer(c.live, np.uint8) == 0]).astype("<u4").tobytes())
+            hname, blob = self._out("head", _Head(tombs, int(txn.get(b"next_pid", db=store.meta)), model, self.of))
+            if hname not in known:
+                self.sent.append(hname)
+                yield hname, blob
+            zdict = txn.get(b"zdict", db=store.meta)
+            dname = None
+            if zdict:
+                dname, blob = self._out("dict", _pack(bytes(zdict)))
+                if dname not in known:
+                    self.sent.append(dname)
+                    yield dname, blob
+            # vectors: chunks of those made since the last write; all of them anew
+            # when the model changed, the chunks pile up, or passage ids were given again
+            # since the last write (an old chunk names the id's former passage)
+            vec_names = list(state.vectors)
+            reuse = txn.get(b"pid_reuse", db=store.meta)
+            rebuild = (state.vec_model != model or len(vec_names) >= MAX_VECTOR_CHUNKS
+                       or (reuse is not None and int(reuse) > state.gen)
+                       or not all(n in known for n in vec_names))
+            self.vec_sent = [int.from_bytes(k, "big") for k in txn.cursor(db=store.vec_pending).iternext(values=False)]
+            if rebuild:
+                vec_names = []
+                source = ((int.from_bytes(k, "big"), bytes(v)) for k, v in txn.cursor(db=store.vectors))
+            else:
+                source = ((p, txn.get(_k(p), db=store.vectors)) for p in self.vec_sent)
+            pids, rows, size = [], [], 0
+            for p, v in source:
+                if v:
+                    pids.append(p)
+                    rows.append(bytes(v))
+                    size += len(v) + 4
+                    if size >= self.part:
+                        name, blob = self._vectors(pids, rows)
+                        pids, rows, size = [], [], 0
+                        vec_names.append(name)
+                        if name not in known:
+                            self.sent.append(name)
+                            yield name, blob
+            if rows:
+                name, blob = self._vectors(pids, rows)
+                vec_names.append(name)
+                if name not in known:
+                    self.sent.append(name)
+                    yield name, blob
+        self._manifest = Manifest(FORMAT, segments, self.pages, hname, dname,
+                                  vec_names, model, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.of)
+
+    def _vectors(self, pids: list, rows: list) -> tuple[str, bytes]:
+        return self._out("vec", _Vectors(np.asarray(pids, "<u4").tobytes(), b"".join(rows), len(rows[0]) - 4))
+
+    def _plan(self, txn, dead: np.ndarray) -> tuple[list, list]:
+        """(the copy's segments kept, each with its passages live now; the local segments
+        sent anew). The copy follows its own policy, not the local merger's: a local
+        segment whose live passages the copy holds already (one the copy was written or
+        read with, or made since by merging such: the same ids and digests) sends nothing;
+        a copy segment keeps its file while any of its passages is live, the rest marked
+        in the head; once more than half of the copy's passages are not live, or it has
+        more than MAX_COPY_SEGMENTS segments, it is written anew whole (compacted)."""
+        store, state = self.store, self.state
+        old = _copy_segs(txn, store, state)
+        local = []
         for k, v in txn.cursor(db=store.segments):
-            seg = int.from_bytes(k, "big")
-            if seg in state.segments:
-                segs[seg] = state.segments[seg]
+            stored, _ = _seg_codec.stored(v)
+            local.append((int.from_bytes(k, "big"), bytes(k), np.frombuffer(stored.pids, "<u4").astype(np.int64)))
+        if not old:
+            return [], [sk for _, sk, _ in local]
+        # every passage live in the copy: (id, its segment, its digest), by id
+        hp, hc, hs = [], [], []
+        for ci, c in enumerate(old):
+            live = np.frombuffer(c.live, np.uint8) == 1
+            hp.append(np.frombuffer(c.pids, "<u4")[live].astype(np.int64))
+            hc.append(np.full(int(live.sum()), ci, np.int64))
+            hs.append(np.frombuffer(c.sums, "<u8")[live])
+        hp_a, hc_a, hs_a = np.concatenate(hp), np.concatenate(hc), np.concatenate(hs)
+        if not len(hp_a) or len(old) > MAX_COPY_SEGMENTS:  # nothing live, or too many files to load
+            self.compacted = True
+            return [], [sk for _, sk, _ in local]
+        order = np.argsort(hp_a, kind="stable")
+        hp_a, hc_a, hs_a = hp_a[order], hc_a[order], hs_a[order]
+        held_p, held_c = [], []
+        todo = []
+        for seg, sk, pids in local:
+            at = np.searchsorted(dead, pids)
+            live = pids[~((at < len(dead)) & (dead[np.minimum(at, max(len(dead) - 1, 0))] == pids))] \
+                if len(dead) else pids
+            if not len(live):
                 continue
-            meta = _seg_codec.decode(v)
-            terms, postings = [], []
-            for t, p in store.segment_postings(txn, bytes(k)):
-                terms.append(t)
-                postings.append(bytes(p))
-            pids = np.frombuffer(meta.pids, "<u4")
-            passages = [txn.get(_k(int(p)), db=store.passages) or b"" for p in pids]
-            blob = _pack(_Segment(meta.pids, meta.lens, meta.refs, terms, postings, passages))
-            name = _name("seg", blob)
-            blobs[name] = blob
-            segs[seg] = name
-        files = [(k.decode(), bytes(v)) for k, v in txn.cursor(db=store.files)]
-        dead = b"".join(bytes(k) for k, _ in txn.cursor(db=store.dead))
-        zdict = txn.get(b"zdict", db=store.meta)
-        table = _pack(_Table(files, dead, int(txn.get(b"next_pid", db=store.meta)), model, of, zdict))
-        tname = _name("table", table)
-        if tname != state.table:
-            blobs[tname] = table
-        # vectors: a chunk of those made since the last write; all of them anew
-        # when the model changed, the chunks pile up, or passage ids were given again
-        # since the last write (an old chunk names the id's former passage)
-        vec_names = list(state.vectors)
-        reuse = txn.get(b"pid_reuse", db=store.meta)
-        rebuild = (state.vec_model != model or len(vec_names) >= MAX_VECTOR_CHUNKS
-                   or (reuse is not None and int(reuse) > state.gen))
-        pending = [int.from_bytes(k, "big") for k, _ in txn.cursor(db=store.vec_pending)]
-        if rebuild:
-            vec_names = []
-            source = ((int.from_bytes(k, "big"), bytes(v)) for k, v in txn.cursor(db=store.vectors))
+            j = np.minimum(np.searchsorted(hp_a, live), len(hp_a) - 1)
+            ok = hp_a[j] == live
+            if ok.all() and seg >= state.seg_mark:  # made since: a merge of the copy's, or ids given again
+                for a in range(0, len(live), 4096):  # (a few MiB of passages at a time)
+                    some = live[a:a + 4096].tolist()
+                    blobs = [txn.get(_k(p), db=store.passages) for p in some]
+                    if not (hs_a[j[a:a + 4096]] == _digests([bytes(b) if b is not None else b"" for b in blobs])).all():
+                        ok = np.zeros(len(live), bool)
+                        break
+            if ok.all():
+                held_p.append(live)
+                held_c.append(hc_a[j])
+            else:
+                todo.append(sk)
+        kept_p = np.concatenate(held_p) if held_p else np.empty(0, np.int64)
+        kept_c = np.concatenate(held_c) if held_c else np.empty(0, np.int64)
+        kept = []
+        total = still = 0
+        for ci, c in enumerate(old):
+            mine = np.sort(kept_p[kept_c == ci])
+            pids = np.frombuffer(c.pids, "<u4").astype(np.int64)
+            if not len(mine):
+                continue
+            at = np.minimum(np.searchsorted(mine, pids), len(mine) - 1)
+            live = (mine[at] == pids)
+            kept.append(_CopySeg(c.parts, c.pids, live.astype(np.uint8).tobytes(),
+                                 np.where(live, np.frombuffer(c.sums, "<u8"), 0).astype("<u8").tobytes()))
+            total += len(pids)
+            still += int(live.sum())
+        if total and (total - still) * 2 > total:  # more than half of what the copy holds is not live
+            self.compacted = True
+            return [], [sk for _, sk, _ in local]
+        return kept, todo
+
+    def _segment(self, txn, sk: bytes, dead: np.ndarray) -> Iterator[tuple[str, bytes]]:
+        """The parts of one local segment: its passages in id order, then its postings
+        in term order, a part closed once it holds `part` bytes (so a part holds one
+        item over it at most). Sets ``_made``: its ids, which are live, their digests."""
+        store = self.store
+        stored, runs = _seg_codec.stored(txn.get(sk, db=store.segments))
+        pids = np.frombuffer(stored.pids, "<u4")
+        lens = stored.lens
+        p64 = pids.astype(np.int64)
+        if len(dead) and len(pids):
+            at = np.minimum(np.searchsorted(dead, p64), len(dead) - 1)
+            live = ~(dead[at] == p64)
         else:
-            source = ((p, txn.get(_k(p), db=store.vectors)) for p in pending)
-        pids, rows = [], []
-        for p, v in source:
-            if v:
-                pids.append(p)
-                rows.append(bytes(v))
-        if rows:
-            blob = _pack(_Vectors(np.asarray(pids, "<u4").tobytes(), b"".join(rows), len(rows[0]) - 4))
-            name = _name("vec", blob)
-            blobs[name] = blob
-            vec_names.append(name)
-    manifest = Manifest(FORMAT, [segs[s] for s in sorted(segs)], tname, vec_names, model,
-                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), of)
-    return Export(gen, manifest, blobs, segs, pending)
+            live = np.ones(len(pids), bool)
+        sums = np.zeros(len(pids), np.uint64)
+        ref_at = np.repeat(np.arange(len(stored.names)), runs)
+        cur: dict = {"i0": 0, "refs": [], "passages": [], "terms": [], "postings": [], "size": 0}
+        made = 0
+
+        def close(i: int) -> tuple[str, bytes]:
+            store.let_go()  # the map's pages read for this part, the heap it freed
+            a = cur["i0"]
+            part = _Segment(pids[a:i].tobytes(), bytes(lens[4 * a:4 * i]), cur["refs"], cur["terms"],
+                            cur["postings"], cur["passages"])
+            cur.update(i0=i, refs=[], passages=[], terms=[], postings=[], size=0)
+            return self._out("seg", part)
+
+        names = stored.names
+        n = len(pids)
+        for i in range(n):
+            blob = txn.get(_k(int(pids[i])), db=store.passages)
+            blob = bytes(blob) if blob is not None and live[i] else b""
+            if blob:
+                sums[i] = int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") | 1
+            ref = names[ref_at[i]]
+            cur["refs"].append(ref)
+            cur["passages"].append(blob)
+            cur["size"] += len(blob) + len(ref) + 12
+            if cur["size"] >= self.part:
+                yield close(i + 1)
+                made += 1
+        for t, v in store.segment_postings(txn, sk):
+            cur["terms"].append(t)
+            cur["postings"].append(bytes(v))
+            cur["size"] += len(t) + len(v) + 8
+            if cur["size"] >= self.part:
+                yield close(n)
+                made += 1
+        if cur["size"] or not made or cur["i0"] < n:
+            yield close(n)
+        self._made = (pids.tobytes(), live.astype(np.uint8).tobytes(), sums.astype("<u8").tobytes())
 
 
-def written(store: Store, exp: Export, version: str) -> None:
-    """Record that the copy is now ``version``, made of ``exp``."""
+def export(store: Store, state: CopyState, of: Optional[str] = None, part: Optional[int] = None) -> Export:
+    """The files that make the copy equal to the cache now (:class:`Export`)."""
+    return Export(store, state, of, part)
+
+
+def written(store: Store, exp: Export, version: str) -> CopyState:
+    """Record that the copy is now ``version``, made of ``exp``: what it names, and the
+    files no longer named (doomed: deleted once the manifest has landed). The new state."""
+    m = exp.manifest
     with store.write_lock, store.env.begin(write=True) as txn:
         for p in exp.vec_sent:
             txn.delete(_k(p), db=store.vec_pending)
-        live = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=store.segments)}
-        state = CopyState(version, exp.gen, {s: n for s, n in exp.segments.items() if s in live},
-                          exp.manifest.vectors, exp.manifest.model, exp.manifest.table)
-        txn.put(b"copy", msgspec.msgpack.encode(state), db=store.meta)
+        old = _state_in(txn, store)
+        named = m.names()
+        keep = set(named)
+        doomed = [n for n in dict.fromkeys(old.doomed + old.named + exp.sent) if n not in keep]
+        state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed)
+        _put_state(txn, store, state)
+        txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, exp.copy_segs)), db=store.meta)
+    return state
 
 
-# --- verify: everything the copy holds is checked before any of it is loaded ----------
+# --- verify and load: every file checked, one at a time, before the copy is kept -----------
 
-class Verified(msgspec.Struct):
-    manifest: Manifest
-    segs: list  # (file name, _Segment)
-    table: _Table
-    vecs: list  # _Vectors
-    renumber: Optional[np.ndarray] = None  # sorted old pids; new pid = index + 1
+class Verified:
+    """A copy that passed every check: its manifest, the files of its table, how many
+    passages it holds, whether its ids are renumbered at load."""
+
+    def __init__(self, manifest: Manifest, refs: list, passages: int, renumbered: bool, fetch=None):
+        self.manifest, self.refs, self.passages, self.renumbered = manifest, refs, passages, renumbered
+        self.fetch = fetch
 
 
 def _bad(why: str) -> CopyDamaged:
     return CopyDamaged(why)
 
 
+def blob_size(name: str) -> Optional[int]:
+    """The length a file's name says it has (None: a name of the previous format)."""
+    m = _NAME.fullmatch(name)
+    return int(m.group(2)) if m else None
+
+
 def _blob(fetch: Callable[[str], bytes], name: str) -> bytes:
-    """A file's decompressed content, once its name is the hash of its content."""
+    """A file's decompressed content, once its name is the hash of its content. A file
+    whose name says it is over the bound is refused before it is fetched."""
+    size = blob_size(name)
+    limit = MAX_BLOB if size is not None else OLD_MAX_BLOB
+    if size is not None and size > MAX_BLOB:
+        raise _bad(f"{name} is {size} bytes, over {MAX_BLOB}")
     data = fetch(name)
-    if len(data) > MAX_BLOB:
-        raise _bad(f"{name} is {len(data)} bytes, over {MAX_BLOB}")
-    if _name(name.split("-", 1)[0], data) != name:
+    if len(data) > limit:
+        raise _bad(f"{name} is {len(data)} bytes, over {limit}")
+    made = _name(name.split("-", 1)[0], data)
+    if (made if size is not None else made.rsplit("-", 1)[0] + ".bin") != name:
         raise _bad(f"{name}: its content does not match its name")
     limit = RATIO * len(data) + SLACK
     d = zlib.decompressobj()
@@ -266,7 +648,7 @@ def _blob(fetch: Callable[[str], bytes], name: str) -> bytes:
 def _decode(raw: bytes, typ, name: str):
     try:
         return msgspec.msgpack.decode(raw, type=typ)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise _bad(f"{name} is not understood: {e}") from None
 
 
@@ -295,252 +677,472 @@ def _u4(b: bytes, what: str, dtype: str = "<u4") -> np.ndarray:
     return np.frombuffer(b, dtype)
 
 
-def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] = None,
-           sources: Optional[Iterable[str]] = None, width: Optional[tuple[str, int]] = None) -> Verified:
-    """Every check of §7.2 on one version of the copy; CopyDamaged at the first that fails.
-
-    ``of``: whose memory this must be; ``sources``: the sources refs may name
-    (None: any); ``width``: (model, its vector width) when known."""
-    sources = set(sources) if sources is not None else None
+def _check_names(manifest: Manifest, of: Optional[str]) -> None:
     if of is not None and manifest.of != of:
         raise _bad(f"the copy is not this memory's (it says it is of {manifest.of!r})")
-    names = list(manifest.segments) + [manifest.table] + list(manifest.vectors)
+    old = manifest.format == OLD_FORMAT
+    names = manifest.names()
     if len(names) > MAX_FILES:
         raise _bad(f"the manifest names {len(names)} files, over {MAX_FILES}")
     if len(set(names)) != len(names):
         raise _bad("the manifest names a file twice")
-    for kind, group in (("seg", manifest.segments), ("table", [manifest.table]), ("vec", manifest.vectors)):
+    pat = _OLD_NAME if old else _NAME
+    groups = [("seg", [n for s in manifest.segments for n in s]), ("vec", manifest.vectors)]
+    groups += [("table", manifest.pages)] if old else [("page", manifest.pages), ("head", [manifest.head]),
+                                                       ("dict", [manifest.dict] if manifest.dict else [])]
+    for kind, group in groups:
         for n in group:
-            if not isinstance(n, str) or not _NAME.fullmatch(n) or not n.startswith(kind + "-"):
+            if not isinstance(n, str) or not pat.fullmatch(n) or not n.startswith(kind + "-"):
                 raise _bad(f"the manifest names {n!r}, which is no {kind} file name")
+    if any(not s for s in manifest.segments):
+        raise _bad("the manifest names a segment of no file")
+    if not manifest.pages:
+        raise _bad("the manifest names no table")
     if manifest.vectors and not manifest.model:
         raise _bad("the copy has vectors but names no model")
 
-    table = _decode(_blob(fetch, manifest.table), _Table, manifest.table)
-    if of is not None and table.of != of:
-        raise _bad(f"the copy's table is not this memory's (it says it is of {table.of!r})")
-    if table.model != manifest.model:
-        raise _bad("the table and the manifest name different models")
-    try:
-        textpack.check_dict(table.zdict)
-    except ValueError as e:
-        raise _bad(f"the table's passage dictionary is not one the engine makes ({e})") from None
-    ok_refs: dict[str, bool] = {}
 
-    def check_ref(r: str, where: str) -> None:
-        good = ok_refs.get(r)
+class _Reader:
+    """One pass over a copy: each file fetched, checked and (with a write txn) written
+    into the cache, then dropped before the next is fetched."""
+
+    def __init__(self, manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str],
+                 sources, width, store: Optional[Store] = None, txn=None):
+        self.m, self.fetch, self.of, self.width = manifest, fetch, of, width
+        self.sources = set(sources) if sources is not None else None
+        self.store, self.txn = store, txn
+        self.ok_refs: dict[str, bool] = {}
+        self.order: Optional[np.ndarray] = None  # sorted old pids when renumbered: new pid = index + 1
+
+    def check_ref(self, r: str, where: str) -> None:
+        good = self.ok_refs.get(r)
         if good is None:
-            good = ok_refs[r] = valid_ref(r, sources)
+            if len(self.ok_refs) > 1 << 20:
+                self.ok_refs.clear()
+            good = self.ok_refs[r] = valid_ref(r, self.sources)
         if not good:
             raise _bad(f"{where} names {r!r}, which is no ref of this memory's sources")
 
-    segs = []
-    ref_of: dict[int, str] = {}
-    for name in manifest.segments:
-        raw = _blob(fetch, name)
-        s = _decode(raw, _Segment, name)
-        pids = _u4(s.pids, name)
-        n = len(pids)
-        if len(s.lens) != 4 * n or len(s.refs) != n or len(s.passages) != n or len(s.terms) != len(s.postings):
-            raise _bad(f"{name}: its lengths disagree")
-        if not _distinct(pids):
-            raise _bad(f"{name} names a passage twice")
-        for r in s.refs:
-            check_ref(r, name)
-        prev = None
-        counts = []
-        room = POSTINGS_PER_BYTE * len(raw)  # what the lists may claim in all, before any is decoded
-        for t, post in zip(s.terms, s.postings):
-            if not t or len(t) > MAX_TERM or (prev is not None and t <= prev):
-                raise _bad(f"{name}: its terms are not distinct, sorted and short")
-            prev = t
-            k = postings.count(post)
-            if k is None:
-                raise _bad(f"{name}: a posting list has a broken length")
-            if k > n or k > room:
-                raise _bad(f"{name}: a posting list claims more postings than the segment holds")
-            room -= k
-            why = postings.check(post)
-            if why is not None:
-                raise _bad(f"{name}: {why}")
-            counts.append(k)
-        if counts:  # all postings at once: each names passages of this segment, none twice
-            pp = np.concatenate([postings.unpack(post)[0] for post in s.postings])
-            order = np.sort(pids)
-            at = np.minimum(np.searchsorted(order, pp), max(n - 1, 0))
-            if len(pp) and (n == 0 or not (order[at] == pp).all()):
-                raise _bad(f"{name}: a posting names a passage the segment does not hold")
-            key = np.repeat(np.arange(len(counts), dtype=np.int64), counts) * (1 << 32) + pp
-            if not _distinct(key):
-                raise _bad(f"{name}: a posting names a passage twice")
-        text_room = RATIO * len(raw) + SLACK  # the passages' bytes decompressed, in all
-        for i, (pid, blob) in enumerate(zip(pids.tolist(), s.passages)):
-            if pid in ref_of:
-                raise _bad(f"{name}: passage {pid} is in two segments")
-            ref_of[pid] = s.refs[i]
-            if blob:
-                try:
-                    one = textpack.unpack(blob, table.zdict, max(text_room, 1))
-                    text_room -= len(one)
-                    p = _dec_passage.decode(one)
-                except ValueError as e:
-                    raise _bad(f"{name}: passage {pid} is not understood ({e})") from None
-                except msgspec.DecodeError:
-                    raise _bad(f"{name}: passage {pid} is not understood") from None
-                if p.ref != s.refs[i]:
-                    raise _bad(f"{name}: passage {pid} names another ref than its segment")
-        segs.append((name, s))
-    all_pids = np.fromiter(ref_of, np.int64, len(ref_of))
-    top = int(all_pids.max()) if len(all_pids) else 0
-    if not isinstance(table.next_pid, int) or table.next_pid < top + 1 or table.next_pid < 1:
-        raise _bad(f"the table's next passage id {table.next_pid} is not beyond its passages")
-    dead = _u4(table.dead, manifest.table, ">u4")  # the dead table's keys, big-endian
-    dead_set = set(dead.tolist())
-    if len(dead_set) != len(dead) or any(p not in ref_of for p in dead_set):
-        raise _bad("the table's dead passages are not passages of its segments")
-    owned: set[int] = set()
-    seen_refs: set[str] = set()
-    for ref, rec_raw in table.files:
-        check_ref(ref, manifest.table)
-        if ref in seen_refs:
-            raise _bad(f"the table names {ref!r} twice")
-        seen_refs.add(ref)
+    def remap(self, a: np.ndarray) -> np.ndarray:
+        if self.order is None or not len(a):
+            return a.astype("<u4")
+        return (np.searchsorted(self.order, a) + 1).astype("<u4")
+
+    def run(self) -> Verified:
+        m = self.m
+        _check_names(m, self.of)
+        old = m.format == OLD_FORMAT
+        # the head (dead passages, next id, model, whose) and the dictionary
+        if old:  # one dead list for every segment
+            table = _decode(_blob(self.fetch, m.pages[0]), _Table, m.pages[0])
+            dead = np.sort(_u4(table.dead, m.pages[0], ">u4").astype(np.int64))
+            head = _Head([], table.next_pid, table.model, table.of)
+            zdict = table.zdict
+            tombs = [dead] * len(m.segments)
+        else:
+            table = None
+            head = _decode(_blob(self.fetch, m.head), _Head, m.head)
+            zdict = _decode(_blob(self.fetch, m.dict), bytes, m.dict) if m.dict else None
+            if len(head.tombs) != len(m.segments):
+                raise _bad("the head's dead passages and the manifest's segments disagree")
+            tombs = []
+            for t in head.tombs:
+                a = _u4(t, m.head).astype(np.int64)
+                if len(a) > 1 and not (a[1:] > a[:-1]).all():
+                    raise _bad("the head's dead passages are not distinct and ascending")
+                tombs.append(a)
+            head.tombs = []
+        if self.of is not None and head.of != self.of:
+            raise _bad(f"the copy's table is not this memory's (it says it is of {head.of!r})")
+        if head.model != m.model:
+            raise _bad("the table and the manifest name different models")
         try:
-            rec = _dec_file.decode(rec_raw)
-        except msgspec.DecodeError:
-            raise _bad(f"the table's record of {ref!r} is not understood") from None
-        if rec.size < 0 or rec.kind not in ("text", "name"):
-            raise _bad(f"the table's record of {ref!r} is not sane")
-        for p in rec.pids:
-            if p in owned or p in dead_set or ref_of.get(p) != ref:
-                raise _bad(f"the table gives {ref!r} a passage that is not its own live one")
-            owned.add(p)
-    if len(owned) != len(ref_of) - len(dead_set):
-        raise _bad("the table's files and the segments' live passages disagree")
-    vecs = []
-    dim = None
-    for name in manifest.vectors:
-        v = _decode(_blob(fetch, name), _Vectors, name)
-        vp = _u4(v.pids, name)
-        if not 1 <= v.dim <= MAX_DIM or (dim is not None and v.dim != dim):
-            raise _bad(f"{name}: vectors {v.dim} wide, not the copy's width")
-        if width is not None and width[0] == manifest.model and v.dim != width[1]:
-            raise _bad(f"{name}: vectors {v.dim} wide, but the model's are {width[1]}")
-        dim = v.dim
-        if len(v.rows) != len(vp) * (v.dim + 4):
-            raise _bad(f"{name}: its rows and ids disagree")
-        if len(vp) and (int(vp.max()) >= table.next_pid):
-            raise _bad(f"{name}: a vector names a passage id the copy never gave")
-        if len(vp):
-            raw = np.frombuffer(v.rows, np.uint8).reshape(len(vp), v.dim + 4)
-            scale = raw[:, v.dim:].copy().view("<f4").ravel()
-            if not np.isfinite(scale).all():
-                raise _bad(f"{name}: a vector's scale is not a number")
-        vecs.append(v)
-    renumber = None
-    if max(top + 1, table.next_pid) > SPARSE * len(all_pids) + DENSE_SLACK:  # ids never size an allocation
-        renumber = np.sort(all_pids)
-    return Verified(manifest, segs, table, vecs, renumber)
+            textpack.check_dict(zdict)
+        except ValueError as e:
+            raise _bad(f"the table's passage dictionary is not one the engine makes ({e})") from None
+        if not isinstance(head.next_pid, int) or head.next_pid < 1 or head.next_pid > 1 << 32:
+            raise _bad(f"the table's next passage id {head.next_pid} is not beyond its passages")
+        # the table's pages: each file's record (written as read), and who owns which passage
+        refs: list[str] = []
+        ref_ix: dict[str, int] = {}
+        owned_p: list[np.ndarray] = []
+        owned_r: list[np.ndarray] = []
+        npages = len(m.pages)
+        for i, name in enumerate(m.pages):
+            files = table.files if old else _decode(_blob(self.fetch, name), _Page, name).files
+            items = []
+            for ref, rec_raw in files:
+                self.check_ref(ref, name)
+                if ref in ref_ix:
+                    raise _bad(f"the table names {ref!r} twice")
+                if not old and page_of(ref, npages) != i:
+                    raise _bad(f"{name} holds {ref!r}, which is not of its page")
+                try:
+                    rec = _dec_file.decode(rec_raw)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    raise _bad(f"the table's record of {ref!r} is not understood") from None
+                if rec.size < 0 or rec.kind not in ("text", "name"):
+                    raise _bad(f"the table's record of {ref!r} is not sane")
+                ix = ref_ix[ref] = len(refs)
+                refs.append(ref)
+                if rec.pids:
+                    p = np.asarray(rec.pids, np.int64) if all(isinstance(x, int) for x in rec.pids) else None
+                    if p is None or p.min() < 0 or p.max() >= 1 << 32:
+                        raise _bad(f"the table gives {ref!r} a passage that is not its own live one")
+                    owned_p.append(p)
+                    owned_r.append(np.full(len(p), ix, np.int64))
+                items.append((ref.encode("utf-8", "surrogatepass"), rec_raw))
+            if self.txn is not None and items:
+                items.sort()
+                self.txn.cursor(db=self.store.files).putmulti(items)
+            del files, items
+        table = None
+        owned = np.concatenate(owned_p) if owned_p else np.empty(0, np.int64)
+        owner = np.concatenate(owned_r) if owned_r else np.empty(0, np.int64)
+        del owned_p, owned_r
+        # every live passage of the copy is a file's, never twice (and in one segment: below)
+        by = np.argsort(owned, kind="stable")
+        every, whose = owned[by], owner[by]
+        del by, owned, owner
+        if len(every) > 1 and not (every[1:] != every[:-1]).all():
+            raise _bad("the table gives a passage to two files")
+        top = int(every[-1]) if len(every) else 0
+        if head.next_pid < top + 1:
+            raise _bad(f"the table's next passage id {head.next_pid} is not beyond its passages")
+        if head.next_pid > SPARSE * len(every) + DENSE_SLACK:  # ids never size an allocation
+            self.order = every
+            if self.txn is not None:
+                self._renumber_files()
+        seen = np.zeros(len(every), bool)
+        self.ref_ix = ref_ix
+        # segments, part by part
+        next_seg = int(self.txn.get(b"next_seg", db=self.store.meta)) if self.txn is not None else 1
+        seg_map: dict[int, list[str]] = {}
+        self.copy_segs: list[_CopySeg] = []
+        for parts, tomb in zip(m.segments, tombs):
+            self._segment(parts, every, whose, seen, zdict, next_seg, tomb, check_tomb=not old)
+            seg_map[next_seg] = list(parts)
+            next_seg += 1
+        del tombs
+        if not seen.all():
+            raise _bad("the table's files and the segments' live passages disagree")
+        vecs = self._vectors(head)
+        if self.txn is not None:
+            txn, store = self.txn, self.store
+            if m.model:
+                txn.put(b"model", m.model.encode(), db=store.meta)
+            else:
+                txn.delete(b"model", db=store.meta)
+            if zdict:  # the copy's passages are packed with its dictionary
+                txn.put(b"zdict", zdict, db=store.meta)
+            else:
+                txn.delete(b"zdict", db=store.meta)
+            next_pid = len(self.order) + 1 if self.order is not None else head.next_pid
+            txn.put(b"next_seg", str(next_seg).encode(), db=store.meta)
+            txn.put(b"next_pid", str(next_pid).encode(), db=store.meta)
+            self.seg_map = seg_map
+            self.next_seg = next_seg
+        del vecs
+        return Verified(m, refs, len(every), self.order is not None, self.fetch)
+
+    def _renumber_files(self) -> None:
+        txn, db = self.txn, self.store.files
+        items = []
+        for k, v in txn.cursor(db=db):
+            r = _dec_file.decode(v)
+            new = self.remap(np.asarray(r.pids, np.int64)).tolist() if r.pids else []
+            items.append((bytes(k), _enc.encode(FileRec(r.version, r.size, new, r.kind, r.mtime))))
+        txn.cursor(db=db).putmulti(items)
+
+    def _segment(self, parts: list[str], every, whose, seen, zdict, seg: int, tomb: np.ndarray,
+                 check_tomb: bool = True) -> None:
+        """One segment, part by part: its live passages (those not in ``tomb``; checked
+        against the table, each in one segment only), then its postings (each list's ids
+        those of the segment's passages, checked in batches; the dead ones' postings
+        dropped). Only the live passages reach the cache."""
+        names: list[str] = []
+        runs: list[int] = []
+        pid_parts: list[np.ndarray] = []  # the copy's ids, all
+        new_parts: list[np.ndarray] = []  # the cache's (renumbered or not), live ones
+        len_parts: list[bytes] = []
+        rec_p, rec_l, rec_s = [], [], []  # for the cache's record of the copy's segments
+        held: Optional[np.ndarray] = None  # the segment's pids, sorted, once its postings begin
+        prev: Optional[bytes] = None
+        sk = _k(seg)
+        tombed = 0
+        nt = len(tomb)
+        self._tomb = tomb
+        for name in parts:
+            raw = _blob(self.fetch, name)
+            s = _decode(raw, _Segment, name)
+            pids = _u4(s.pids, name).astype(np.int64)
+            n = len(pids)
+            if len(s.lens) != 4 * n or len(s.refs) != n or len(s.passages) != n or len(s.terms) != len(s.postings):
+                raise _bad(f"{name}: its lengths disagree")
+            if n and held is not None:
+                raise _bad(f"{name}: passages after the segment's postings")
+            if n:
+                if nt:
+                    at = np.minimum(np.searchsorted(tomb, pids), nt - 1)
+                    live = tomb[at] != pids
+                else:
+                    live = np.ones(n, bool)
+                tombed += n - int(live.sum())
+                lp = pids[live]
+                li = np.flatnonzero(live)
+                at = np.minimum(np.searchsorted(every, lp), max(len(every) - 1, 0))
+                if len(lp) and (not len(every) or not (every[at] == lp).all()):
+                    raise _bad(f"{name}: a live passage no file of the table has")
+                if seen[at].any() or not _distinct(at):
+                    raise _bad(f"{name}: a passage is in two segments")
+                seen[at] = True
+                refs = [s.refs[i] for i in li.tolist()]
+                for r in set(refs):
+                    self.check_ref(r, name)
+                get = self.ref_ix.get
+                ix = np.fromiter((get(r, -2) for r in refs), np.int64, len(refs))
+                if not (whose[at] == ix).all():
+                    raise _bad(f"{name}: the table gives a file a passage of another")
+                text_room = RATIO * len(raw) + SLACK  # the passages' bytes decompressed, in all
+                dec = _dec_passage.decode
+                blobs = [s.passages[i] for i in li.tolist()]
+                for i, blob in zip(li.tolist(), blobs):
+                    if not blob:
+                        raise _bad(f"{name}: live passage {int(pids[i])} has no text")
+                    try:
+                        one = textpack.unpack(blob, zdict, max(text_room, 1))
+                        text_room -= len(one)
+                        ref = dec(one).ref
+                    except ValueError as e:
+                        raise _bad(f"{name}: passage {int(pids[i])} is not understood ({e})") from None
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        raise _bad(f"{name}: passage {int(pids[i])} is not understood") from None
+                    if ref != s.refs[i]:
+                        raise _bad(f"{name}: passage {int(pids[i])} names another ref than its segment")
+                for r in refs:
+                    if names and names[-1] == r:
+                        runs[-1] += 1
+                    else:
+                        names.append(r)
+                        runs.append(1)
+                new = self.remap(lp)
+                pid_parts.append(pids)
+                new_parts.append(new)
+                lens = np.frombuffer(s.lens, "<u4")
+                len_parts.append(lens[live].tobytes())
+                rec_p.append(pids)
+                rec_l.append(live)
+                sums = np.zeros(n, np.uint64)
+                sums[li] = _digests(blobs)
+                rec_s.append(sums)
+                if self.txn is not None:
+                    items = sorted(zip((_k(p) for p in new.tolist()), blobs))
+                    self.txn.cursor(db=self.store.passages).putmulti(items)
+                    del items
+                del blobs
+            if s.terms:
+                if held is None:
+                    held = np.sort(np.concatenate(pid_parts)) if pid_parts else np.empty(0, np.int64)
+                    pid_parts = []
+                for t in s.terms:
+                    if not t or len(t) > MAX_TERM or (prev is not None and t <= prev):
+                        raise _bad(f"{name}: its terms are not distinct, sorted and short")
+                    prev = t
+                self._postings(name, s, held, sk)
+            del raw, s
+            if self.store is not None:
+                self.store.let_go()  # (LMDB's dirty pages stay until the commit)
+        if check_tomb and tombed != nt:
+            raise _bad("the head marks dead passages its segment does not hold")
+        lens = b"".join(len_parts)
+        pids_all = np.concatenate(new_parts) if new_parts else np.empty(0, "<u4")
+        if self.txn is not None:
+            if len(pids_all):
+                self.txn.put(sk, _seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
+                                                        np.asarray(runs, np.int64)), db=self.store.segments)
+            cat = (lambda xs, d: np.concatenate(xs) if xs else np.empty(0, d))
+            self.copy_segs.append(_CopySeg(list(parts), cat(rec_p, np.int64).astype("<u4").tobytes(),
+                                           cat(rec_l, bool).astype(np.uint8).tobytes(),
+                                           cat(rec_s, np.uint64).astype("<u8").tobytes()))
+
+    def _postings(self, name: str, s: _Segment, held: np.ndarray, sk: bytes) -> None:
+        n = len(held)
+        vals = s.postings
+        top = int(held[-1]) if n else -1
+        if n and top < 4 * n + DENSE_SLACK:  # a mask of the segment's ids: one gather a posting
+            mask = np.zeros(top + 1, bool)
+            mask[held] = True
+
+            def mask_ok(pp: np.ndarray) -> bool:
+                return int(pp.max()) <= top and bool(mask[pp].all())
+        else:
+            def mask_ok(pp: np.ndarray) -> bool:
+                at = np.minimum(np.searchsorted(held, pp), n - 1)
+                return bool((held[at] == pp).all())
+        claims = postings.stated_counts(vals)
+        if len(claims) and claims.min() < 0:
+            raise _bad(f"{name}: a posting list has a broken length")
+        if len(claims) and claims.max() > n:
+            raise _bad(f"{name}: a posting list claims more postings than the segment holds")
+        upto = np.cumsum(claims)
+        a = 0
+        while a < len(vals):
+            # a batch: lists whose stated counts add up to CHECK_POSTINGS (a list of more alone)
+            below = int(upto[a - 1]) if a else 0
+            b = max(int(np.searchsorted(upto, below + CHECK_POSTINGS, side="right")), a + 1)
+            try:
+                pp, counts = postings.check_many(vals[a:b])
+            except ValueError as e:
+                raise _bad(f"{name}: {e}") from None
+            if len(pp) and (n == 0 or not mask_ok(pp)):
+                raise _bad(f"{name}: a posting names a passage the segment does not hold")
+            if self.txn is not None:
+                batch = list(vals[a:b])
+                tomb = self._tomb
+                if len(tomb) and len(pp):  # the dead passages' postings dropped
+                    at = np.minimum(np.searchsorted(tomb, pp), len(tomb) - 1)
+                    hit = np.bincount(np.repeat(np.arange(len(counts)), counts)[tomb[at] == pp],
+                                      minlength=len(counts))
+                    which = np.flatnonzero(hit).tolist()
+                    if which:
+                        dead = np.zeros(int(tomb[-1]) + 1, bool) if int(tomb[-1]) < 1 << 26 else None
+                        if dead is not None:
+                            dead[tomb] = True
+                            for i, v in zip(which, postings.join_many([[batch[i]] for i in which], dead)):
+                                batch[i] = v if v is not None else b""
+                        else:
+                            for i in which:
+                                p, tf = postings.unpack(batch[i])
+                                keep = ~np.isin(p.astype(np.int64), tomb)
+                                batch[i] = postings.pack(p[keep], tf[keep]) if keep.any() else b""
+                if self.order is None:
+                    items = [(sk + t, v) for t, v in zip(s.terms[a:b], batch) if len(v) > 1]
+                else:
+                    items = []
+                    for t, v in zip(s.terms[a:b], batch):
+                        if len(v) > 1:
+                            p, tf = postings.unpack(v)
+                            items.append((sk + t, postings.pack(self.remap(p.astype(np.int64)), tf)))
+                self.txn.cursor(db=self.store.postings).putmulti(items, append=True)
+            a = b
+
+    def _vectors(self, head: _Head) -> int:
+        m = self.m
+        dim = None
+        live = 0
+        for name in m.vectors:
+            v = _decode(_blob(self.fetch, name), _Vectors, name)
+            vp = _u4(v.pids, name)
+            if not 1 <= v.dim <= MAX_DIM or (dim is not None and v.dim != dim):
+                raise _bad(f"{name}: vectors {v.dim} wide, not the copy's width")
+            if self.width is not None and self.width[0] == m.model and v.dim != self.width[1]:
+                raise _bad(f"{name}: vectors {v.dim} wide, but the model's are {self.width[1]}")
+            dim = v.dim
+            if len(v.rows) != len(vp) * (v.dim + 4):
+                raise _bad(f"{name}: its rows and ids disagree")
+            if len(vp) and (int(vp.max()) >= head.next_pid):
+                raise _bad(f"{name}: a vector names a passage id the copy never gave")
+            if len(vp):
+                raw = np.frombuffer(v.rows, np.uint8).reshape(len(vp), v.dim + 4)
+                scale = raw[:, v.dim:].copy().view("<f4").ravel()
+                if not np.isfinite(scale).all():
+                    raise _bad(f"{name}: a vector's scale is not a number")
+            if self.txn is not None:
+                live += self._load_vectors(v, vp)
+        return live
+
+    def _load_vectors(self, v: _Vectors, vp: np.ndarray) -> int:
+        txn, store = self.txn, self.store
+        width = v.dim + 4
+        order = self.order
+        live = 0
+        items = []
+        for i, pid in enumerate(vp.tolist()):
+            if order is not None:
+                j = int(np.searchsorted(order, pid))
+                if j >= len(order) or order[j] != pid:
+                    continue
+                pid = j + 1
+            key = _k(pid)
+            if txn.get(key, db=store.passages) is None:
+                continue
+            items.append((key, v.rows[i * width:(i + 1) * width]))
+        items.sort()
+        txn.cursor(db=store.vectors).putmulti(items)
+        live += len(items)
+        return live
+
+
+def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] = None,
+           sources: Optional[Iterable[str]] = None, width: Optional[tuple[str, int]] = None) -> Verified:
+    """Every check of §7.2 on one version of the copy, nothing kept; CopyDamaged at the
+    first that fails. ``of``: whose memory this must be; ``sources``: the sources refs
+    may name (None: any); ``width``: (model, its vector width) when known."""
+    return _Reader(manifest, fetch, of, sources, width).run()
 
 
 # --- import: the cache becomes one version of the copy ---------------------------------
 
-def load(store: Store, v: Verified, version: str) -> dict:
-    """Replace the whole cache with this verified copy version in one write transaction."""
+def load_copy(store: Store, manifest: Manifest, fetch: Callable[[str], bytes], version: str,
+              of: Optional[str] = None, sources: Optional[Iterable[str]] = None,
+              width: Optional[tuple[str, int]] = None) -> Verified:
+    """Replace the whole cache with this version of the copy in one write transaction, each
+    file fetched, checked and written before the next is fetched; CopyDamaged (and the cache
+    as it was) at the first check that fails."""
     import lmdb
     with store.write_lock:
         store.forget_listed()  # (the lock is reentrant) every file replaced
         while True:
             try:
-                seg_map = _load_txn(store, v, version)
+                v = _load_txn(store, manifest, fetch, version, of, sources, width)
                 break
             except lmdb.MapFullError:
                 store.env.set_mapsize(store.env.info()["map_size"] * 2)
         store.snapshot = store._load()
-    return seg_map
+    return v
+
+
+def load(store: Store, v: Verified, version: str, fetch: Optional[Callable[[str], bytes]] = None) -> Verified:
+    """Load a copy :func:`verify` passed (read and checked again as it is written)."""
+    return load_copy(store, v.manifest, fetch or v.fetch, version)
 
 
 def damaged(store: Store, version: str) -> None:
     """The copy at ``version`` failed its checks: the cache is not of it, and the next
     write-back replaces all of it, conditionally on that version (§7.2)."""
-    store.put_meta(b"copy", msgspec.msgpack.encode(CopyState(version=version, sweep=True)))
+    with store.write_lock, store.env.begin(write=True) as txn:
+        old = _state_in(txn, store)
+        _put_state(txn, store, CopyState(version=version, sweep=True, doomed=old.doomed))
 
 
-def _load_txn(store: Store, v: Verified, version: str) -> dict:
-    manifest, segs, table, vecs, order = v.manifest, v.segs, v.table, v.vecs, v.renumber
-
-    def remap(a: np.ndarray) -> np.ndarray:
-        if order is None or not len(a):
-            return a
-        return (np.searchsorted(order, a) + 1).astype("<u4")
-
-    def remap1(p: int) -> int:
-        return int(np.searchsorted(order, p)) + 1 if order is not None else int(p)
-
+def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources, width) -> Verified:
     with store.env.begin(write=True) as txn:
+        old = _state_in(txn, store)
         for db in (store.files, store.passages, store.postings, store.segments, store.dead, store.vectors,
                    store.vec_pending):
             txn.drop(db, delete=False)
-        seg_map: dict[int, str] = {}
-        next_seg = int(txn.get(b"next_seg", db=store.meta))
-        for name, s in segs:
-            sk = _k(next_seg)
-            items = []
-            for t, p in zip(s.terms, s.postings):
-                if not p:
-                    continue
-                if order is not None:
-                    pp, tt = postings.unpack(p)
-                    p = postings.pack(remap(pp), tt)
-                items.append((sk + t, p))
-            txn.cursor(db=store.postings).putmulti(items, append=True)
-            pids = remap(np.frombuffer(s.pids, "<u4"))
-            for pid, blob in zip(pids.tolist(), s.passages):
-                if blob:
-                    txn.put(_k(pid), blob, db=store.passages)
-            txn.put(sk, _seg_codec.encode(SegMeta(pids.astype("<u4").tobytes(), s.lens, s.refs)), db=store.segments)
-            if order is None:
-                seg_map[next_seg] = name  # renumbered: the copy's file is no longer this segment
-            next_seg += 1
-        for ref, rec in table.files:
-            if order is not None:
-                r = _dec_file.decode(rec)
-                rec = _enc.encode(FileRec(r.version, r.size, [remap1(p) for p in r.pids], r.kind, r.mtime))
-            txn.put(ref.encode(), rec, db=store.files)
-        dead = set(remap(_u4(table.dead, "", ">u4").astype("<u4")).tolist())
-        for p in sorted(dead):
-            txn.put(_k(p), b"", db=store.dead)
-        live_vec = 0
-        for vc in vecs:
-            width = vc.dim + 4
-            vp = np.frombuffer(vc.pids, "<u4")
-            for i, pid in enumerate(vp.tolist()):
-                if order is not None:
-                    j = int(np.searchsorted(order, pid))
-                    if j >= len(order) or order[j] != pid:
-                        continue
-                    pid = j + 1
-                key = _k(pid)
-                if pid in dead or txn.get(key, db=store.passages) is None:
-                    continue
-                txn.put(key, vc.rows[i * width:(i + 1) * width], db=store.vectors)
-                live_vec += 1
-        if manifest.model:
-            txn.put(b"model", manifest.model.encode(), db=store.meta)
-        else:
-            txn.delete(b"model", db=store.meta)
-        if table.zdict:  # the copy's passages are packed with its dictionary
-            txn.put(b"zdict", table.zdict, db=store.meta)
-        else:
-            txn.delete(b"zdict", db=store.meta)
-        next_pid = len(order) + 1 if order is not None else table.next_pid
-        txn.put(b"next_seg", str(next_seg).encode(), db=store.meta)
-        txn.put(b"next_pid", str(next_pid).encode(), db=store.meta)
+        r = _Reader(manifest, fetch, of, sources, width, store, txn)
+        try:
+            v = r.run()
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError) as e:
+            if isinstance(e, CopyDamaged):
+                raise
+            # a check this module lacks: still a copy not to load, never a reason to stop
+            raise CopyDamaged(f"the copy is not understood ({type(e).__name__}: {e})") from e
         gen = int(txn.get(b"gen", db=store.meta)) + 1
         txn.put(b"gen", str(gen).encode(), db=store.meta)
-        if order is None:
-            state = CopyState(version, gen, seg_map, list(manifest.vectors), manifest.model, manifest.table)
-        else:  # of this version, but every file is sent anew at the next write-back
-            state = CopyState(version, -1, sweep=True)
-        txn.put(b"copy", msgspec.msgpack.encode(state), db=store.meta)
-    return seg_map
+        named = manifest.names()
+        keep = set(named)
+        doomed = [n for n in old.doomed if n not in keep]
+        if v.renumbered or manifest.format != FORMAT:
+            # of this version, but every file is sent anew at the next write-back (renumbered:
+            # the copy's files are no longer the cache's segments; the previous format: written
+            # in this one), and the files of the place it does not name deleted then
+            state = CopyState(version, -1, doomed=doomed, sweep=True)
+            txn.delete(b"copy-segs", db=store.meta)
+        else:
+            state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,
+                              list(manifest.pages), named, doomed)
+            txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, r.copy_segs)), db=store.meta)
+        _put_state(txn, store, state)
+    return v

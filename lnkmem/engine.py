@@ -149,7 +149,10 @@ class Memory:
                 self.watch_settled.set()
         return self
 
+    closing = False  # stop() began: an LMDB error from here on is the close's, not damage
+
     def stop(self) -> None:
+        self.closing = True
         if self.writeback is not None and self.store is not None:
             err = self.writeback.stop()
             if err:
@@ -207,6 +210,9 @@ class Memory:
 
     def _damaged(self, why: str) -> None:
         """The index was found damaged while serving: rebuild it on the indexing thread."""
+        if self.closing:  # a call still under way met the index being closed: no damage
+            log.debug("an index call met the close: %s", why)
+            return
         log.warning("the index is damaged (%s); rebuilding it from the sources", why)
         self._queue.put(("\0rebuild", None))
 

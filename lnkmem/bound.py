@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import logging
 import os
 import threading
@@ -175,7 +176,9 @@ class Binding(_Held):
             self._watching = False
 
     def same_key(self, key: str) -> bool:
-        return self._key.lower() == key.lower()
+        """Whether ``key`` is this binding's key, compared in constant time (a key is
+        64 hex characters, either case: both lower-cased, ASCII, before the compare)."""
+        return hmac.compare_digest(self._key.lower().encode("ascii", "replace"), key.lower().encode("ascii", "replace"))
 
 
 class TeamBinding(_Held):

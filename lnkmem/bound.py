@@ -347,6 +347,7 @@ class Bindings:
                     has_memory_place: bool):
         """The agent's memory: its places behind the bridges, its copy, its cache."""
         from lnkmem.engine import Layout, Memory, NotesPlace
+        from lnkmem.config import FolderRefused
         from lnkmem.notes import BridgeNotes, LocalNotes
         from lnkmem.sync import Replica
         b = first.bound
@@ -373,7 +374,10 @@ class Bindings:
         elif files is not None:
             notes = BridgeNotes(FilesPlace(files, root="memory"))
         elif cfg.notes_path:
-            notes = LocalNotes(cfg.notes_path, cfg.state)
+            try:  # never through a link below the agent folder (§2.2 rev. 3)
+                notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent)
+            except FolderRefused as e:
+                raise Refusal(f"agent {first.agent} is not served: {e}") from None
         if notes is not None:
             places["notes"] = NotesPlace(notes)
         if b.index == "memory" and has_memory_place:

@@ -360,6 +360,10 @@ class Service:
                 await _reply(writer, Refusal(why))
                 return
             memory = self.memory(first.agent)
+            if memory.refused:  # its notes or state reached through a link (§2.2 rev. 3)
+                self.memories.pop(first.agent, None)  # looked at again at the next Hello
+                await _reply(writer, Refusal(f"agent {first.agent} is not served: {memory.refused}"))
+                return
             await _reply(writer, Ok())
             await self.mcp(reader, writer, lambda: memory)
             return
@@ -410,7 +414,11 @@ class Service:
                 path = changes.clean(c.path)
             except ValueError as e:
                 return f"changed: {e}"
-            done = await changes.tell(self.memory(c.agent), path)
+            memory = self.memory(c.agent)
+            if memory.refused:
+                self.memories.pop(c.agent, None)
+                return f"agent {c.agent} is not served: {memory.refused}"
+            done = await changes.tell(memory, path)
             return None if done else "the change is still being indexed"
         b = first.flush if kind == "flush" else first.end
         if not self.bindings.holds(b.owner, b.agent):

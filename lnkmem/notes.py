@@ -198,15 +198,28 @@ class LocalNotes:
             os.close(lock)
 
     def _clean(self, names: list[str]) -> int:
+        """Each temp file is kept as a version first: a kill right after an exchange
+        leaves the text it replaced under the temp name (§2.2 rev. 3)."""
         n = 0
         for name in names:
             if name.startswith(self.tmp_prefix):
                 try:
-                    if stat.S_ISREG(os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False).st_mode):
-                        os.unlink(name, dir_fd=self.dir_fd)
-                        n += 1
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.dir_fd)
+                except OSError:
+                    continue
+                try:
+                    s = os.fstat(fd)
+                    if not stat.S_ISREG(s.st_mode):
+                        continue
+                    data = self._read_fd(fd) if s.st_size <= NOTES_MAX else b""
+                    if data:
+                        self._keep(data, "replaced", source=name)
+                    self._unlink(name)
+                    n += 1
                 except OSError:
                     pass
+                finally:
+                    os.close(fd)
         return n
 
     @contextmanager

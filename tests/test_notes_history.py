@@ -230,3 +230,16 @@ def test_notes_history_without_any(tmp_path, which):
     assert out.returncode == 2 and b"no version" in out.stderr, out.stderr
     out = run_cli("notes-history", str(state), "--json")
     assert out.returncode == 0 and json.loads(out.stdout)["versions"] == []
+
+
+def test_a_temp_file_left_by_a_kill_is_kept_before_it_is_removed(home):
+    """A kill right after the exchange leaves the replaced text under the temp name:
+    the next start keeps it as a version, then removes the file."""
+    home.notes.write_text("- current\n")
+    left = home.notes.parent / ".notes.md.lnkmem-0123456789ab"
+    left.write_text("- the text an exchange swapped out\n")
+    with Server.start(home) as s:
+        s.initialize()
+        assert until(lambda: not left.exists(), timeout=5)
+    assert "- the text an exchange swapped out\n" in kept_texts(home)
+    assert home.notes.read_text() == "- current\n"

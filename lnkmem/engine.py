@@ -85,7 +85,12 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     below the agent folder (FolderRefused; §2.2 rev. 3). ``create`` false (a
     person's `status`): nothing is made."""
     state_fd = open_folder(cfg.state, cfg.agent, create=create)
-    notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent, create=create, state_fd=state_fd) if cfg.notes_path else None
+    try:
+        notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent, create=create, state_fd=state_fd) if cfg.notes_path else None
+    except BaseException:
+        if state_fd is not None:
+            os.close(state_fd)
+        raise
     places: dict[str, object] = {}
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
     places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)

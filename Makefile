@@ -22,6 +22,7 @@ test: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
+	NOTES_EDITOR_S=20 $(BIN)/python -m pytest -q tests/test_notes_history.py -k rename_editor
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_local.py

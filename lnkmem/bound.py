@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import logging
 import os
 import threading
@@ -186,7 +187,9 @@ class Binding(_Held):
             self._watching = False
 
     def same_key(self, key: str) -> bool:
-        return self._key.lower() == key.lower()
+        """Whether ``key`` is this binding's key, compared in constant time (a key is
+        64 hex characters, either case: both lower-cased, ASCII, before the compare)."""
+        return hmac.compare_digest(self._key.lower().encode("ascii", "replace"), key.lower().encode("ascii", "replace"))
 
 
 class TeamBinding(_Held):
@@ -361,6 +364,7 @@ class Bindings:
                     has_memory_place: bool):
         """The agent's memory: its places behind the bridges, its copy, its cache."""
         from lnkmem.engine import Layout, Memory, NotesPlace
+        from lnkmem.config import FolderRefused
         from lnkmem.notes import BridgeNotes, LocalNotes
         from lnkmem.sync import Replica
         b = first.bound
@@ -390,7 +394,10 @@ class Bindings:
         elif files is not None:
             notes = BridgeNotes(FilesPlace(files, root="memory"))
         elif cfg.notes_path:
-            notes = LocalNotes(cfg.notes_path, cfg.state)
+            try:  # never through a link below the agent folder (§2.2 rev. 3)
+                notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent)
+            except FolderRefused as e:
+                raise Refusal(f"agent {first.agent} is not served: {e}") from None
         if notes is not None:
             places["notes"] = NotesPlace(notes)
         if b.index == "memory" and has_memory_place:

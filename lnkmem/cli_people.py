@@ -1,6 +1,7 @@
 """The commands for people (PROTOCOL.md §1.5): their arguments, help lines and examples.
 
-`index`, `search` (lnkmem/people.py), `status` (lnkmem/status.py), `mcp-config`
+`index`, `search` (lnkmem/people.py), `status` (lnkmem/status.py), `notes-history`
+(lnkmem/noteshistory.py), `mcp-config`
 (lnkmem/clientconfig.py) and `help`; :func:`describe` also gives the commands Link
 runs a help line for every argument and an example. This module is imported by
 every command, `serve` included, to build the parser: it holds help text only, and
@@ -27,6 +28,9 @@ EXAMPLES = {
     "status": "example:\n  lnk-lnkmem status ~/Home ~/agent/memory/lnkmem --agent ~/agent --json",
     "mcp-config": "examples:\n  lnk-lnkmem mcp-config claude ~/Home --agent ~/agent    # prints a `claude mcp add-json` command\n"
                   "  lnk-lnkmem mcp-config cursor ~/Home > .cursor/mcp.json",
+    "notes-history": "examples:\n  lnk-lnkmem notes-history ~/agent/memory/lnkmem\n"
+                     "  lnk-lnkmem notes-history ~/agent/memory/lnkmem --show 2\n"
+                     "  lnk-lnkmem notes-history ~/agent/memory/lnkmem --agent ~/agent --restore 2",
     "help": "example:\n  lnk-lnkmem help search",
     "install": "example:\n  HOME=~/agent/memory/lnkmem lnk-lnkmem install",
     "command": "example:\n  LNK_MEMORY_SPEC='{\"tokens\": 2000}' lnk-lnkmem command ~/Home ~/agent/memory/lnkmem ~/agent",
@@ -104,6 +108,19 @@ def add_parsers(sub) -> None:
                                    "the ignore files in force. Changes nothing.")
     _folder_args(s)
     s.add_argument("--json", action="store_true", help="print one JSON document")
+    s = sub.add_parser("notes-history", help="list, print or restore the notes' earlier versions",
+                       description="The notes' earlier versions, kept in <state>/notes-history/: before `remember` replaces\n"
+                                   "the notes, the text it replaces is kept there (and the text it writes), the newest 50\n"
+                                   "at most ($LNKMEM_NOTES_KEEP). List them (1 is the newest), print one, or put one back:\n"
+                                   "a restore is a change like `remember`'s, and the text it replaces is kept too.")
+    s.add_argument("state", help="the engine's state folder, e.g. <agent>/memory/lnkmem")
+    s.add_argument("--show", metavar="N", help="print version N (its number in the list, or its id)")
+    s.add_argument("--restore", metavar="N", help="make version N the notes again")
+    s.add_argument("--notes", metavar="PATH", help="the notes file to restore into (else $LNK_MEMORY_NOTES, "
+                                                   "else <agent>/memory/notes.md)")
+    s.add_argument("--agent", metavar="DIR", help="the agent folder (its memory/notes.md)")
+    s.add_argument("--json", action="store_true", help="print the list as one JSON document")
+    s.add_argument("--texts", action="store_true", help="with --json: each version's text too")
     s = sub.add_parser("mcp-config", help="print the setup for an MCP client (claude, cursor, vscode, json)",
                        usage="lnk-lnkmem mcp-config [-h] [claude|cursor|vscode|json] folder [--agent DIR] "
                              "[--state DIR] [--name NAME]",
@@ -141,6 +158,9 @@ def run(name: str, args) -> int:
     if name == "status":
         from lnkmem.status import cmd_status
         return cmd_status(args)
+    if name == "notes-history":
+        from lnkmem.noteshistory import cmd_notes_history
+        return cmd_notes_history(args)
     if name == "mcp-config":
         from lnkmem.clientconfig import cmd_mcp_config
         return cmd_mcp_config(args)
@@ -148,4 +168,4 @@ def run(name: str, args) -> int:
     return {"index": people.cmd_index, "search": people.cmd_search}[name](args)
 
 
-COMMANDS = ("index", "search", "status", "mcp-config")
+COMMANDS = ("index", "search", "status", "notes-history", "mcp-config")

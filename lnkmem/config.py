@@ -11,7 +11,9 @@ absent (a person running `serve` by hand). `command` writes the flags,
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Mapping, NoReturn, Optional, Sequence
 
@@ -175,3 +177,93 @@ def from_serve_argv(argv: Sequence[str], env: Mapping[str, str]) -> AgentConfig:
         kept[k] = v
     return from_args(args.folder, args.state, args.agent, kept, spec=args.spec, notes=args.notes,
                      from_flag=args.from_, store_driver=args.store_driver)
+
+
+# --- an agent's folders, opened once, never through a link (§2.2 rev. 3) ---------------
+
+class FolderRefused(UsageError):
+    """A notes folder or state reached through a symbolic link below the agent folder."""
+
+
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def below(path: str, agent: Optional[str]) -> bool:
+    """Whether ``path`` is the agent folder or inside it (by name: both absolute)."""
+    return bool(agent) and (path == agent or path.startswith(agent.rstrip(os.sep) + os.sep))
+
+
+def open_folder(path: str, agent: Optional[str], create: bool = True, mode: int = 0o700) -> Optional[int]:
+    """A descriptor on the folder ``path`` (None when it is missing and ``create`` is
+    false); FolderRefused when a link stands in the way.
+
+    Below the agent folder, every component after ``<agent>`` is opened from its
+    parent's descriptor with ``O_NOFOLLOW`` (a link is refused, however it got
+    there, and a swap after the open changes nothing: the descriptor is held).
+    Elsewhere (a person's ``--notes``), the parent is opened as named and the
+    folder itself never through a link. Missing folders are made (``mode``)."""
+    path = os.path.abspath(path)
+    if below(path, agent):
+        start, rel = agent, os.path.relpath(path, agent)
+        parts = [] if rel == "." else rel.split(os.sep)
+    else:
+        start, name = os.path.split(path)
+        parts = [name] if name else []
+        if create:
+            os.makedirs(start, exist_ok=True)
+    try:
+        fd = os.open(start, FOLDER_FLAGS)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nxt = _open_component(fd, part, create, mode)
+            except FileNotFoundError:
+                if create:
+                    raise
+                os.close(fd)
+                return None
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    try:
+                        link = stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
+                    except OSError:
+                        link = False
+                    where = os.path.join(start, *parts[:i + 1])
+                    if link:
+                        raise FolderRefused(f"{where} is a symbolic link: an agent's notes and state are never "
+                                            f"reached through a link (make it a plain folder)") from None
+                    raise FolderRefused(f"{where} is not a folder") from None
+                raise
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_component(fd: int, part: str, create: bool, mode: int) -> int:
+    flags = FOLDER_FLAGS | os.O_NOFOLLOW
+    try:
+        return os.open(part, flags, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    try:
+        os.mkdir(part, mode, dir_fd=fd)
+    except FileExistsError:
+        pass
+    return os.open(part, flags, dir_fd=fd)
+
+
+def same_folder(fd: int, path: str) -> bool:
+    """Whether ``path``, by name now, is the folder the descriptor holds."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
 from lnkmem import memtrim, procs
-from lnkmem.config import AgentConfig
+from lnkmem.config import AgentConfig, FolderRefused, open_folder, same_folder
 from lnkmem.index import indexer
 from lnkmem.index.store import Store
 from lnkmem.notes import LocalNotes
@@ -74,11 +74,23 @@ class Layout:
     writes: bool = True  # writes the copy back (False: a team reader)
     embed: Optional[tuple[str, str, Callable[[], dict]]] = None  # (base url, model, headers)
     tmpdir: str = ""
+    state_fd: Optional[int] = None  # the index's folder's parent, opened once never through a link
+    agent: Optional[str] = None
 
 
-def local_layout(cfg: AgentConfig) -> Layout:
-    """An agent on this machine: Home, chats, skills and notes in local folders."""
-    notes = LocalNotes(cfg.notes_path, cfg.state) if cfg.notes_path else None
+def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
+    """An agent on this machine: Home, chats, skills and notes in local folders.
+
+    The state and the notes' folder are opened here, once, never through a link
+    below the agent folder (FolderRefused; §2.2 rev. 3). ``create`` false (a
+    person's `status`): nothing is made."""
+    state_fd = open_folder(cfg.state, cfg.agent, create=create)
+    try:
+        notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent, create=create, state_fd=state_fd) if cfg.notes_path else None
+    except BaseException:
+        if state_fd is not None:
+            os.close(state_fd)
+        raise
     places: dict[str, object] = {}
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
     places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
@@ -93,13 +105,20 @@ def local_layout(cfg: AgentConfig) -> Layout:
         places["notes"] = NotesPlace(notes)
     embed = (cfg.model_url, cfg.spec.model or "default", dict) if cfg.model_url else None
     return Layout(places, notes, cfg.notes_limit, os.path.join(cfg.state, "index"), embed=embed,
-                  tmpdir=os.path.join(cfg.state, "tmp"))
+                  tmpdir=os.path.join(cfg.state, "tmp"), state_fd=state_fd, agent=cfg.agent)
 
 
 class Memory:
     def __init__(self, cfg: AgentConfig, layout: Optional[Layout] = None):
         self.cfg = cfg
-        self.layout = layout or local_layout(cfg)
+        self.refused: Optional[str] = None  # why this memory is not served (a folder through a link)
+        if layout is None:
+            try:
+                layout = local_layout(cfg)
+            except FolderRefused as e:
+                self.refused = str(e)
+                layout = Layout({})
+        self.layout = layout
         self.notes = self.layout.notes
         self.notes_limit = self.layout.notes_limit
         self.places = self.layout.places
@@ -143,6 +162,12 @@ class Memory:
     # --- life ----------------------------------------------------------------
 
     def start(self, watch: bool = True) -> "Memory":
+        if self.refused:
+            self.error = self.refused
+            self.opened.set()
+            self.ready.set()
+            self.watch_settled.set()
+            return self
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="lnkmem-index", daemon=True)
             self._thread.start()
@@ -156,7 +181,10 @@ class Memory:
                     place.serve(self)
         return self
 
+    closing = False  # stop() began: an LMDB error from here on is the close's, not damage
+
     def stop(self) -> None:
+        self.closing = True
         for place in self.places.values():
             if hasattr(place, "serve"):
                 place.stop()
@@ -188,7 +216,22 @@ class Memory:
             if n:
                 log.info("removed %d temp files left by a process that was killed", n)
         t = time.monotonic()
-        store = Store.open(self.layout.index_path)
+        index_fd = None
+        if self.layout.state_fd is not None:  # its folder never through a link, made here
+            index_fd = open_folder(self.layout.index_path, self.layout.agent)
+        try:
+            store = Store.open(self.layout.index_path)
+            if index_fd is not None and not same_folder(index_fd, self.layout.index_path):
+                try:  # another folder by that name now: never one reached through a link
+                    again = open_folder(self.layout.index_path, self.layout.agent, create=False)
+                    if again is not None:
+                        os.close(again)
+                except FolderRefused:
+                    store.close()  # swapped for a link between the look and LMDB's open
+                    raise
+        finally:
+            if index_fd is not None:
+                os.close(index_fd)
         if store.rebuilt_because:
             log.warning("index was damaged (%s); rebuilding", store.rebuilt_because)
         elif store.opened_as == "checked":
@@ -217,6 +260,9 @@ class Memory:
 
     def _damaged(self, why: str) -> None:
         """The index was found damaged while serving: rebuild it on the indexing thread."""
+        if self.closing:  # a call still under way met the index being closed: no damage
+            log.debug("an index call met the close: %s", why)
+            return
         log.warning("the index is damaged (%s); rebuilding it from the sources", why)
         self._queue.put(("\0rebuild", None))
 

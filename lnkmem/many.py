@@ -217,6 +217,7 @@ class Service:
         self.memories: dict[str, object] = {}
         self.open_sessions = 0
         self.stopping: Optional[asyncio.Event] = None
+        self.connections: set = set()  # (task, writer) of each connection being served
         self.linger_handle: Optional[asyncio.TimerHandle] = None
         self.allowed = {os.geteuid()} | ({opts.peer_uid} if opts.peer_uid is not None else set())
         from lnkmem.bound import Bindings
@@ -274,7 +275,21 @@ class Service:
         async with server:
             await self.stopping.wait()
             server.close()
+            await self._end_connections()
         await self.bindings.close_all()
+
+    async def _end_connections(self, timeout: float = 5.0) -> None:
+        """A signal: close every open connection, so each session ends as at its
+        client's close (its calls under way finish or are cancelled inside it),
+        rather than being cancelled from outside by the loop's end."""
+        for _, writer in list(self.connections):
+            try:
+                writer.transport.abort()
+            except Exception:
+                pass
+        tasks = [t for t, _ in self.connections if t is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -286,13 +301,20 @@ class Service:
         if self.linger_handle:
             self.linger_handle.cancel()
             self.linger_handle = None
+        me = (asyncio.current_task(), writer)
+        self.connections.add(me)
         try:
             await self._serve_connection(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # the loop ending: this task must not end cancelled (asyncio's stream
+            # callback calls task.exception() on it, which raises and is logged)
+            pass
         except Exception:
             log.exception("a connection failed")
         finally:
+            self.connections.discard(me)
             self.open_sessions -= 1
             try:
                 writer.close()
@@ -340,6 +362,10 @@ class Service:
                 await _reply(writer, Refusal(why))
                 return
             memory = self.memory(first.agent)
+            if memory.refused:  # its notes or state reached through a link (§2.2 rev. 3)
+                self.memories.pop(first.agent, None)  # looked at again at the next Hello
+                await _reply(writer, Refusal(f"agent {first.agent} is not served: {memory.refused}"))
+                return
             await _reply(writer, Ok())
             await self.mcp(reader, writer, lambda: memory)
             return
@@ -390,7 +416,11 @@ class Service:
                 path = changes.clean(c.path)
             except ValueError as e:
                 return f"changed: {e}"
-            done = await changes.tell(self.memory(c.agent), path)
+            memory = self.memory(c.agent)
+            if memory.refused:
+                self.memories.pop(c.agent, None)
+                return f"agent {c.agent} is not served: {memory.refused}"
+            done = await changes.tell(memory, path)
             return None if done else "the change is still being indexed"
         b = first.flush if kind == "flush" else first.end
         if not self.bindings.holds(b.owner, b.agent):

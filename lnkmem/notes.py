@@ -14,7 +14,7 @@ import os
 import signal
 import stat
 import sys
-import tempfile
+import secrets
 import threading
 import time
 from contextlib import contextmanager
@@ -85,9 +85,22 @@ NOTES_MAX = 4 << 20  # a notes file larger than this is never read whole (§2.2)
 TMP_PREFIX = ".notes.md.lnkmem-"
 SETTLE_NS = 30_000_000  # a file changed more recently than this may be mid-write: read it again later
 STABLE_TRIES = 200
-LATE_WRITER_S = 0.05
-CHANGE_PATIENCE_S = 15.0
-BUSY_S = 1.0  # a file held open for writing longer than this is judged by its times, not a lease  # how long `remember` keeps trying while someone else keeps writing  # after a replace, how long the old file is watched for a writer that had it open
+LATE_WRITER_S = 0.05  # after a replace, how long the old file is watched for a writer that had it open
+CHANGE_PATIENCE_S = 15.0  # how long `remember` keeps trying while someone else keeps writing
+BUSY_S = 1.0  # a read for the index: a file held open for writing longer than this is judged by its times
+SHORTER = 2  # a file that lost more than half its bytes ...
+RENAME_EXCHANGE = 2  # renameat2(2)
+
+
+def wait_s() -> float:
+    """How long `remember` waits for a notes file held open for writing to be closed,
+    and for an emptied or much shorter one to be written (``LNKMEM_NOTES_WAIT_S``, 15 s)."""
+    raw = os.environ.get("LNKMEM_NOTES_WAIT_S", "")
+    try:
+        v = float(raw) if raw else 15.0
+    except ValueError:
+        v = 15.0
+    return v if v >= 0 else 15.0
 
 
 def _ident(s: os.stat_result) -> tuple:
@@ -96,6 +109,11 @@ def _ident(s: os.stat_result) -> tuple:
 
 class LocalNotes:
     """The notes file on this machine.
+
+    Its folder and ``<state>`` are opened once (below the agent folder, one
+    component at a time, never through a link: :func:`lnkmem.config.open_folder`)
+    and every later step works beside those descriptors, so a folder swapped for
+    a link afterwards changes nothing.
 
     Read with care (§2.2 rev. 2): never through a symbolic link, never more
     than :data:`NOTES_MAX` bytes, and only once the file is stable (the same
@@ -106,28 +124,67 @@ class LocalNotes:
     so a rename from ``<state>`` fails with EXDEV), re-checked just before the
     rename; a writer that still had the old file open when it was replaced has
     its edit carried over to the new one.
+
+    Nothing lost by design (§2.2 rev. 3): the text a change replaces, and the
+    text it writes, are kept in ``<state>`` (:mod:`lnkmem.noteshistory`); a
+    change waits (:func:`wait_s`) for a file someone holds open for writing to
+    be closed, and for an emptied or much shorter file that changed within that
+    time to be written; the rename is an exchange, so a file renamed over the
+    notes between the re-check and the replace is read, kept and merged.
     """
 
-    def __init__(self, path: str, state: str):
+    def __init__(self, path: str, state: str, agent: Optional[str] = None, create: bool = True,
+                 state_fd: Optional[int] = None):
+        from lnkmem.config import open_folder
         self.path = path
         self.state = state
+        self.agent = agent
         self.folder = os.path.dirname(path) or "."
         self.name = os.path.basename(path)
         self.tmp_prefix = f".{self.name}.lnkmem-"
+        self.dir_fd = open_folder(self.folder, agent, create=create, mode=0o777)  # FolderRefused
+        self._state_fd = state_fd
+        self._history = None
+        self._last_seen: Optional[bytes] = None  # the last text read that was not cut short
+        self._last_seen_at = 0.0
         self.clean_temp()
+
+    # --- the folders ---------------------------------------------------------------
+
+    def state_fd(self) -> int:
+        from lnkmem.config import open_folder
+        if self._state_fd is None:
+            self._state_fd = open_folder(self.state, self.agent, create=True, mode=0o700)
+        return self._state_fd
+
+    def history(self):
+        from lnkmem.noteshistory import History
+        if self._history is None:
+            self._history = History(self.state_fd())
+        return self._history
+
+    def _lstat(self) -> Optional[os.stat_result]:
+        if self.dir_fd is None:
+            return None
+        try:
+            return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
 
     def clean_temp(self) -> int:
         """Remove temporary files a killed engine left in the notes' folder (not one
         that another engine of this agent is writing now: under the lock, or not at all)."""
+        if self.dir_fd is None:
+            return 0
         try:
-            names = [x for x in os.listdir(self.folder) if x.startswith(self.tmp_prefix)]
+            names = [x for x in os.listdir(self.dir_fd) if x.startswith(self.tmp_prefix)]
         except OSError:
             return 0
         if not names:
             return 0
         try:
-            os.makedirs(self.state, mode=0o700, exist_ok=True)
-            lock = os.open(os.path.join(self.state, "notes.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            lock = os.open("notes.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                           dir_fd=self.state_fd())
         except OSError:
             return 0
         try:
@@ -141,21 +198,34 @@ class LocalNotes:
             os.close(lock)
 
     def _clean(self, names: list[str]) -> int:
+        """Each temp file is kept as a version first: a kill right after an exchange
+        leaves the text it replaced under the temp name (§2.2 rev. 3)."""
         n = 0
         for name in names:
             if name.startswith(self.tmp_prefix):
                 try:
-                    if stat.S_ISREG(os.lstat(os.path.join(self.folder, name)).st_mode):
-                        os.unlink(os.path.join(self.folder, name))
-                        n += 1
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.dir_fd)
+                except OSError:
+                    continue
+                try:
+                    s = os.fstat(fd)
+                    if not stat.S_ISREG(s.st_mode):
+                        continue
+                    data = self._read_fd(fd) if s.st_size <= NOTES_MAX else b""
+                    if data:
+                        self._keep(data, "replaced", source=name)
+                    self._unlink(name)
+                    n += 1
                 except OSError:
                     pass
+                finally:
+                    os.close(fd)
         return n
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        os.makedirs(self.state, mode=0o700, exist_ok=True)
-        fd = os.open(os.path.join(self.state, "notes.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open("notes.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.state_fd())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -166,8 +236,11 @@ class LocalNotes:
 
     def _open(self) -> Optional[int]:
         """A descriptor on the notes file itself (never a link's target); None when missing."""
+        if self.dir_fd is None:
+            return None
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                         dir_fd=self.dir_fd)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -197,18 +270,20 @@ class LocalNotes:
             left -= len(b)
         return b"".join(chunks)
 
-    def _stable(self, hold: bool = False) -> tuple[bytes, Optional[os.stat_result], Optional[int], bool]:
+    def _stable(self, hold: bool = False, writers_s: float = BUSY_S
+                ) -> tuple[bytes, Optional[os.stat_result], Optional[int], bool]:
         """(content, its stat, an open descriptor on it, leased) once the file is
         not being written; (b"", None, None, False) when there is none.
 
         Stable means: the same identity, size and times before and after the
         read, the file still under its name and, where leases work, nobody
         holding it open for writing during the read (an editor between its
-        truncate and its write); elsewhere, not changed in the last few
-        milliseconds. With ``hold`` the lease is kept (the caller drops it);
-        the caller closes the descriptor."""
+        truncate and its write: waited for until it closes, at most
+        ``writers_s``); elsewhere, not changed in the last few milliseconds.
+        With ``hold`` the lease is kept (the caller drops it); the caller
+        closes the descriptor."""
         use_lease = _leases()
-        deadline = time.monotonic() + CHANGE_PATIENCE_S
+        deadline = time.monotonic() + CHANGE_PATIENCE_S + writers_s
         busy_since = None
         while True:
             fd = self._open()
@@ -220,17 +295,14 @@ class LocalNotes:
                     got = _try_lease(fd)
                     if got == "busy":  # open for writing right now: read it once it is closed
                         busy_since = busy_since or time.monotonic()
-                        if time.monotonic() - busy_since > BUSY_S:  # held open, idle: judge by times
+                        if time.monotonic() - busy_since > writers_s:  # held open that long: judge by times
                             use_lease = False
                         continue
                     leased = got == "ok"
                 before = os.fstat(fd)
                 data = self._read_fd(fd)
                 after = os.fstat(fd)
-                try:
-                    named = os.lstat(self.path)
-                except FileNotFoundError:
-                    named = None
+                named = self._lstat()
                 if len(data) > NOTES_MAX:
                     raise ToolError(f"the notes file {self.path} grew over the {NOTES_MAX} bytes that are "
                                     f"ever read; nothing was changed")
@@ -250,12 +322,29 @@ class LocalNotes:
                     if time.monotonic() > deadline:
                         raise ToolError("the notes kept changing while they were read; nothing was changed, "
                                         "try again")
-                    time.sleep(0.002)
+                    time.sleep(0.002 if busy_since is None else 0.01)
+
+    def _cut_short(self, data: bytes, st: Optional[os.stat_result]) -> bool:
+        """Whether the notes look like a write in progress: gone, empty or much shorter
+        than the last text seen, and changed within :func:`wait_s` (§2.2 rev. 3)."""
+        ref = self._last_seen
+        if not ref:
+            return False
+        if st is None:  # gone: an editor that deletes, then writes
+            return time.monotonic() - self._last_seen_at < wait_s()
+        if data and len(data) * SHORTER >= len(ref):
+            return False
+        return time.time() - st.st_mtime < wait_s()
+
+    def _seen(self, data: bytes, st: Optional[os.stat_result]) -> None:
+        if st is not None and not self._cut_short(data, st):
+            self._last_seen, self._last_seen_at = data, time.monotonic()
 
     def _read(self) -> tuple[str, Optional[os.stat_result]]:
         data, st, fd, _ = self._stable()
         if fd is not None:
             os.close(fd)
+        self._seen(data, st)
         return data.decode("utf-8", "replace"), st
 
     def _mode(self, st: Optional[os.stat_result]) -> int:
@@ -272,11 +361,8 @@ class LocalNotes:
         """The notes as an index entry; None when missing, a link, or too large (not indexed)."""
         from lnkmem.bridges.local import version_of
         from lnkmem.bridges.place import Entry
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            return None
-        if not stat.S_ISREG(st.st_mode) or st.st_size > NOTES_MAX:
+        st = self._lstat()
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > NOTES_MAX:
             return None
         return Entry("", st.st_size, version_of(st))
 
@@ -290,42 +376,173 @@ class LocalNotes:
         if fd is None:
             raise NotFound("notes")
         os.close(fd)
+        self._seen(data, st)
         return data, version_of(st)
 
     # --- changing --------------------------------------------------------------
 
     def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
         try:
-            return self._change(add, remove, limit)
+            return self._change(lambda current: apply(current, add, remove, limit), "replaced")
         except OSError as e:  # a full disk, a read-only folder
             raise ToolError(f"the notes could not be written: {e.strerror or e}; nothing was changed") from None
 
+    def restore(self, text: bytes) -> Change:
+        """Make the notes ``text`` (a kept version), keeping the text this replaces."""
+        t = text.decode("utf-8", "replace")
+        return self._change(lambda current: Change(t, len(t.encode("utf-8")), count_entries(t)), "restored")
+
     def _write_temp(self, text: str, mode: int) -> str:
-        fd, tmp = tempfile.mkstemp(prefix=self.tmp_prefix, dir=self.folder)
+        for _ in range(100):
+            tmp = self.tmp_prefix + secrets.token_hex(6)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=self.dir_fd)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(errno.EEXIST, "no free temporary name", self.folder)
         try:
             os.fchmod(fd, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode("utf-8"))
-                f.flush()
-                os.fsync(f.fileno())
+            view = memoryview(text.encode("utf-8"))
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
         except BaseException:
-            _unlink(tmp)
+            os.close(fd)
+            self._unlink(tmp)
             raise
+        os.close(fd)
         return tmp
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self.dir_fd)
+        except OSError:
+            pass
 
     def _unchanged(self, fd: Optional[int], st: Optional[os.stat_result], base: bytes, leased: bool) -> bool:
         """Whether the notes are still exactly what was read (identity, size, times, content)."""
         if leased and _get_lease(fd) != fcntl.F_RDLCK:  # someone is opening it for writing
             return False
-        try:
-            now = os.lstat(self.path)
-        except FileNotFoundError:
+        now = self._lstat()
+        if now is None:
             return fd is None
         if fd is None:
             return False
         if _ident(now) != _ident(st) or _ident(os.fstat(fd)) != _ident(st):
             return False
         return self._read_fd(fd) == base
+
+    def _replace(self, tmp: str, fd: int, st: os.stat_result, base: bytes, leased: bool, why: str
+                 ) -> tuple[bool, Optional[bytes]]:
+        """Put ``tmp`` in the notes' place, keeping the text it replaces (§2.2 rev. 3):
+        (False, None) when someone wrote meanwhile (start over; ``tmp`` not used), else
+        (True, what was replaced when it is not what was read, for the caller to merge).
+
+        The file is re-checked first (identity, size, times, content, the lease).
+        With an exchange (renameat2), the file it swaps out is what was replaced,
+        whoever put it there in the moment since the re-check: it is kept, then
+        removed. Without one (the filesystem), the text read is kept and a rename
+        replaces."""
+        if not self._unchanged(fd, st, base, leased):  # (a lease broken: someone opening it for writing)
+            return False, None
+        if not _exchange(self.dir_fd, tmp, self.name):
+            if base:
+                self._keep(base, why)
+            os.rename(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            return True, None
+        try:
+            out_fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        except OSError:  # a link put there meanwhile: never notes
+            self._unlink(tmp)
+            return True, None
+        try:
+            out = os.fstat(out_fd)
+            if not stat.S_ISREG(out.st_mode) or out.st_size > NOTES_MAX:
+                return True, None
+            data = self._read_fd(out_fd)
+            if data:
+                self._keep(data, why, source=tmp)  # moved (or copied) in, before its last name goes
+            same = (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) and data == base
+            return True, (None if same else data)
+        finally:
+            os.close(out_fd)
+            self._unlink(tmp)
+
+    def _keep(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> None:
+        self.history().keep(data, why, sync, (self.dir_fd, source) if source else None)
+
+    def _change(self, make, why: str) -> Change:
+        with self._locked():
+            result: Optional[Change] = None
+            carry: Optional[tuple[bytes, bytes, bytes]] = None  # (base, what another writer made of it, ours)
+            patience = wait_s()
+            deadline = time.monotonic() + CHANGE_PATIENCE_S + 2 * patience
+            while time.monotonic() < deadline:
+                data, st, fd, leased = self._stable(hold=True, writers_s=patience)
+                try:
+                    if self._cut_short(data, st):  # an editor between its truncate and its write: wait
+                        if leased:
+                            _drop_lease(fd)
+                        time.sleep(0.02)
+                        continue
+                    if self._last_seen and (st is None or not data or len(data) * SHORTER < len(self._last_seen)):
+                        self._keep(self._last_seen, "seen")  # cut short long enough: the text before it, kept
+                    current = data.decode("utf-8", "replace")
+                    if carry is None:
+                        result = make(current)
+                        text = result.text
+                    else:  # carry the other writer's edit over, and ours where it was saved over since
+                        base, theirs, ours = (x.decode("utf-8", "replace") for x in carry)
+                        text = _merge(base, ours, _merge(base, theirs, current))
+                        if text == current:
+                            if leased:
+                                _drop_lease(fd)
+                            self._keep(data, "written")
+                            return result
+                    tmp = self._write_temp(text, self._mode(st))
+                    swapped = None
+                    try:
+                        if fd is None:
+                            os.link(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd,
+                                    follow_symlinks=False)  # create only: a file made meanwhile is never replaced
+                        else:
+                            done, swapped = self._replace(tmp, fd, st, data, leased, why)
+                            if not done:  # someone wrote meanwhile: start over
+                                if leased:
+                                    _drop_lease(fd)
+                                continue
+                            tmp = None
+                    except BaseException:
+                        if leased:
+                            _drop_lease(fd)
+                        if isinstance(sys.exc_info()[1], (FileExistsError, FileNotFoundError)):
+                            continue  # made or removed meanwhile: start over
+                        raise
+                    finally:
+                        if tmp:
+                            self._unlink(tmp)
+                    os.fsync(self.dir_fd)
+                    written = text.encode("utf-8")
+                    self._last_seen, self._last_seen_at = written, time.monotonic()
+                    self._keep(written, "written", sync=False)  # an editor saving over it later loses nothing
+                    if swapped is not None:  # a file renamed over the notes after the read: kept, merged
+                        if leased:
+                            _drop_lease(fd)
+                        carry = (data, swapped, written)
+                        continue
+                    late = self._late_writer(fd, st, data, leased) if fd is not None else None
+                    if late is None:
+                        if carry is not None:
+                            result = Change(text, len(written), count_entries(text))
+                        return result
+                    carry = (data, late, written)
+                finally:
+                    if fd is not None:
+                        os.close(fd)
+            raise ToolError("the notes kept changing under us; nothing was changed, try again")
 
     def _late_writer(self, fd: int, st: os.stat_result, base: bytes, leased: bool) -> Optional[bytes]:
         """After the replace: what a writer that had the old file open wrote to it (None: nothing).
@@ -360,57 +577,33 @@ class LocalNotes:
         data = self._read_fd(fd)
         return None if data == base else data
 
-    def _change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
-        with self._locked():
-            os.makedirs(self.folder, exist_ok=True)
-            result: Optional[Change] = None
-            carry: Optional[tuple[bytes, bytes]] = None  # (base, what a late writer made of it)
-            deadline = time.monotonic() + CHANGE_PATIENCE_S
-            while time.monotonic() < deadline:
-                data, st, fd, leased = self._stable(hold=True)
-                try:
-                    current = data.decode("utf-8", "replace")
-                    if carry is None:
-                        result = apply(current, add, remove, limit)
-                        text = result.text
-                    else:  # our change is in; carry the late writer's edit over
-                        text = _merge(carry[0].decode("utf-8", "replace"), carry[1].decode("utf-8", "replace"),
-                                      current)
-                        if text == current:
-                            if leased:
-                                _drop_lease(fd)
-                            return result
-                    tmp = self._write_temp(text, self._mode(st))
-                    try:
-                        if not self._unchanged(fd, st, data, leased):  # someone wrote meanwhile: start over
-                            if leased:
-                                _drop_lease(fd)
-                            continue
-                        if fd is None:
-                            os.link(tmp, self.path)  # create only: a file made meanwhile is never replaced
-                        else:
-                            os.rename(tmp, self.path)
-                            tmp = None
-                    except BaseException:
-                        if leased:
-                            _drop_lease(fd)
-                        if isinstance(sys.exc_info()[1], FileExistsError):
-                            continue
-                        raise
-                    finally:
-                        if tmp:
-                            _unlink(tmp)
-                    _fsync_dir(self.folder)
-                    late = self._late_writer(fd, st, data, leased) if fd is not None else None
-                    if late is None:
-                        if carry is not None:
-                            result = Change(text, len(text.encode("utf-8")), count_entries(text))
-                        return result
-                    carry = (data, late)
-                finally:
-                    if fd is not None:
-                        os.close(fd)
-            raise ToolError("the notes kept changing under us; nothing was changed, try again")
+
+_renameat2 = None
+
+
+def _exchange(dir_fd: int, a: str, b: str) -> bool:
+    """Swap the names ``a`` and ``b`` in one step (renameat2 RENAME_EXCHANGE); False
+    where the kernel, libc or filesystem cannot (the caller renames instead)."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _renameat2 = fn
+        except (OSError, AttributeError):
+            _renameat2 = False
+    if not _renameat2:
+        return False
+    import ctypes
+    if _renameat2(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def _merge(base: str, theirs: str, ours: str) -> str:
@@ -478,26 +671,6 @@ def _drop_lease(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
     except OSError:
         pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class BridgeNotes:

@@ -64,7 +64,9 @@ def gather_status(cfg) -> dict:
     pid = building_pid(cfg.state) if os.path.isdir(cfg.state) else None
     out: dict = {"folder": cfg.folder, "state": cfg.state, "agent": cfg.agent, "indexed": False,
                  "building": {"pid": pid} if pid else None}
-    layout = local_layout(cfg)
+    layout = local_layout(cfg, create=False)
+    from lnkmem.noteshistory import listing
+    out["notes_history"] = listing(cfg.state)  # §2.2 rev. 3: the notes' kept versions
     out["sources"] = {s: {"files": 0, "passages": 0, "bytes": 0} for s in SOURCES if s in layout.places}
     out.update(files=0, passages=0, by_kind={}, index_bytes=0, last_change=None, pending=None, damaged=None)
     model = {"name": cfg.spec.model, "served": bool(cfg.model_url), "vectors_of": None, "embedded": 0}
@@ -135,6 +137,12 @@ def render_status(st: dict) -> str:
                      f"{_plural(st['passages'], 'passage')} embedded")
     else:
         lines.append("model   none: ranked by words only")
+    kept = st.get("notes_history") or []
+    if kept:
+        lines.append(f"notes   {_plural(len(kept), 'earlier version')} kept (newest {kept[0]['at']}, {kept[0]['why']}); "
+                     f"list, print or restore: lnk-lnkmem notes-history {st['state']}")
+    else:
+        lines.append("notes   no earlier versions kept")
     b = st["building"]
     if b:
         lines.append(f"build   process {b['pid']} is building this index now" if b["pid"] > 0

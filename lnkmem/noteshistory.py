@@ -1,0 +1,299 @@
+"""The notes' earlier versions, kept in ``<state>/notes-history/`` (§2.2 rev. 3).
+
+No fixed wait closes every editor's window, so nothing is lost by design: before
+`remember` (or a restore) replaces the notes, the text it replaces is kept here,
+and so is the text it wrote (an editor that saves an older copy over it later
+loses nothing either). A version equal to the newest kept one is not kept again.
+The folder is bounded: the newest :func:`keep_count` versions, at most
+:func:`keep_bytes` bytes together (the newest always kept). A person lists them
+with `lnk-lnkmem status` or `lnk-lnkmem notes-history`, and restores one with
+``notes-history --restore N`` (a change like `remember`'s: the text it replaces
+is kept too).
+
+Each version is one file, ``<nanoseconds>-<why>-<digest>.md``: its name says
+when, why and what (the first 16 hex digits of its SHA-256), its content is the
+text. It is written to a dot-name, synced and renamed, all beside the folder's
+descriptor (opened once, never through a link).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import stat
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+FOLDER = "notes-history"
+WHY = {
+    "replaced": "replaced by remember",
+    "written": "written by remember",
+    "seen": "seen before the notes were emptied or cut short",
+    "restored": "replaced by a restore",
+}
+
+
+def keep_count() -> int:
+    """How many versions are kept (``LNKMEM_NOTES_KEEP``, default 50)."""
+    return _knob("LNKMEM_NOTES_KEEP", 50)
+
+
+def keep_bytes() -> int:
+    """How many bytes the kept versions take at most together (``LNKMEM_NOTES_KEEP_BYTES``, 16 MiB)."""
+    return _knob("LNKMEM_NOTES_KEEP_BYTES", 16 << 20)
+
+
+def _knob(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+
+
+@dataclass(frozen=True)
+class Version:
+    id: str  # the file's name without `.md`
+    at: float  # seconds since the epoch
+    why: str
+    digest: str
+    bytes: int
+
+    @property
+    def reason(self) -> str:
+        return WHY.get(self.why, self.why)
+
+
+def _parse(name: str, size: int) -> Optional[Version]:
+    if not name.endswith(".md") or name.startswith("."):
+        return None
+    parts = name[:-3].split("-")
+    if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in WHY:
+        return None
+    return Version(name[:-3], int(parts[0]) / 1e9, parts[1], parts[2], size)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+class History:
+    """The versions kept below one ``<state>`` descriptor."""
+
+    def __init__(self, state_fd: int):
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self.fd = os.open(FOLDER, flags, dir_fd=state_fd)
+        except FileNotFoundError:
+            try:
+                os.mkdir(FOLDER, 0o700, dir_fd=state_fd)
+            except FileExistsError:
+                pass
+            self.fd = os.open(FOLDER, flags, dir_fd=state_fd)
+
+    @classmethod
+    def at(cls, state: str) -> Optional["History"]:
+        """The history of the state folder ``state`` as named (a person's command); None when none."""
+        try:
+            fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            if not os.path.isdir(os.path.join(state, FOLDER)):
+                return None
+            return cls(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def versions(self) -> list[Version]:
+        """Newest first."""
+        out = []
+        for name in os.listdir(self.fd):
+            try:
+                s = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            except OSError:
+                continue
+            v = _parse(name, s.st_size) if stat.S_ISREG(s.st_mode) else None
+            if v is not None:
+                out.append(v)
+        out.sort(key=lambda v: v.id, reverse=True)
+        return out
+
+    def text(self, v: Version) -> bytes:
+        fd = os.open(v.id + ".md", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            with os.fdopen(fd, "rb") as f:
+                return f.read()
+        except BaseException:
+            raise
+
+    def find(self, which: str) -> Version:
+        """A version by its number in the listing (1: the newest) or its id; KeyError if none."""
+        vs = self.versions()
+        if which.isdigit() and 1 <= int(which) <= len(vs):
+            return vs[int(which) - 1]
+        for v in vs:
+            if v.id == which:
+                return v
+        raise KeyError(which)
+
+    def keep(self, data: bytes, why: str, sync: bool = True, source: Optional[tuple[int, str]] = None
+             ) -> Optional[Version]:
+        """Keep ``data`` unless the newest version holds it already; then prune.
+
+        ``source`` (a folder's descriptor and a name in it) is a file holding
+        exactly ``data``: moved in by a rename where it is on the same filesystem
+        (nothing copied), else copied. ``sync``: synced before this returns (the
+        text replaced, before its last other name goes); a version the notes
+        file itself still holds needs no sync of its own."""
+        d = digest(data)
+        vs = self.versions()
+        if vs and vs[0].digest == d and self.text(vs[0]) == data:
+            return None
+        now = time.time_ns()
+        if vs and int(vs[0].id.split("-")[0]) >= now:  # the clock went back: still newest
+            now = int(vs[0].id.split("-")[0]) + 1
+        name = f"{now:019d}-{why}-{d}"
+        moved = False
+        if source is not None:
+            try:
+                os.rename(source[1], name + ".md", src_dir_fd=source[0], dst_dir_fd=self.fd)
+                moved = True
+            except OSError:  # another filesystem (EXDEV): copied below
+                moved = False
+        if not moved:
+            tmp = f".{name}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if sync:
+                    os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                _unlink(tmp, self.fd)
+                raise
+            os.close(fd)
+            os.rename(tmp, name + ".md", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        if sync:
+            os.fsync(self.fd)
+        v = Version(name, now / 1e9, why, d, len(data))
+        self.prune([v] + vs)
+        return v
+
+    def prune(self, vs: list[Version]) -> None:
+        """Drop the oldest versions beyond the count or the bytes (the newest always stays)."""
+        total, count, limit_n, limit_b = 0, 0, keep_count(), keep_bytes()
+        for v in vs:
+            count += 1
+            total += v.bytes
+            if count > 1 and (count > limit_n or total > limit_b):
+                _unlink(v.id + ".md", self.fd)
+        for name in os.listdir(self.fd):  # dot-names left by a kill mid-keep
+            if name.startswith(".") and name.count(".") >= 2:
+                try:
+                    if time.time() - os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime > 60:
+                        _unlink(name, self.fd)
+                except OSError:
+                    pass
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def listing(state: str, texts: bool = False) -> list[dict]:
+    """The kept versions as plain data (newest first, numbered from 1), for `status`;
+    with ``texts``, each one's text too."""
+    from lnkmem.notes import count_entries
+    h = History.at(state)
+    if h is None:
+        return []
+    try:
+        out = []
+        for n, v in enumerate(h.versions(), 1):
+            try:
+                text = h.text(v).decode("utf-8", "replace")
+            except OSError:
+                continue
+            out.append({"n": n, "id": v.id, "at": _rfc3339(v.at), "bytes": v.bytes, "entries": count_entries(text),
+                        "why": v.reason})
+            if texts:
+                out[-1]["text"] = text
+        return out
+    finally:
+        h.close()
+
+
+def _rfc3339(t: float) -> str:
+    import datetime
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+# --- `lnk-lnkmem notes-history` ---------------------------------------------------------
+
+def notes_path(args) -> str:
+    """The notes file a restore writes: --notes, else $LNK_MEMORY_NOTES, else <agent>/memory/notes.md."""
+    from lnkmem.errors import UsageError
+    path = args.notes or os.environ.get("LNK_MEMORY_NOTES") or (
+        os.path.join(os.path.abspath(args.agent), "memory", "notes.md") if args.agent else None)
+    if not path:
+        raise UsageError("notes-history: which notes? give --notes PATH or --agent DIR")
+    return os.path.abspath(path)
+
+
+def cmd_notes_history(args) -> int:
+    import json
+    import sys
+    from lnkmem.errors import UsageError
+    state = os.path.abspath(args.state)
+    if args.show is not None and args.restore is not None:
+        raise UsageError("notes-history: --show or --restore, not both")
+    which = args.show if args.show is not None else args.restore
+    if which is None:
+        versions = listing(state, texts=args.json and args.texts)
+        if args.json:
+            sys.stdout.write(json.dumps({"state": state, "versions": versions}, ensure_ascii=False) + "\n")
+        elif not versions:
+            sys.stdout.write(f"no earlier versions of the notes are kept in {state}\n")
+        else:
+            for v in versions:
+                sys.stdout.write(f"{v['n']:>3}  {v['at']}  {v['bytes']:>8,} bytes  {v['entries']:>4} entries  {v['why']}\n")
+            sys.stdout.write(f"print one: lnk-lnkmem notes-history {state} --show N; put it back: --restore N\n")
+        return 0
+    h = History.at(state)
+    try:
+        v = h.find(which) if h is not None else None
+    except KeyError:
+        v = None
+    if v is None:
+        n = len(h.versions()) if h is not None else 0
+        if h is not None:
+            h.close()
+        raise UsageError(f"notes-history: no version {which!r} in {state} ({n} kept; 1 is the newest)")
+    try:
+        data = h.text(v)
+    finally:
+        h.close()
+    if args.show is not None:
+        sys.stdout.buffer.write(data)
+        return 0
+    from lnkmem.notes import LocalNotes
+    from lnkmem.errors import ToolError
+    path = notes_path(args)
+    notes = LocalNotes(path, state, os.path.abspath(args.agent) if args.agent else None)  # FolderRefused: exit 2
+    try:
+        change = notes.restore(data)
+    except (ToolError, OSError) as e:
+        raise UsageError(f"notes-history: the notes could not be restored: {e}") from None
+    sys.stdout.write(f"restored version {which} ({v.id}, {v.reason}) into {path}: {change.entries} entries, "
+                     f"{change.bytes} bytes; the text it replaced is kept (version 1 now)\n")
+    return 0

@@ -156,7 +156,8 @@ def test_rename_editor_at_full_speed_loses_nothing(home):
         deadline = time.monotonic() + EDITOR_S
         try:
             j = 0
-            while time.monotonic() < deadline:
+            # at least three remembers land beside the editor, however loaded the machine
+            while time.monotonic() < deadline or (len(remembered) < 3 and time.monotonic() < deadline + 60):
                 r = s.call("remember", {"add": f"engine entry {j}"}, timeout=60)
                 assert r["isError"] is False, r
                 remembered.append(f"- engine entry {j}")

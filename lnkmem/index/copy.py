@@ -183,7 +183,7 @@ def export(store: Store, state: CopyState, of: Optional[str] = None) -> Export:
             name = _name("seg", blob)
             blobs[name] = blob
             segs[seg] = name
-        files = [(k.decode(), bytes(v)) for k, v in txn.cursor(db=store.files)]
+        files = list(store.file_items(txn))
         dead = b"".join(bytes(k) for k, _ in txn.cursor(db=store.dead))
         zdict = txn.get(b"zdict", db=store.meta)
         table = _pack(_Table(files, dead, int(txn.get(b"next_pid", db=store.meta)), model, of, zdict))
@@ -506,7 +506,7 @@ def _load_txn(store: Store, v: Verified, version: str) -> dict:
             if order is not None:
                 r = _dec_file.decode(rec)
                 rec = _enc.encode(FileRec(r.version, r.size, [remap1(p) for p in r.pids], r.kind, r.mtime))
-            txn.put(ref.encode(), rec, db=store.files)
+            store.put_file(txn, ref, rec)
         dead = set(remap(_u4(table.dead, "", ">u4").astype("<u4")).tolist())
         for p in sorted(dead):
             txn.put(_k(p), b"", db=store.dead)

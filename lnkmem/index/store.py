@@ -546,6 +546,62 @@ def _k(n: int) -> bytes:
     return n.to_bytes(4, "big")
 
 
+# --- the files table's keys ------------------------------------------------------------
+#
+# LMDB takes keys of at most 511 bytes (MDB_BAD_VALSIZE beyond: before this, one ref that
+# long stopped a whole indexing pass), but a ref is as long as a path may be (4,096 bytes
+# and more). A ref of up to KEY_MAX bytes is its own key, as it always was (an index made
+# before holds no other kind: no format change, nothing rebuilt); a longer one is keyed by
+# its first bytes, a NUL (which no ref holds) and a BLAKE2b digest of the whole ref, and
+# its value is the pair (ref, record): the ref is read back from the value, never from
+# the key. Prefix scans stay scans of key ranges (the first bytes are kept).
+
+KEY_MAX = 511  # LMDB's key limit (mdb_env_get_maxkeysize of its default build)
+_REF_DIGEST = 16
+_REF_HEAD = KEY_MAX - 1 - _REF_DIGEST  # bytes of a long ref kept at the front of its key
+_dec_long_file = msgspec.msgpack.Decoder(tuple[str, bytes])
+
+
+def file_key(ref: str) -> bytes:
+    """The ``files`` table's key of ``ref`` (at most KEY_MAX bytes whatever its length)."""
+    b = ref.encode()
+    if len(b) <= KEY_MAX:
+        return b
+    import hashlib
+    return b[:_REF_HEAD] + b"\0" + hashlib.blake2b(b, digest_size=_REF_DIGEST).digest()
+
+
+def file_value(ref: str, rec: bytes) -> bytes:
+    """What the ``files`` table holds for ``ref`` whose record's bytes are ``rec``."""
+    return rec if len(ref.encode()) <= KEY_MAX else _enc.encode((ref, rec))
+
+
+def file_entry(key, value) -> tuple[str, bytes]:
+    """(ref, its record's bytes) of one item of the ``files`` table."""
+    key = bytes(key)
+    if b"\0" in key:
+        ref, rec = _dec_long_file.decode(value)
+        if file_key(ref) != key:
+            raise DamagedIndex("a long ref's record names another ref")
+        return ref, rec
+    return key.decode(), bytes(value)
+
+
+def file_get(txn, db, ref: str) -> Optional[bytes]:
+    """The record's bytes of ``ref`` in the ``files`` table ``db``, or None."""
+    key = file_key(ref)
+    v = txn.get(key, db=db)
+    if v is None or len(key) == len(ref.encode()):
+        return v
+    got, rec = _dec_long_file.decode(v)
+    return rec if got == ref else None
+
+
+def file_put(txn, db, ref: str, rec: bytes) -> None:
+    """Write ``ref``'s record (its bytes ``rec``) into the ``files`` table ``db``."""
+    txn.put(file_key(ref), file_value(ref, rec), db=db)
+
+
 def source_of(ref: str) -> str:
     return ref.split("/", 1)[0]
 
@@ -924,8 +980,8 @@ class Store:
                     alive[p] = False
             if check:  # every live passage belongs to exactly one file record, and back
                 owned: list[int] = []  # every file's ids, checked at once (one gather, not one per file)
-                for _, v in txn.cursor(db=self.files):
-                    owned.extend(_dec_file.decode(v).pids)
+                for k, v in txn.cursor(db=self.files):
+                    owned.extend(_dec_file.decode(file_entry(k, v)[1]).pids)
                 if owned and not alive[np.asarray(owned, np.int64)].all():
                     raise DamagedIndex("a file names passages that are not live")
                 if len(owned) != int(alive.sum()):
@@ -1217,18 +1273,33 @@ class Store:
     @_guarded
     def all_files(self) -> dict[str, FileRec]:
         with self.env.begin() as txn:
-            return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
+            return {ref: _dec_file.decode(rec) for ref, rec in self.file_items(txn)}
+
+    def file_items(self, txn):
+        """(ref, record's bytes) of every file, in key order (a long ref's by its key)."""
+        for k, v in txn.cursor(db=self.files):
+            yield file_entry(k, v)
+
+    def put_file(self, txn, ref: str, rec: bytes) -> None:
+        """Write ``ref``'s record (its bytes) in ``txn`` (a copy's load)."""
+        file_put(txn, self.files, ref, rec)
 
     def _files_under(self, prefix: str, dec=_dec_file):
         """(ref, FileRec) of every file whose ref starts with ``prefix``."""
-        p = prefix.encode()
+        p = prefix.encode()[:_REF_HEAD]  # a long ref's key holds this much of it
+        exact = len(prefix.encode()) > _REF_HEAD
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.files)
             if cur.set_range(p):
                 for k, v in cur:
                     if not k.startswith(p):
                         break
-                    yield k.decode(), dec.decode(v)
+                    if b"\0" in k or exact:
+                        ref, rec = file_entry(k, v)
+                        if ref.startswith(prefix):
+                            yield ref, dec.decode(rec)
+                    else:
+                        yield k.decode(), dec.decode(v)
 
     @_guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
@@ -1240,7 +1311,7 @@ class Store:
         each), one at a time."""
         with self.env.begin() as txn:
             for ref in refs:
-                v = txn.get(ref.encode(), db=self.files)
+                v = file_get(txn, self.files, ref)
                 if v is not None:
                     yield ref, dec.decode(v)
 
@@ -1274,7 +1345,7 @@ class Store:
     def file_mtime(self, ref: str) -> Optional[str]:
         """A file's modification time as indexed (None when unknown)."""
         with self.env.begin() as txn:
-            v = txn.get(ref.encode(), db=self.files)
+            v = file_get(txn, self.files, ref)
         return _dec_file.decode(v).mtime if v is not None else None
 
     @_guarded
@@ -1429,7 +1500,7 @@ class Store:
             gone = set(batch.removed) | {f.ref for f in batch.files}
             killed: list[int] = []
             for ref in gone:
-                old = txn.get(ref.encode(), db=self.files)
+                old = file_get(txn, self.files, ref)
                 if old is None:
                     continue
                 for p in _dec_file.decode(old).pids:
@@ -1438,7 +1509,7 @@ class Store:
                     txn.delete(_k(p), db=self.vectors)
                     txn.delete(_k(p), db=self.vec_pending)
                     killed.append(p)
-                txn.delete(ref.encode(), db=self.files)
+                txn.delete(file_key(ref), db=self.files)
             ids = iter(())
             seg_of = None
             dropped: list[int] = []
@@ -1506,7 +1577,7 @@ class Store:
                     p_terms.append(tids if m[1] is None else m[1][tids])
                     p_tfs.append(tfs)
                     p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
-                txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
+                file_put(txn, self.files, f.ref, _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)))
             mapped.clear()
             if new_keys:  # compressed, with the index's dictionary (made once, from the first big commit)
                 zdict = self._passage_dict_in(txn, (p for p in new_passages if type(p) is Passage))
@@ -1547,6 +1618,9 @@ class Store:
                 if len(r):  # made as they are written (a list of them all was ~10 MiB at 4 MB of text)
                     items = zip((sk + names[k].encode() for k in r[starts].tolist()),
                                 postings.pack_many(pid_arr, tf_arr, starts, ends))
+                    # a term LMDB cannot key (analyze keeps none: a store's own defence) is
+                    # left out, never the batch: no query can name it either
+                    items = ((k, v) for k, v in items if len(k) <= KEY_MAX)
                     # a new segment's keys sort after every other: appended, no old page touched
                     txn.cursor(db=self.postings).putmulti(items, append=True)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),

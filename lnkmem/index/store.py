@@ -55,7 +55,7 @@ import numpy as np
 
 from lnkmem import memtrim, procs
 from lnkmem.errors import DamagedIndex, ToolError
-from lnkmem.index import postings, textpack
+from lnkmem.index import mapguard, postings, textpack
 from lnkmem.index.refs import Refs
 
 FORMAT = b"lnkmem-index-4"  # 4: postings in bit-packed blocks, passages deflated (issue 12)
@@ -482,9 +482,14 @@ def _guarded(method):
     def run(self, *a, **kw):
         self._guard()
         try:
-            return method(self, *a, **kw)
+            out = method(self, *a, **kw)
         except DAMAGE_ERRORS as e:
             raise self.damage(e) from None
+        except Exception:
+            self.check_map()  # what it read was a page cut away: damage, not this error
+            raise
+        self.check_map()
+        return out
 
     return run
 
@@ -498,14 +503,28 @@ class _CoveringEnv:
     so after each commit the file is extended (zeros, never shortened) to cover them.
     Everything else is the environment's own."""
 
-    __slots__ = ("_env", "_data")
+    __slots__ = ("_env", "_data", "watch")
 
     def __init__(self, env, data: str):
         self._env = env
         self._data = data
+        # a SIGBUS in its map (the file cut short under a read) caught, not the process's end
+        self.watch = mapguard.watch(data, env.stat()["psize"])
 
     def __getattr__(self, name):
         return getattr(self._env, name)
+
+    def set_mapsize(self, size: int) -> None:
+        self._env.set_mapsize(size)
+        self.watch = mapguard.watch(self._data, self._env.stat()["psize"], self.watch)  # (the map moved)
+
+    def close(self) -> None:
+        mapguard.forget(self.watch)  # first: once let go of, its addresses may be mapped again
+        self._env.close()
+
+    def faulted(self) -> bool:
+        """Whether a read met a page the file no longer held (then the map is never trusted again)."""
+        return mapguard.faulted(self.watch)
 
     def begin(self, *a, write: bool = False, **kw):
         txn = self._env.begin(*a, write=write, **kw)
@@ -915,13 +934,30 @@ class Store:
         if self.damaged is not None:
             raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
                                       "from the sources; try again in a moment")
-        try:  # pages in use first: a commit after this only grows the file before its meta
-            need = (self.env.info()["last_pgno"] + 1) * self.psize
+        self.check_map()
+        try:
+            # the file first: the pages in use are read from its meta pages, in the map,
+            # and a file cut below them is a SIGBUS at that read (caught: mapguard; but
+            # not touched at all is better)
             size = os.stat(self.data).st_size
+            if size < 2 * self.psize:
+                raise self.damage(f"data.mdb holds {size} bytes, less than its two meta pages")
+            # then the pages in use, then the size again if need be: a commit in between
+            # grows the file before its meta, so a size read after the pages is never short
+            need = (self.env.info()["last_pgno"] + 1) * self.psize
+            if size < need:
+                size = os.stat(self.data).st_size
         except (OSError, lmdb.Error) as e:
             raise self.damage(e) from None
+        self.check_map()
         if size < need:
             raise self.damage(f"data.mdb holds {size} bytes but the index uses {need}")
+
+    def check_map(self) -> None:
+        """Raise (and mark the index damaged) if a read through the map met a page the file
+        no longer held: what it read was not the index's (:mod:`mapguard`)."""
+        if self.env.faulted():
+            raise self.damage("data.mdb was cut short while it was read")
 
     def damage(self, why) -> DamagedWhileServing:
         """Mark the index damaged (the engine is told once); the error for the call."""
@@ -1231,7 +1267,7 @@ class Store:
     def _close(self, compact: bool) -> None:
         self.stop_merger()  # a merge under way stops at its next step (what it wrote: swept later)
         with self.write_lock:
-            whole = self.damaged is None
+            whole = self.damaged is None and not self.env.faulted()
             saved = None
             try:
                 if whole:
@@ -1243,6 +1279,7 @@ class Store:
                         saved = self._snapshot_bytes()
             except (lmdb.Error, OSError, DamagedIndex):
                 whole = False
+            whole = whole and not self.env.faulted()  # (what was saved was read through it)
             self.env.close()
             if whole and compact:
                 memtrim.trim()  # the build's freed heap, before the copy adds its own

@@ -276,6 +276,9 @@ def test_a_folder_chain_1500_deep_is_walked_listed_read_and_watched(deep_home, w
     # the people's `index` walks it too
     r = run_cli("index", str(home.folder), str(home.state), "--agent", str(home.agent))
     assert r.returncode == 0 and b"recursion" not in r.stderr, r.stderr[-2000:]
+    r = run_cli("status", str(home.folder), str(home.state), "--agent", str(home.agent), "--json")
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr[-2000:]
+    assert json.loads(r.stdout)
 
 
 # --- 3. data.mdb truncated below its meta pages while serving ------------------------

@@ -332,6 +332,61 @@ if all(n in dbs for n in (b"meta", b"postings", b"segments")):
             if (t, c) != (total, count):
                 sys.stderr.write(f"segment {int.from_bytes(sk, 'big')}'s postings do not match their sum\n")
                 sys.exit(4)
+# the files table against its sum, when it is the index's generation's
+if all(n in dbs for n in (b"meta", b"files")):
+    with env.begin() as txn:
+        v = txn.get(b"fcrc", db=dbs[b"meta"])
+        gen = txn.get(b"gen", db=dbs[b"meta"])
+        if v is not None and gen is not None:
+            if len(v) != 20:
+                sys.stderr.write("the files table's sum is broken\n")
+                sys.exit(4)
+            at, total, count = struct.unpack("<QQI", v)
+            if at == int(gen):
+                t = c = 0
+                for k, v in txn.cursor(db=dbs[b"files"]):
+                    t = (t + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                    c += 1
+                if (t, c) != (total, count):
+                    sys.stderr.write("the files table does not match its sum\n")
+                    sys.exit(4)
+# each listed segment's live passages against their sum
+if all(n in dbs for n in (b"meta", b"passages", b"segments")):
+    try:
+        import msgspec
+    except ImportError:
+        sys.exit(0)
+    with env.begin() as txn:
+        want = {}
+        cur = txn.cursor(db=dbs[b"meta"])
+        if cur.set_range(b"pcrc"):
+            for k, v in cur:
+                if k[:4] != b"pcrc":
+                    break
+                if len(v) != 12:
+                    sys.stderr.write("a segment's passages sum is broken\n")
+                    sys.exit(4)
+                want[int.from_bytes(k[4:], "big")] = struct.unpack("<QI", v)
+        seg_of = {}
+        listed = set()
+        for k, v in txn.cursor(db=dbs[b"segments"]):
+            seg = int.from_bytes(k, "big")
+            listed.add(seg)
+            if seg in want:
+                pids = msgspec.msgpack.decode(v)[0]
+                for (p,) in struct.iter_unpack("<I", pids):
+                    seg_of[p] = seg
+        got = {s: [0, 0] for s in want}
+        for k, v in txn.cursor(db=dbs[b"passages"]):
+            s = seg_of.get(int.from_bytes(k, "big"))
+            if s is not None:
+                g = got[s]
+                g[0] = (g[0] + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                g[1] += 1
+        for s, (total, count) in sorted(want.items()):
+            if s in listed and tuple(got[s]) != (total, count):
+                sys.stderr.write(f"segment {s}'s passages do not match their sum\n")
+                sys.exit(4)
 """
 DEEP_CHECK_S = 120
 
@@ -665,6 +720,35 @@ def file_put(txn, db, ref: str, rec: bytes) -> None:
 
 CRC = b"crc"
 _CRC = struct.Struct("<QI")
+# the same of each segment's live passages (pid key, stored value): the passages table is
+# not a segment's alone (a passage is deleted when it dies), so a commit takes a dying
+# passage's CRC out of its segment's sum, and a merge's segment sums its segments' sums
+PCRC = b"pcrc"
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+# and of the whole files table (key, stored value), kept by every commit (a record
+# replaced: its old CRC out, its new one in), stamped with the generation it was made at:
+# valid only while that is the index's generation (a merge carries it on; a copy's load
+# does not, and leaves it stale: then it is not checked)
+FCRC = b"fcrc"
+_FCRC = struct.Struct("<QQI")
+
+
+def _crc_of(key, value) -> int:
+    return zlib.crc32(value, zlib.crc32(key))
+
+
+def _less(txn, db, key: bytes, crcs: list[int]) -> None:
+    """Take ``crcs`` (items gone) out of the sum under ``key`` in ``db`` (if it has one)."""
+    v = txn.get(key, db=db)
+    if v is None:
+        return
+    total, n = _CRC.unpack(v) if len(v) == _CRC.size else (0, -1)
+    if n < len(crcs):  # (broken, or not what was summed: no sum is better than a wrong one)
+        txn.delete(key, db=db)
+        return
+    txn.put(key, _CRC.pack((total - sum(crcs)) & _MASK64, n - len(crcs)), db=db)
 
 
 class PostingsSum:
@@ -677,8 +761,21 @@ class PostingsSum:
         self.n = 0
 
     def add(self, key, value) -> None:
-        self.total = (self.total + zlib.crc32(value, zlib.crc32(key))) & 0xFFFFFFFFFFFFFFFF
+        self.total = (self.total + zlib.crc32(value, zlib.crc32(key))) & _MASK64
         self.n += 1
+
+    def take(self, crc: int) -> None:
+        self.total = (self.total - crc) & _MASK64
+        self.n -= 1
+
+    def add_sum(self, stored: Optional[bytes]) -> bool:
+        """Add a sum as stored; False when there is none (then this one means nothing)."""
+        if stored is None or len(stored) != _CRC.size:
+            return False
+        total, n = _CRC.unpack(stored)
+        self.total = (self.total + total) & _MASK64
+        self.n += n
+        return True
 
     def over(self, items):
         """``items`` ((key, value) pairs) passed on, each added."""
@@ -1607,17 +1704,30 @@ class Store:
                 snap = None
             gone = set(batch.removed) | {f.ref for f in batch.files}
             killed: list[int] = []
+            dying: dict[int, list[int]] = {}  # segment -> CRCs of its passages that die now
+            fsum = self._files_sum(txn)  # None: not kept (stale, or an index made before)
             for ref in gone:
                 old = file_get(txn, self.files, ref)
                 if old is None:
                     continue
+                if fsum is not None:
+                    key = file_key(ref)
+                    fsum.take(_crc_of(key, txn.get(key, db=self.files)))
                 for p in _dec_file.decode(old).pids:
                     txn.put(_k(p), b"", db=self.dead)
+                    was = txn.get(_k(p), db=self.passages)
+                    if was is not None and snap is not None and snap.seg_of is not None and p < len(snap.seg_of) \
+                            and snap.seg_of[p] >= 0:
+                        dying.setdefault(int(snap.seg_of[p]), []).append(_crc_of(_k(p), was))
                     txn.delete(_k(p), db=self.passages)
                     txn.delete(_k(p), db=self.vectors)
                     txn.delete(_k(p), db=self.vec_pending)
                     killed.append(p)
                 txn.delete(file_key(ref), db=self.files)
+            if killed and (snap is None or snap.seg_of is None):  # whose passages died is not known
+                self._forget_passage_sums(txn)
+            for s_, crcs in dying.items():
+                _less(txn, self.meta, PCRC + _k(s_), crcs)
             ids = iter(())
             seg_of = None
             dropped: list[int] = []
@@ -1685,7 +1795,11 @@ class Store:
                     p_terms.append(tids if m[1] is None else m[1][tids])
                     p_tfs.append(tfs)
                     p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
-                file_put(txn, self.files, f.ref, _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)))
+                key = file_key(f.ref)
+                value = file_value(f.ref, _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)))
+                txn.put(key, value, db=self.files)
+                if fsum is not None:
+                    fsum.add(key, value)
             mapped.clear()
             if new_keys:  # compressed, with the index's dictionary (made once, from the first big commit)
                 zdict = self._passage_dict_in(txn, (p for p in new_passages if type(p) is Passage))
@@ -1702,8 +1816,10 @@ class Store:
                 last = txn.cursor(db=self.passages)
                 fresh = not last.last() or last.key() < new_keys[0]
                 # each packed as it is written (all of a batch's at once were ~9 MiB at 4 MB of text)
+                psum = PostingsSum()
                 txn.cursor(db=self.passages).putmulti(
-                    zip(new_keys, map(pack, new_passages)), append=fresh)
+                    psum.over(zip(new_keys, map(pack, new_passages))), append=fresh)
+                txn.put(PCRC + _k(seg), psum.value(), db=self.meta)
             if seg_pids:
                 sk = _k(seg)
                 names = list(vocab) if vocab else list(first or ())
@@ -1740,6 +1856,8 @@ class Store:
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            if fsum is not None and fsum.n >= 0:
+                txn.put(FCRC, _FCRC.pack(gen, fsum.total, fsum.n), db=self.meta)
             if allocated and min(allocated) < was_next:  # an id given before: the generation it was given again
                 txn.put(b"pid_reuse", str(gen).encode(), db=self.meta)
             if seg_of is None:
@@ -1757,10 +1875,29 @@ class Store:
                     break
         txn.delete(sk, db=self.segments)
         txn.delete(CRC + sk, db=self.meta)
+        txn.delete(PCRC + sk, db=self.meta)
         for p in pids.tolist():
             txn.delete(_k(p), db=self.dead)
             txn.delete(_k(p), db=self.vectors)
             txn.delete(_k(p), db=self.vec_pending)
+
+    def _files_sum(self, txn) -> Optional[PostingsSum]:
+        """The files table's sum as kept (:data:`FCRC`), or a new one for an empty table;
+        None when it is not kept or is stale (another generation's)."""
+        v = txn.get(FCRC, db=self.meta)
+        out = PostingsSum()
+        if v is None:
+            return out if not txn.stat(self.files)["entries"] else None
+        if len(v) != _FCRC.size:
+            return None
+        at, out.total, out.n = _FCRC.unpack(v)
+        return out if at == int(txn.get(b"gen", db=self.meta)) else None
+
+    def _forget_passage_sums(self, txn) -> None:
+        """Drop every segment's passages' sum (a commit that cannot tell whose passages died)."""
+        cur = txn.cursor(db=self.meta)
+        while cur.set_range(PCRC) and bytes(cur.key()).startswith(PCRC):
+            cur.delete()
 
     # --- vectors -----------------------------------------------------------
 
@@ -2061,6 +2198,7 @@ class Store:
                 return None
             # each segment's record as stored (refs as runs), one at a time: no list a passage
             all_p, all_l, names, runs, gone = [], [], [], [], []
+            psum, psums = PostingsSum(), []  # the new segment's live passages: its segments' sums
             for s in segs:
                 st, rn = _seg_codec.stored(txn.get(_k(s), db=self.segments))
                 self.let_go_of_map()  # (a record of the final merge's segments: overflow pages, ~16 MB)
@@ -2084,10 +2222,14 @@ class Store:
                 runs.append(rn)
                 txn.delete(_k(s), db=self.segments)
                 txn.delete(CRC + _k(s), db=self.meta)
+                psums.append(txn.get(PCRC + _k(s), db=self.meta))
+                txn.delete(PCRC + _k(s), db=self.meta)
             kept = np.concatenate(all_p).astype(np.int64) if all_p else np.empty(0, np.int64)
             summed = self._merge_sums.pop(new, None)
             if len(kept) and summed is not None:
                 txn.put(CRC + _k(new), summed.value(), db=self.meta)
+            if len(kept) and all(psum.add_sum(p) for p in psums):
+                txn.put(PCRC + _k(new), psum.value(), db=self.meta)
             if len(kept):
                 txn.put(_k(new), _seg_codec.encode_runs(kept.astype("<u4").tobytes(), np.concatenate(all_l).astype(
                     "<u4").tobytes(), names, np.concatenate(runs)), db=self.segments)
@@ -2095,7 +2237,10 @@ class Store:
             txn.delete(_MERGING + _k(new), db=self.meta)
             was = int(txn.get(b"gen", db=self.meta))
             gen = was + 1
+            fsum = self._files_sum(txn)  # (a merge changes no file record: the sum stands)
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            if fsum is not None:
+                txn.put(FCRC, _FCRC.pack(gen, fsum.total, fsum.n), db=self.meta)
         gone_a = np.concatenate(gone).astype(np.int64) if gone else np.empty(0, np.int64)
         # the merged segments' part replaced; read anew only after another process wrote
         fresh = snap.seg_of is not None and was == snap.gen

@@ -329,8 +329,9 @@ class LocalPlace:
                 opened: Optional[tuple[int, str]], later: Optional[list], depth: int,
                 parent: Optional[tuple[int, str]] = None):
         """Walk one folder: its files appended to ``out``, and for each of its subfolders,
-        in order, (path, ignore stack, this folder's descriptor and place or None) yielded for :meth:`_walk` to walk before this goes on. ``parent``:
-        the folder is opened beside that descriptor (no link followed), else from the root."""
+        in order, (path, ignore stack, this folder's descriptor and place or None) yielded
+        for :meth:`_walk` to walk before this goes on. ``parent``: the folder is opened
+        beside that descriptor (no link followed), else from the root."""
         if opened is None and parent is not None:
             try:
                 opened = self._open_below(parent[0], rel.rsplit("/", 1)[-1], parent[1])

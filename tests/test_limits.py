@@ -279,6 +279,14 @@ def test_a_folder_chain_1500_deep_is_walked_listed_read_and_watched(deep_home, w
     r = run_cli("status", str(home.folder), str(home.state), "--agent", str(home.agent), "--json")
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr[-2000:]
     assert json.loads(r.stdout)
+    if watcher == "watchfiles":  # under 64 descriptors: a walk holds a few, not one a level
+        import resource
+        import subprocess
+        from tests.helpers import PROGRAM, base_env
+        r = subprocess.run([PROGRAM, "index", str(home.folder), str(home.base / "state64"), "--agent", str(home.agent)],
+                           capture_output=True, env=base_env(), timeout=120,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+        assert r.returncode == 0 and b"indexed 52 files" in r.stderr and b"skipped 0" in r.stderr, r.stderr[-2000:]
 
 
 # --- 3. data.mdb truncated below its meta pages while serving ------------------------

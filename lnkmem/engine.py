@@ -660,6 +660,10 @@ class Memory:
             words, checks = by_words(store, q, limit, sources, under, candidates=depth, after=after, before=before)
         except DAMAGE_ERRORS as e:  # a page found damaged under the search: this call fails, the index is rebuilt
             raise store.damage(e) from None
+        except Exception:
+            store.check_map()  # a page cut away under the search: damage, not this error
+            raise
+        store.check_map()
         if meaning:
             v = self.query_vector(q.meaning_text)
             if v is not None:
@@ -674,6 +678,7 @@ class Memory:
                                      meaning_of=lambda pids: vindex.cosines(v, pids))
                     except DAMAGE_ERRORS as e:
                         raise store.damage(e) from None
+                    store.check_map()
                     return fused[:limit], "meaning+words"
         return words[:limit], "words"
 

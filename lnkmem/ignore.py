@@ -222,14 +222,29 @@ class Ignorer:
         if memo is not None and rel_dir in memo:
             return memo[rel_dir]
         parts = [p for p in rel_dir.split("/") if p]
-        if parts:
-            parent = "/".join(parts[:-1])
-            stack = self.stack_to(parent, memo)
-            if stack is not None:
-                venv, levels = self._folder(rel_dir, os.path.join(self.root, *parts))
-                stack = None if venv or decide(stack, rel_dir, True) else stack + levels
-        else:
+        # from the root down, a loop (no recursion: a tree may be ~2,048 folders deep),
+        # starting below the deepest folder of the way already in ``memo``
+        ways = [""]
+        for p in parts:
+            ways.append(f"{ways[-1]}/{p}" if ways[-1] else p)
+        at = -1
+        if memo is not None:
+            at = next((i for i in range(len(parts), -1, -1) if ways[i] in memo), -1)
+        if at < 0:
             stack = self._folder("", self.root)[1]
+            at = 0
+            if memo is not None:
+                memo[""] = stack
+        else:
+            stack = memo[ways[at]]
+        full = os.path.join(self.root, *parts[:at])
+        for i in range(at + 1, len(parts) + 1):
+            full = os.path.join(full, parts[i - 1])
+            if stack is not None:
+                venv, levels = self._folder(ways[i], full)
+                stack = None if venv or decide(stack, ways[i], True) else stack + levels
+            if memo is not None:
+                memo[ways[i]] = stack
         if memo is not None:
             memo[rel_dir] = stack
         return stack

@@ -68,11 +68,22 @@ class Inotify:
         self.wds[wd] = folder
 
     def add_tree(self, top: bytes) -> None:
-        """Watch ``top`` and every folder below it (links not followed)."""
+        """Watch ``top`` and every folder below it (links not followed). A loop over the
+        folders still to look in (os.walk recurses: a chain 1,000 deep was a RecursionError,
+        and watching stopped)."""
         self.add(top)
-        for here, dirs, _ in os.walk(top, onerror=lambda e: None):
+        todo = [top]
+        while todo:
+            here = todo.pop()
+            try:
+                with os.scandir(here) as it:
+                    dirs = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+            except OSError:  # gone, unreadable, or a path longer than the kernel takes
+                continue
             for d in dirs:
-                self.add(os.path.join(here, d))
+                path = os.path.join(here, d)
+                self.add(path)
+                todo.append(path)
 
     def read(self, timeout: float) -> Optional[list[tuple[int, bytes]]]:
         """(mask, path) of events within ``timeout`` seconds; None when events were lost."""

@@ -12,10 +12,35 @@ DEFAULT_SKIPS = ["node_modules/", "__pycache__/", ".git/", "virtual environments
                  "hidden files and folders"]
 
 
+def _walk(folder: str):
+    """os.walk's (folder, its folders, its files), top down, in a loop: os.walk recurses
+    (Python 3.11), and a Home 1,500 folders deep was a RecursionError. The caller may
+    prune the folders list, as os.walk's."""
+    todo = [folder]
+    while todo:
+        here = todo.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        dirs, files, links = [], [], set()
+        for e in entries:
+            try:
+                is_dir = e.is_dir()
+                if is_dir and e.is_symlink():
+                    links.add(e.name)  # listed as a folder, never walked into (os.walk's default)
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(e.name)
+        yield here, dirs, files
+        todo.extend(os.path.join(here, d) for d in reversed(dirs) if d not in links)
+
+
 def ignore_files(folder: str, limit: int = 200) -> list[str]:
     """The .gitignore and .lnkmemignore files in Home (paths relative to it)."""
     found: list[str] = []
-    for root, dirs, files in os.walk(folder):
+    for root, dirs, files in _walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__")
                          and not os.path.exists(os.path.join(root, d, "pyvenv.cfg")))
         for name in (".gitignore", ".lnkmemignore"):
@@ -32,7 +57,7 @@ def disk_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.stat(path).st_blocks * 512
     total = 0
-    for root, _, files in os.walk(path):
+    for root, _, files in _walk(path):
         for f in files:
             try:
                 total += os.stat(os.path.join(root, f)).st_blocks * 512

@@ -103,7 +103,8 @@ def test_tables_damaged_between_runs_while_sealed_are_still_caught(home):
         assert txn.delete(b"home/notes/n007.md", db=files)
     env.close()
     out = _index(home, INFO)
-    assert "index was damaged" in out and "live passages and files disagree" in out, out
+    assert "index was damaged" in out, out  # by the files table's sum (issue 34), else the cross-check
+    assert "the files table does not match its sum" in out or "live passages and files disagree" in out, out
     with Server.start(home) as s:
         s.initialize()
         s.wait_indexed()

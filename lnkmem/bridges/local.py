@@ -26,6 +26,23 @@ from lnkmem.ignore import NAMES as IGNORE_NAMES, Ignorer
 O_PATH = getattr(os, "O_PATH", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+def _walk_fds() -> int:
+    """How many folders' descriptors one walk holds at most (LocalPlace._walk): deep
+    enough for any usual tree, few against the process's limit (serve-many walks the
+    trees of many agents at once)."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 8
+    if soft == resource.RLIM_INFINITY:
+        return 32
+    return max(2, min(32, soft // 64))
+
+
+WALK_FDS = _walk_fds()
 META_FLAGS = (O_PATH or os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -286,11 +303,45 @@ class LocalPlace:
         parent (``enter``) or in it. ``opened``: its descriptor and where it lies, when
         the parent opened it (then this closes it). ``later``: its own folders are not
         walked but noted there, (place in ``out``, path), in order (a shared listing:
-        :mod:`lnkmem.bridges.shared_walk` walks them, each as this would)."""
+        :mod:`lnkmem.bridges.shared_walk` walks them, each as this would).
+
+        Depth first, in each folder's order, with no recursion on the Python stack (a
+        chain of folders as deep as a path allows: ~2,048): each folder being walked is a
+        suspended generator (:meth:`_folder`). Only the top WALK_FDS of them hold their
+        folder's descriptor while their subfolders are walked (a subfolder is opened
+        beside it); below, a folder's descriptor is closed once it is listed and its
+        subfolders are opened from the root (checked the same way)."""
+        frames = [self._folder(rel, out, seen, stack, enter, opened, later, 0)]
+        try:
+            while frames:
+                try:
+                    child = next(frames[-1])
+                except StopIteration:
+                    frames.pop()
+                    continue
+                path, sub_stack, parent = child
+                frames.append(self._folder(path, out, seen, sub_stack, True, None, None, len(frames), parent))
+        finally:
+            while frames:  # (an error: every folder's descriptor closed, deepest first)
+                frames.pop().close()
+
+    def _folder(self, rel: str, out: list[Entry], seen: set, stack, enter: bool,
+                opened: Optional[tuple[int, str]], later: Optional[list], depth: int,
+                parent: Optional[tuple[int, str]] = None):
+        """Walk one folder: its files appended to ``out``, and for each of its subfolders,
+        in order, (path, ignore stack, this folder's descriptor and place or None) yielded
+        for :meth:`_walk` to walk before this goes on. ``parent``: the folder is opened
+        beside that descriptor (no link followed), else from the root."""
+        if opened is None and parent is not None:
+            try:
+                opened = self._open_below(parent[0], rel.rsplit("/", 1)[-1], parent[1])
+            except OSError:  # a link swapped in since it was listed (ELOOP), or gone
+                self._skip("unreadable")
+                return
         if opened is None:
             try:
                 opened = self._open_where(rel, DIR_FLAGS)
-            except (NotFound, Forbidden):
+            except (NotFound, Forbidden, OSError):  # (OSError: a path longer than the kernel takes)
                 self._skip("unreadable")
                 return
         fd, here = opened
@@ -305,6 +356,9 @@ class LocalPlace:
             except OSError:
                 self._skip("unreadable")
                 return
+            if depth >= WALK_FDS:  # deep: this folder's descriptor is let go of now
+                os.close(fd)
+                fd = -1
             ignore = self.ignore
             if enter and ignore and hidden:  # its own ignore files, read only where the folder has one
                 stack = stack + ignore.level(rel, os.path.join(self.real, rel))
@@ -331,9 +385,9 @@ class LocalPlace:
                             later.append((len(out), path))
                             continue
                         # a folder that is no link is opened beside its parent's descriptor (no
-                        # walk from the root, no look at /proc); a link, by its path from the root
-                        sub = None if link else self._open_below(fd, name, here)
-                        self._walk(path, out, seen, stack, True, sub)
+                        # walk from the root, no look at /proc); a link, or below the descriptors
+                        # held, by its path from the root
+                        yield path, stack, None if link or fd < 0 else (fd, here)
                     elif S_ISREG(mode):
                         if s.st_size > MAX_FILE:
                             self._skip("too big")
@@ -344,7 +398,8 @@ class LocalPlace:
                 except (OSError, NotFound):
                     self._skip("unreadable")
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def _open_below(self, fd: int, name: str, here: str) -> Optional[tuple[int, str]]:
         """The folder ``name`` of the open folder ``fd`` (which lies at ``here``, checked),

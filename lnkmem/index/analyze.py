@@ -29,6 +29,14 @@ _WORD = re.compile(
 )
 MAX_WORD = 64
 MAX_IDENT = 128
+# ... and bytes of UTF-8: a term is a key of LMDB behind a 4-byte segment (at most 511
+# bytes in all), and 128 letters of 4 bytes are 512
+MAX_IDENT_BYTES = 507
+
+
+def _fits(ident: str) -> bool:
+    """Whether a whole identifier is short enough to be a term."""
+    return len(ident) <= MAX_IDENT and (ident.isascii() or len(ident.encode()) <= MAX_IDENT_BYTES)
 
 # Runs of letters/digits joined by connectors: an identifier, kept whole too.
 CONNECTORS = "-_./@:+#~"
@@ -100,7 +108,7 @@ def idents(text: str, inner: bool = False) -> list[str]:
     words); with ``inner``, the identifiers inside each too (indexing)."""
     out = []
     for i in _IDENT.findall(text.casefold()):
-        if len(i) <= MAX_IDENT:
+        if _fits(i):
             out.append(i)
             if inner:
                 out.extend(_subs(i))
@@ -145,7 +153,7 @@ def scan(text: str) -> tuple[list, list[str]]:
 def _whole(found: list[str]) -> list[str]:
     out = []
     for i in found:
-        if len(i) <= MAX_IDENT:
+        if _fits(i):
             out.append(i)
             if _MAJOR.search(i):
                 out.extend(_subs(i))
@@ -160,7 +168,7 @@ def term_counts(text: str) -> tuple[dict, int]:
     counts.pop("", None)  # stop words and over-long words
     length = sum(counts.values())
     for i in _IDENT.findall(low):
-        if len(i) <= MAX_IDENT:
+        if _fits(i):
             counts[i] += 1
             if _MAJOR.search(i):
                 for sub in _subs(i):

@@ -51,7 +51,8 @@ import msgspec
 import numpy as np
 
 from lnkmem.index import postings, textpack
-from lnkmem.index.store import FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k
+from lnkmem.index.store import (KEY_MAX, FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k,
+                                file_entry, file_key, file_value)
 
 FORMAT = "lnkmem-copy-4"  # -4: bounded files, a paged table, the head and dictionary apart (issue 33)
 OLD_FORMAT = "lnkmem-copy-3"  # read once, then written back as FORMAT
@@ -66,7 +67,7 @@ RATIO = 32  # decompressed bytes per compressed byte, at most (plus SLACK)
 SLACK = 1 << 20
 MAX_FILES = 100_000  # files one manifest may name
 MAX_DIM = 16384
-MAX_TERM = 1024
+MAX_TERM = KEY_MAX - 4  # a posting's key is its segment (4 bytes) and its term: LMDB keys no more
 MAX_COPY_SEGMENTS = 256  # past this many segments the copy is written anew whole (a load's GETs)
 FILES_A_PAGE = 128  # the table's files a page, aimed at: pages are 2**k, made again past 4x either way
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
@@ -387,9 +388,8 @@ class Export:
                 while pages * FILES_A_PAGE < files:
                     pages *= 2
             by_page: list[list] = [[] for _ in range(pages)]
-            for k, v in txn.cursor(db=store.files):
-                ref = bytes(k).decode()
-                by_page[page_of(ref, pages)].append((ref, bytes(v)))
+            for ref, rec in store.file_items(txn):  # a long ref's record keyed by its digest
+                by_page[page_of(ref, pages)].append((ref, rec))
             for i in range(pages):
                 name, blob = self._out("page", _Page(by_page[i]))
                 by_page[i] = None  # type: ignore[call-overload]
@@ -791,7 +791,7 @@ class _Reader:
                         raise _bad(f"the table gives {ref!r} a passage that is not its own live one")
                     owned_p.append(p)
                     owned_r.append(np.full(len(p), ix, np.int64))
-                items.append((ref.encode("utf-8", "surrogatepass"), rec_raw))
+                items.append((file_key(ref), file_value(ref, rec_raw)))  # any length (LMDB keys ≤ 511 bytes)
             if self.txn is not None and items:
                 items.sort()
                 self.txn.cursor(db=self.store.files).putmulti(items)
@@ -849,9 +849,10 @@ class _Reader:
         txn, db = self.txn, self.store.files
         items = []
         for k, v in txn.cursor(db=db):
-            r = _dec_file.decode(v)
+            ref, rec = file_entry(k, v)
+            r = _dec_file.decode(rec)
             new = self.remap(np.asarray(r.pids, np.int64)).tolist() if r.pids else []
-            items.append((bytes(k), _enc.encode(FileRec(r.version, r.size, new, r.kind, r.mtime))))
+            items.append((bytes(k), file_value(ref, _enc.encode(FileRec(r.version, r.size, new, r.kind, r.mtime)))))
         txn.cursor(db=db).putmulti(items)
 
     def _segment(self, parts: list[str], every, whose, seen, zdict, seg: int, tomb: np.ndarray,

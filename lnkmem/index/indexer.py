@@ -18,13 +18,17 @@ from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
+import lmdb
 import msgspec
 import numpy as np
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
+from lnkmem.errors import DamagedIndex
 from lnkmem.index import analyze, chats, documents, readahead, worker
 from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
+
+log = logging.getLogger("lnkmem")
 
 # A batch is committed every so many bytes or files (tests make them small
 # with LNKMEM_BATCH_FILES to kill indexing between batches).
@@ -324,6 +328,15 @@ def as_listed(nf: Optional[NewFile], entry: Entry) -> bool:
     return nf is not None and nf.version == entry.version and nf.size == entry.size
 
 
+def at_fault(store: Store, e: BaseException) -> bool:
+    """Whether an error committing a batch may be one of its files' (its data: a key or
+    value LMDB cannot take, postings that do not add up), not the store's or the
+    machine's (the disk, memory, a damaged index), which every file would meet too."""
+    if store.damaged is not None or isinstance(e, (OSError, MemoryError, DamagedIndex)):
+        return False
+    return not isinstance(e, lmdb.Error) or isinstance(e, lmdb.BadValsizeError)
+
+
 ProgressFn = Callable[[int, int], None]
 
 
@@ -339,6 +352,7 @@ class _Build:
         self.vocab = _Vocab()
         self.last_report = 0.0
         self.inexact = 0  # files not indexed as listed (unreadable, gone, or changed since)
+        self.failed = 0  # files the store refused or that failed to be cut (logged; tried again next pass)
         self.at = 0  # the entry :meth:`run` is at
 
     def report(self, force: bool = False) -> None:
@@ -347,14 +361,45 @@ class _Build:
             self.progress(self.done, self.total)
 
     def commit(self) -> None:
-        self.store.commit(self.batch)
+        self.commit_batch(self.batch)
         if self.size >= BATCH_BYTES // 4 or len(self.batch.files) >= BATCH_FILES // 4:
             self.store.let_go()  # a bulk build's: a change of a few files keeps its pages (searches reread them)
         self.batch, self.size, self.vocab = Batch(), 0, _Vocab()
 
+    def commit_batch(self, batch: Batch) -> None:
+        """Commit ``batch``; a file the store refuses (:func:`at_fault`) is left out of it,
+        logged and counted, never the batch nor the pass: the other files are committed
+        one by one. Its record stays as it was; the next pass tries it again."""
+        try:
+            self.store.commit(batch)
+            return
+        except Exception as e:
+            if not batch.files or not at_fault(self.store, e):
+                raise
+        if batch.removed:
+            self.store.commit(Batch(removed=batch.removed))
+        for f in batch.files:
+            try:
+                self.store.commit(Batch([f], [], batch.packed_with))
+            except Exception as e:
+                if not at_fault(self.store, e):
+                    raise
+                self.refused(f.ref, e)
+
+    def refused(self, ref: str, e: BaseException) -> None:
+        self.failed += 1
+        self.inexact += 1
+        log.warning("%s could not be indexed (%s: %s); the other files are", ref, type(e).__name__, e)
+
     def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:
         """Index one file into the batch; the batch committed when full."""
-        nf = index_file(source, entry, places[source], tmpdir, self.vocab)
+        try:
+            nf = index_file(source, entry, places[source], tmpdir, self.vocab)
+        except Exception as e:  # this file's fault (its content or name), not the pass's
+            if isinstance(e, (MemoryError, DamagedIndex)):
+                raise
+            self.refused(ref_of(source, entry.path), e)
+            return
         if not as_listed(nf, entry):
             self.inexact += 1
         if nf is None:

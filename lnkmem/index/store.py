@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 import weakref
+import zlib
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
@@ -55,7 +56,7 @@ import numpy as np
 
 from lnkmem import memtrim, procs
 from lnkmem.errors import DamagedIndex, ToolError
-from lnkmem.index import postings, textpack
+from lnkmem.index import mapguard, postings, textpack
 from lnkmem.index.refs import Refs
 
 FORMAT = b"lnkmem-index-5"  # 5: long lines cut at word boundaries (issue 35); 4: postings in bit-packed blocks, passages deflated (issue 12)
@@ -296,12 +297,96 @@ with env.begin() as txn:
     names = [bytes(k) for k in txn.cursor().iternext(values=False)]
     for k, v in txn.cursor():
         pass
+dbs = {}
 for name in names:
-    db = env.open_db(name, create=False)
+    db = dbs[name] = env.open_db(name, create=False)
     with env.begin(db=db) as txn:
         n = 0
         for k, v in txn.cursor():
             n += len(v)
+# each listed segment's postings against their sum (store.PostingsSum)
+import struct, zlib
+if all(n in dbs for n in (b"meta", b"postings", b"segments")):
+    with env.begin() as txn:
+        listed = set(bytes(k) for k in txn.cursor(db=dbs[b"segments"]).iternext(values=False))
+        want = {}
+        cur = txn.cursor(db=dbs[b"meta"])
+        if cur.set_range(b"crc"):
+            for k, v in cur:
+                if k[:3] != b"crc":
+                    break
+                if bytes(k[3:]) in listed:
+                    if len(v) != 12:
+                        sys.stderr.write("a segment's postings sum is broken\n")
+                        sys.exit(4)
+                    want[bytes(k[3:])] = struct.unpack("<QI", v)
+        pc = txn.cursor(db=dbs[b"postings"])
+        for sk, (total, count) in sorted(want.items()):
+            t = c = 0
+            if pc.set_range(sk):
+                for k, v in pc:
+                    if k[:4] != sk:
+                        break
+                    t = (t + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                    c += 1
+            if (t, c) != (total, count):
+                sys.stderr.write(f"segment {int.from_bytes(sk, 'big')}'s postings do not match their sum\n")
+                sys.exit(4)
+# the files table against its sum, when it is the index's generation's
+if all(n in dbs for n in (b"meta", b"files")):
+    with env.begin() as txn:
+        v = txn.get(b"fcrc", db=dbs[b"meta"])
+        gen = txn.get(b"gen", db=dbs[b"meta"])
+        if v is not None and gen is not None:
+            if len(v) != 20:
+                sys.stderr.write("the files table's sum is broken\n")
+                sys.exit(4)
+            at, total, count = struct.unpack("<QQI", v)
+            if at == int(gen):
+                t = c = 0
+                for k, v in txn.cursor(db=dbs[b"files"]):
+                    t = (t + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                    c += 1
+                if (t, c) != (total, count):
+                    sys.stderr.write("the files table does not match its sum\n")
+                    sys.exit(4)
+# each listed segment's live passages against their sum
+if all(n in dbs for n in (b"meta", b"passages", b"segments")):
+    try:
+        import msgspec
+    except ImportError:
+        sys.exit(0)
+    with env.begin() as txn:
+        want = {}
+        cur = txn.cursor(db=dbs[b"meta"])
+        if cur.set_range(b"pcrc"):
+            for k, v in cur:
+                if k[:4] != b"pcrc":
+                    break
+                if len(v) != 12:
+                    sys.stderr.write("a segment's passages sum is broken\n")
+                    sys.exit(4)
+                want[int.from_bytes(k[4:], "big")] = struct.unpack("<QI", v)
+        seg_of = {}
+        listed = set()
+        for k, v in txn.cursor(db=dbs[b"segments"]):
+            seg = int.from_bytes(k, "big")
+            listed.add(seg)
+            if seg in want:
+                pids = msgspec.msgpack.decode(v)[0]
+                for (p,) in struct.iter_unpack("<I", pids):
+                    seg_of[p] = seg
+        got = {s: [0, 0] for s in want}
+        for k, v in txn.cursor(db=dbs[b"passages"]):
+            s = seg_of.get(int.from_bytes(k, "big"))
+            if s is not None:
+                g = got[s]
+                g[0] = (g[0] + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                g[1] += 1
+        for s, (total, count) in sorted(want.items()):
+            if s in listed and tuple(got[s]) != (total, count):
+                sys.stderr.write(f"segment {s}'s passages do not match their sum\n")
+                sys.exit(4)
 """
 DEEP_CHECK_S = 120
 
@@ -482,9 +567,14 @@ def _guarded(method):
     def run(self, *a, **kw):
         self._guard()
         try:
-            return method(self, *a, **kw)
+            out = method(self, *a, **kw)
         except DAMAGE_ERRORS as e:
             raise self.damage(e) from None
+        except Exception:
+            self.check_map()  # what it read was a page cut away: damage, not this error
+            raise
+        self.check_map()
+        return out
 
     return run
 
@@ -498,14 +588,28 @@ class _CoveringEnv:
     so after each commit the file is extended (zeros, never shortened) to cover them.
     Everything else is the environment's own."""
 
-    __slots__ = ("_env", "_data")
+    __slots__ = ("_env", "_data", "watch")
 
     def __init__(self, env, data: str):
         self._env = env
         self._data = data
+        # a SIGBUS in its map (the file cut short under a read) caught, not the process's end
+        self.watch = mapguard.watch(data, env.stat()["psize"])
 
     def __getattr__(self, name):
         return getattr(self._env, name)
+
+    def set_mapsize(self, size: int) -> None:
+        self._env.set_mapsize(size)
+        self.watch = mapguard.watch(self._data, self._env.stat()["psize"], self.watch)  # (the map moved)
+
+    def close(self) -> None:
+        mapguard.forget(self.watch)  # first: once let go of, its addresses may be mapped again
+        self._env.close()
+
+    def faulted(self) -> bool:
+        """Whether a read met a page the file no longer held (then the map is never trusted again)."""
+        return mapguard.faulted(self.watch)
 
     def begin(self, *a, write: bool = False, **kw):
         txn = self._env.begin(*a, write=write, **kw)
@@ -544,6 +648,144 @@ class _CoveringTxn:
 
 def _k(n: int) -> bytes:
     return n.to_bytes(4, "big")
+
+
+# --- the files table's keys ------------------------------------------------------------
+#
+# LMDB takes keys of at most 511 bytes (MDB_BAD_VALSIZE beyond: before this, one ref that
+# long stopped a whole indexing pass), but a ref is as long as a path may be (4,096 bytes
+# and more). A ref of up to KEY_MAX bytes is its own key, as it always was (an index made
+# before holds no other kind: no format change, nothing rebuilt); a longer one is keyed by
+# its first bytes, a NUL (which no ref holds) and a BLAKE2b digest of the whole ref, and
+# its value is the pair (ref, record): the ref is read back from the value, never from
+# the key. Prefix scans stay scans of key ranges (the first bytes are kept).
+
+KEY_MAX = 511  # LMDB's key limit (mdb_env_get_maxkeysize of its default build)
+_REF_DIGEST = 16
+_REF_HEAD = KEY_MAX - 1 - _REF_DIGEST  # bytes of a long ref kept at the front of its key
+_dec_long_file = msgspec.msgpack.Decoder(tuple[str, bytes])
+
+
+def file_key(ref: str) -> bytes:
+    """The ``files`` table's key of ``ref`` (at most KEY_MAX bytes whatever its length)."""
+    b = ref.encode()
+    if len(b) <= KEY_MAX:
+        return b
+    import hashlib
+    return b[:_REF_HEAD] + b"\0" + hashlib.blake2b(b, digest_size=_REF_DIGEST).digest()
+
+
+def file_value(ref: str, rec: bytes) -> bytes:
+    """What the ``files`` table holds for ``ref`` whose record's bytes are ``rec``."""
+    return rec if len(ref.encode()) <= KEY_MAX else _enc.encode((ref, rec))
+
+
+def file_entry(key, value) -> tuple[str, bytes]:
+    """(ref, its record's bytes) of one item of the ``files`` table."""
+    key = bytes(key)
+    if b"\0" in key:
+        ref, rec = _dec_long_file.decode(value)
+        if file_key(ref) != key:
+            raise DamagedIndex("a long ref's record names another ref")
+        return ref, rec
+    return key.decode(), bytes(value)
+
+
+def file_get(txn, db, ref: str) -> Optional[bytes]:
+    """The record's bytes of ``ref`` in the ``files`` table ``db``, or None."""
+    key = file_key(ref)
+    v = txn.get(key, db=db)
+    if v is None or len(key) == len(ref.encode()):
+        return v
+    got, rec = _dec_long_file.decode(v)
+    return rec if got == ref else None
+
+
+def file_put(txn, db, ref: str, rec: bytes) -> None:
+    """Write ``ref``'s record (its bytes ``rec``) into the ``files`` table ``db``."""
+    txn.put(file_key(ref), file_value(ref, rec), db=db)
+
+
+# --- a segment's postings, summed ---------------------------------------------------------
+#
+# LMDB keeps no checksum of a page: a bit flipped in a posting list's bytes decodes to
+# other ids or tfs and is served (3 of 60 single flips changed answers, none detected).
+# A segment's postings never change once written, so each listed segment has, in
+# ``meta`` under ``crc`` + its key, the sum (mod 2**64) and count of CRC-32s of its
+# items (key then value): order-free (a merge writes its two halves as they come), and
+# a single flipped bit always changes its item's CRC. Checked whenever the index is
+# read through whole (the deep check, in a child: an index not closed whole, or changed
+# since its seal); a segment without one (written by a copy's load, or by an engine
+# before) is not.
+
+CRC = b"crc"
+_CRC = struct.Struct("<QI")
+# the same of each segment's live passages (pid key, stored value): the passages table is
+# not a segment's alone (a passage is deleted when it dies), so a commit takes a dying
+# passage's CRC out of its segment's sum, and a merge's segment sums its segments' sums
+PCRC = b"pcrc"
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+# and of the whole files table (key, stored value), kept by every commit (a record
+# replaced: its old CRC out, its new one in), stamped with the generation it was made at:
+# valid only while that is the index's generation (a merge carries it on; a copy's load
+# does not, and leaves it stale: then it is not checked)
+FCRC = b"fcrc"
+_FCRC = struct.Struct("<QQI")
+
+
+def _crc_of(key, value) -> int:
+    return zlib.crc32(value, zlib.crc32(key))
+
+
+def _less(txn, db, key: bytes, crcs: list[int]) -> None:
+    """Take ``crcs`` (items gone) out of the sum under ``key`` in ``db`` (if it has one)."""
+    v = txn.get(key, db=db)
+    if v is None:
+        return
+    total, n = _CRC.unpack(v) if len(v) == _CRC.size else (0, -1)
+    if n < len(crcs):  # (broken, or not what was summed: no sum is better than a wrong one)
+        txn.delete(key, db=db)
+        return
+    txn.put(key, _CRC.pack((total - sum(crcs)) & _MASK64, n - len(crcs)), db=db)
+
+
+class PostingsSum:
+    """The sum and count of CRC-32s of a segment's postings items, as they are written."""
+
+    __slots__ = ("total", "n")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.n = 0
+
+    def add(self, key, value) -> None:
+        self.total = (self.total + zlib.crc32(value, zlib.crc32(key))) & _MASK64
+        self.n += 1
+
+    def take(self, crc: int) -> None:
+        self.total = (self.total - crc) & _MASK64
+        self.n -= 1
+
+    def add_sum(self, stored: Optional[bytes]) -> bool:
+        """Add a sum as stored; False when there is none (then this one means nothing)."""
+        if stored is None or len(stored) != _CRC.size:
+            return False
+        total, n = _CRC.unpack(stored)
+        self.total = (self.total + total) & _MASK64
+        self.n += n
+        return True
+
+    def over(self, items):
+        """``items`` ((key, value) pairs) passed on, each added."""
+        add = self.add
+        for k, v in items:
+            add(k, v)
+            yield k, v
+
+    def value(self) -> bytes:
+        return _CRC.pack(self.total, self.n)
 
 
 def source_of(ref: str) -> str:
@@ -695,6 +937,7 @@ class Store:
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
         self._seg_terms: dict[bytes, Optional[frozenset]] = {}  # by segment key: its terms when few (holding)
         self.block_max: dict = {}  # by list key: its blocks' largest scores' part (search._block_max)
+        self._merge_sums: dict[int, PostingsSum] = {}  # a merge's new segment -> its postings' sum so far
         try:
             self._open()
         except BaseException:
@@ -859,13 +1102,30 @@ class Store:
         if self.damaged is not None:
             raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
                                       "from the sources; try again in a moment")
-        try:  # pages in use first: a commit after this only grows the file before its meta
-            need = (self.env.info()["last_pgno"] + 1) * self.psize
+        self.check_map()
+        try:
+            # the file first: the pages in use are read from its meta pages, in the map,
+            # and a file cut below them is a SIGBUS at that read (caught: mapguard; but
+            # not touched at all is better)
             size = os.stat(self.data).st_size
+            if size < 2 * self.psize:
+                raise self.damage(f"data.mdb holds {size} bytes, less than its two meta pages")
+            # then the pages in use, then the size again if need be: a commit in between
+            # grows the file before its meta, so a size read after the pages is never short
+            need = (self.env.info()["last_pgno"] + 1) * self.psize
+            if size < need:
+                size = os.stat(self.data).st_size
         except (OSError, lmdb.Error) as e:
             raise self.damage(e) from None
+        self.check_map()
         if size < need:
             raise self.damage(f"data.mdb holds {size} bytes but the index uses {need}")
+
+    def check_map(self) -> None:
+        """Raise (and mark the index damaged) if a read through the map met a page the file
+        no longer held: what it read was not the index's (:mod:`mapguard`)."""
+        if self.env.faulted():
+            raise self.damage("data.mdb was cut short while it was read")
 
     def damage(self, why) -> DamagedWhileServing:
         """Mark the index damaged (the engine is told once); the error for the call."""
@@ -924,8 +1184,8 @@ class Store:
                     alive[p] = False
             if check:  # every live passage belongs to exactly one file record, and back
                 owned: list[int] = []  # every file's ids, checked at once (one gather, not one per file)
-                for _, v in txn.cursor(db=self.files):
-                    owned.extend(_dec_file.decode(v).pids)
+                for k, v in txn.cursor(db=self.files):
+                    owned.extend(_dec_file.decode(file_entry(k, v)[1]).pids)
                 if owned and not alive[np.asarray(owned, np.int64)].all():
                     raise DamagedIndex("a file names passages that are not live")
                 if len(owned) != int(alive.sum()):
@@ -1175,7 +1435,7 @@ class Store:
     def _close(self, compact: bool) -> None:
         self.stop_merger()  # a merge under way stops at its next step (what it wrote: swept later)
         with self.write_lock:
-            whole = self.damaged is None
+            whole = self.damaged is None and not self.env.faulted()
             saved = None
             try:
                 if whole:
@@ -1187,6 +1447,7 @@ class Store:
                         saved = self._snapshot_bytes()
             except (lmdb.Error, OSError, DamagedIndex):
                 whole = False
+            whole = whole and not self.env.faulted()  # (what was saved was read through it)
             self.env.close()
             if whole and compact:
                 memtrim.trim()  # the build's freed heap, before the copy adds its own
@@ -1217,18 +1478,33 @@ class Store:
     @_guarded
     def all_files(self) -> dict[str, FileRec]:
         with self.env.begin() as txn:
-            return {k.decode(): _dec_file.decode(v) for k, v in txn.cursor(db=self.files)}
+            return {ref: _dec_file.decode(rec) for ref, rec in self.file_items(txn)}
+
+    def file_items(self, txn):
+        """(ref, record's bytes) of every file, in key order (a long ref's by its key)."""
+        for k, v in txn.cursor(db=self.files):
+            yield file_entry(k, v)
+
+    def put_file(self, txn, ref: str, rec: bytes) -> None:
+        """Write ``ref``'s record (its bytes) in ``txn`` (a copy's load)."""
+        file_put(txn, self.files, ref, rec)
 
     def _files_under(self, prefix: str, dec=_dec_file):
         """(ref, FileRec) of every file whose ref starts with ``prefix``."""
-        p = prefix.encode()
+        p = prefix.encode()[:_REF_HEAD]  # a long ref's key holds this much of it
+        exact = len(prefix.encode()) > _REF_HEAD
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.files)
             if cur.set_range(p):
                 for k, v in cur:
                     if not k.startswith(p):
                         break
-                    yield k.decode(), dec.decode(v)
+                    if b"\0" in k or exact:
+                        ref, rec = file_entry(k, v)
+                        if ref.startswith(prefix):
+                            yield ref, dec.decode(rec)
+                    else:
+                        yield k.decode(), dec.decode(v)
 
     @_guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
@@ -1240,7 +1516,7 @@ class Store:
         each), one at a time."""
         with self.env.begin() as txn:
             for ref in refs:
-                v = txn.get(ref.encode(), db=self.files)
+                v = file_get(txn, self.files, ref)
                 if v is not None:
                     yield ref, dec.decode(v)
 
@@ -1274,7 +1550,7 @@ class Store:
     def file_mtime(self, ref: str) -> Optional[str]:
         """A file's modification time as indexed (None when unknown)."""
         with self.env.begin() as txn:
-            v = txn.get(ref.encode(), db=self.files)
+            v = file_get(txn, self.files, ref)
         return _dec_file.decode(v).mtime if v is not None else None
 
     @_guarded
@@ -1428,17 +1704,30 @@ class Store:
                 snap = None
             gone = set(batch.removed) | {f.ref for f in batch.files}
             killed: list[int] = []
+            dying: dict[int, list[int]] = {}  # segment -> CRCs of its passages that die now
+            fsum = self._files_sum(txn)  # None: not kept (stale, or an index made before)
             for ref in gone:
-                old = txn.get(ref.encode(), db=self.files)
+                old = file_get(txn, self.files, ref)
                 if old is None:
                     continue
+                if fsum is not None:
+                    key = file_key(ref)
+                    fsum.take(_crc_of(key, txn.get(key, db=self.files)))
                 for p in _dec_file.decode(old).pids:
                     txn.put(_k(p), b"", db=self.dead)
+                    was = txn.get(_k(p), db=self.passages)
+                    if was is not None and snap is not None and snap.seg_of is not None and p < len(snap.seg_of) \
+                            and snap.seg_of[p] >= 0:
+                        dying.setdefault(int(snap.seg_of[p]), []).append(_crc_of(_k(p), was))
                     txn.delete(_k(p), db=self.passages)
                     txn.delete(_k(p), db=self.vectors)
                     txn.delete(_k(p), db=self.vec_pending)
                     killed.append(p)
-                txn.delete(ref.encode(), db=self.files)
+                txn.delete(file_key(ref), db=self.files)
+            if killed and (snap is None or snap.seg_of is None):  # whose passages died is not known
+                self._forget_passage_sums(txn)
+            for s_, crcs in dying.items():
+                _less(txn, self.meta, PCRC + _k(s_), crcs)
             ids = iter(())
             seg_of = None
             dropped: list[int] = []
@@ -1506,7 +1795,11 @@ class Store:
                     p_terms.append(tids if m[1] is None else m[1][tids])
                     p_tfs.append(tfs)
                     p_pids.append(np.repeat(np.asarray(pids, np.uint32), npost))
-                txn.put(f.ref.encode(), _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)), db=self.files)
+                key = file_key(f.ref)
+                value = file_value(f.ref, _enc.encode(FileRec(f.version, f.size, pids, f.kind, f.mtime)))
+                txn.put(key, value, db=self.files)
+                if fsum is not None:
+                    fsum.add(key, value)
             mapped.clear()
             if new_keys:  # compressed, with the index's dictionary (made once, from the first big commit)
                 zdict = self._passage_dict_in(txn, (p for p in new_passages if type(p) is Passage))
@@ -1523,8 +1816,10 @@ class Store:
                 last = txn.cursor(db=self.passages)
                 fresh = not last.last() or last.key() < new_keys[0]
                 # each packed as it is written (all of a batch's at once were ~9 MiB at 4 MB of text)
+                psum = PostingsSum()
                 txn.cursor(db=self.passages).putmulti(
-                    zip(new_keys, map(pack, new_passages)), append=fresh)
+                    psum.over(zip(new_keys, map(pack, new_passages))), append=fresh)
+                txn.put(PCRC + _k(seg), psum.value(), db=self.meta)
             if seg_pids:
                 sk = _k(seg)
                 names = list(vocab) if vocab else list(first or ())
@@ -1547,8 +1842,13 @@ class Store:
                 if len(r):  # made as they are written (a list of them all was ~10 MiB at 4 MB of text)
                     items = zip((sk + names[k].encode() for k in r[starts].tolist()),
                                 postings.pack_many(pid_arr, tf_arr, starts, ends))
+                    # a term LMDB cannot key (analyze keeps none: a store's own defence) is
+                    # left out, never the batch: no query can name it either
+                    items = ((k, v) for k, v in items if len(k) <= KEY_MAX)
+                    summed = PostingsSum()
                     # a new segment's keys sort after every other: appended, no old page touched
-                    txn.cursor(db=self.postings).putmulti(items, append=True)
+                    txn.cursor(db=self.postings).putmulti(summed.over(items), append=True)
+                    txn.put(CRC + sk, summed.value(), db=self.meta)
                 meta = SegMeta(np.asarray(seg_pids, "<u4").tobytes(), np.asarray(seg_lens, "<u4").tobytes(),
                                seg_refs)
                 txn.put(sk, _seg_codec.encode(meta), db=self.segments)
@@ -1556,6 +1856,8 @@ class Store:
             txn.put(b"next_pid", str(next_pid).encode(), db=self.meta)
             gen = int(txn.get(b"gen", db=self.meta)) + 1
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            if fsum is not None and fsum.n >= 0:
+                txn.put(FCRC, _FCRC.pack(gen, fsum.total, fsum.n), db=self.meta)
             if allocated and min(allocated) < was_next:  # an id given before: the generation it was given again
                 txn.put(b"pid_reuse", str(gen).encode(), db=self.meta)
             if seg_of is None:
@@ -1572,10 +1874,30 @@ class Store:
                 if not cur.delete():
                     break
         txn.delete(sk, db=self.segments)
+        txn.delete(CRC + sk, db=self.meta)
+        txn.delete(PCRC + sk, db=self.meta)
         for p in pids.tolist():
             txn.delete(_k(p), db=self.dead)
             txn.delete(_k(p), db=self.vectors)
             txn.delete(_k(p), db=self.vec_pending)
+
+    def _files_sum(self, txn) -> Optional[PostingsSum]:
+        """The files table's sum as kept (:data:`FCRC`), or a new one for an empty table;
+        None when it is not kept or is stale (another generation's)."""
+        v = txn.get(FCRC, db=self.meta)
+        out = PostingsSum()
+        if v is None:
+            return out if not txn.stat(self.files)["entries"] else None
+        if len(v) != _FCRC.size:
+            return None
+        at, out.total, out.n = _FCRC.unpack(v)
+        return out if at == int(txn.get(b"gen", db=self.meta)) else None
+
+    def _forget_passage_sums(self, txn) -> None:
+        """Drop every segment's passages' sum (a commit that cannot tell whose passages died)."""
+        cur = txn.cursor(db=self.meta)
+        while cur.set_range(PCRC) and bytes(cur.key()).startswith(PCRC):
+            cur.delete()
 
     # --- vectors -----------------------------------------------------------
 
@@ -1713,6 +2035,7 @@ class Store:
                 done = None
             finally:
                 self._merging = frozenset()
+                self._merge_sums.pop(new, None)
             if done is None:  # stopped, or the segments changed under it: its postings are garbage
                 if not stop():
                     self._delete_segment_postings(new, stop)
@@ -1796,10 +2119,13 @@ class Store:
             if mid is not None:
                 helper = merge_steps.start(job, self._deadmask, mid)
         hi = helper.lo if helper is not None else None
+        summed = self._merge_sums[new] = PostingsSum()
 
         def put(items: list, theirs: bool = False) -> None:
             if items:
                 self._step(lambda: self._put_postings(segs, items))
+                for k, v in items:  # (once written: a step retried is not summed twice)
+                    summed.add(k, v)
             if theirs:  # (the pages its write walked; this thread's steps let go of theirs)
                 self.let_go_of_map()
 
@@ -1872,6 +2198,7 @@ class Store:
                 return None
             # each segment's record as stored (refs as runs), one at a time: no list a passage
             all_p, all_l, names, runs, gone = [], [], [], [], []
+            psum, psums = PostingsSum(), []  # the new segment's live passages: its segments' sums
             for s in segs:
                 st, rn = _seg_codec.stored(txn.get(_k(s), db=self.segments))
                 self.let_go_of_map()  # (a record of the final merge's segments: overflow pages, ~16 MB)
@@ -1894,7 +2221,15 @@ class Store:
                 names.extend(nm)
                 runs.append(rn)
                 txn.delete(_k(s), db=self.segments)
+                txn.delete(CRC + _k(s), db=self.meta)
+                psums.append(txn.get(PCRC + _k(s), db=self.meta))
+                txn.delete(PCRC + _k(s), db=self.meta)
             kept = np.concatenate(all_p).astype(np.int64) if all_p else np.empty(0, np.int64)
+            summed = self._merge_sums.pop(new, None)
+            if len(kept) and summed is not None:
+                txn.put(CRC + _k(new), summed.value(), db=self.meta)
+            if len(kept) and all(psum.add_sum(p) for p in psums):
+                txn.put(PCRC + _k(new), psum.value(), db=self.meta)
             if len(kept):
                 txn.put(_k(new), _seg_codec.encode_runs(kept.astype("<u4").tobytes(), np.concatenate(all_l).astype(
                     "<u4").tobytes(), names, np.concatenate(runs)), db=self.segments)
@@ -1902,7 +2237,10 @@ class Store:
             txn.delete(_MERGING + _k(new), db=self.meta)
             was = int(txn.get(b"gen", db=self.meta))
             gen = was + 1
+            fsum = self._files_sum(txn)  # (a merge changes no file record: the sum stands)
             txn.put(b"gen", str(gen).encode(), db=self.meta)
+            if fsum is not None:
+                txn.put(FCRC, _FCRC.pack(gen, fsum.total, fsum.n), db=self.meta)
         gone_a = np.concatenate(gone).astype(np.int64) if gone else np.empty(0, np.int64)
         # the merged segments' part replaced; read anew only after another process wrote
         fresh = snap.seg_of is not None and was == snap.gen

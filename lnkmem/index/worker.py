@@ -171,7 +171,7 @@ class Worker:
                         files = [NewFile(f.ref, f.version, f.size, f.kind, [], None, f.mtime,
                                          msg.terms, f.tids, f.npost, f.tfs, f.lens, f.packed) for f in msg.files]
                         msg.files = []  # the batch's columns held once
-                        b.store.commit(Batch(files, msg.removed, self.zdict))
+                        b.commit_batch(Batch(files, msg.removed, self.zdict))
                         b.store.let_go()
                         del files
                         b.inexact += msg.inexact

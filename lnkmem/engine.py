@@ -390,6 +390,8 @@ class Memory:
             return None
         if how == "loaded" and self.vindex is not None:
             self.vindex.load(self.store)  # passage ids now name the copy's passages
+        if how != "reused" and self.writeback is not None:
+            self.writeback.look()  # (no commit said so: a copy missing, damaged or loaded)
         return how
 
     def _recheck_loop(self) -> None:

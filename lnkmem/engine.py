@@ -133,8 +133,9 @@ class Memory:
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
         if self.layout.replica is not None and self.layout.writes:
-            from lnkmem.sync import WriteBack
-            self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy)
+            from lnkmem.sync import StateFile, WriteBack
+            self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy,
+                                       on_state=StateFile(os.path.dirname(self.layout.index_path)))
 
     # --- life ----------------------------------------------------------------
 

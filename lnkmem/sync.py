@@ -3,7 +3,7 @@
 :class:`Replica` is the copy as files in one writable place (the storage
 bridge's memory collection under ``lnkmem/``, or Home's ``memory/lnkmem/``
 through the files bridge). :class:`WriteBack` is a small loop with clear
-states -- clean, dirty, writing, backing off -- that writes the cache back at
+states -- clean, dirty, writing, reloading, backing off, stopped -- that writes the cache back at
 most once per interval, within that interval after a change, and at once
 when asked (flush, end, end of input, SIGTERM). Every write is conditional;
 a 412 means another engine wrote first: the loop loads that version,
@@ -175,6 +175,37 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
     raise BridgeDown("the copy kept changing while it was read")
 
 
+class StateFile:
+    """Shows a write-back's state in a small JSON file of the cache's own folder (written
+    whole and renamed at each transition), for `lnk-lnkmem status`: ``state``, ``since``
+    (RFC 3339), ``error``, ``writes``, ``conflicts``, ``failures`` and the process's ``pid``."""
+
+    NAME = "writeback.json"
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, self.NAME)
+
+    def __call__(self, wb: "WriteBack") -> None:
+        import json
+        wall = time.time() - (time.monotonic() - wb.since)
+        shown = {"state": wb.state, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)),
+                 "error": wb.error, "writes": wb.writes, "conflicts": wb.conflicts,
+                 "failures": wb.failures, "pid": os.getpid()}
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(shown, f)
+        os.replace(tmp, self.path)
+
+    def read(self) -> Optional[dict]:
+        import json
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                shown = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return shown if isinstance(shown, dict) else None
+
+
 class WriteBack:
     """The write-back loop of one cache and its copy: a state machine.
 
@@ -193,7 +224,7 @@ class WriteBack:
     ``look`` asks it to see whether the cache holds anything unwritten (after the
     copy was looked at, a rebuild, a damaged copy). Every exception in the loop is
     caught and shown in its state; a new store (``store_of()`` after a rebuild) is
-    looked at afresh. ``on_state(state, error)`` is told of each transition.
+    looked at afresh. ``on_state(self)`` is told of each transition (``StateFile``).
     """
 
     NEXT = {  # the transitions the loop makes
@@ -208,7 +239,7 @@ class WriteBack:
 
     def __init__(self, store_of: Callable[[], Store], replica: Replica, reload: Callable[[], None],
                  every: Optional[float] = None, name: str = "", quiet_s: Optional[float] = None,
-                 on_state: Optional[Callable[[str, Optional[str]], None]] = None):
+                 on_state: Optional[Callable[["WriteBack"], None]] = None):
         self.store_of = store_of
         self.replica = replica
         self.reload = reload  # load the copy's newer version and re-apply the sources
@@ -263,7 +294,7 @@ class WriteBack:
             self._cond.notify_all()
         if self.on_state is not None:
             try:
-                self.on_state(new, self.error)
+                self.on_state(self)
             except Exception as e:  # a display's failure is no write-back's
                 log.debug("write-back state not shown: %s", e)
 

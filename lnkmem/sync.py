@@ -331,7 +331,8 @@ class WriteBack:
         return max(self.last_write + self.every, settled)
 
     def flush(self, timeout: float = 60.0) -> Optional[str]:
-        """Write back now and wait for the bridge's acknowledgement; an error, or None."""
+        """Write back now and wait for the bridge's acknowledgement; an error, or None.
+        ``timeout`` is for a write-back that moves no byte: one still sending is waited for."""
         if self._thread is None or not self._thread.is_alive():  # stopped: write here
             was = self._state
             try:
@@ -346,9 +347,17 @@ class WriteBack:
         with self._cond:
             self._flush_waiters.append(done)
             self._cond.notify_all()
-        if not done.wait(timeout):
-            return "the write-back did not finish in time"
+        moved = self._moved()
+        while not done.wait(timeout):  # a write-back still moving bytes is waited for
+            now = self._moved()
+            if self._state not in ("writing", "reloading") or now is None or now == moved:
+                return "the write-back did not finish in time"
+            moved = now
         return self.error
+
+    def _moved(self) -> Optional[int]:
+        """Bytes the copy's place has moved so far (None: it does not say)."""
+        return getattr(getattr(self.replica, "place", None), "moved", None)
 
     def stop(self, timeout: float = 60.0) -> Optional[str]:
         err = self.flush(timeout)

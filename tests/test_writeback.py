@@ -284,3 +284,27 @@ def test_the_loop_lives_through_a_closed_store_and_writes_back_the_new_one(bridg
         if new is not None:
             new.close()
         c.close()
+
+
+def test_a_flush_waits_for_a_write_back_that_is_still_moving(bridges, tmp_path):
+    """A flush's timeout is for a write-back that moves nothing: with the bridge taking
+    ~0.6 s a request (slow, but bytes moving), a flush given 1 s waits the write-back out
+    instead of saying it did not finish in time; a stalled one is still reported."""
+    from lnkmem.index.store import Store
+    from lnkmem.sync import Replica, WriteBack
+    c = client(bridges)
+    replica = Replica(Collection(c, "memory", root="lnkmem"), of="agent o1/a1")
+    store = Store.open(str(tmp_path / "idx"))
+    wb = WriteBack(lambda: store, replica, lambda: None, every=3600, quiet_s=3600).start()
+    try:
+        bridges.storage.fault("trickle", delay=0.3, path="/v1/c/memory/lnkmem/")
+        assert wb.flush(timeout=1.0) is None
+        assert wb.state == "clean" and wb.writes == 1 and stored(bridges, "manifest.json").exists()
+        bridges.storage.fault("slow", delay=4.0, path="/v1/c/memory/lnkmem/")
+        store.put_meta(b"copy", b"")  # (the cache no longer says which copy it is of: dirty)
+        assert wb.flush(timeout=1.0) == "the write-back did not finish in time"
+    finally:
+        bridges.storage.fault("ok")
+        wb.stop()
+        store.close()
+        c.close()

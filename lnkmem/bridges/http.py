@@ -165,6 +165,7 @@ class BridgeClient:
         self.patience = patience
         self.timeout = timeout
         self.max_body = max_body()
+        self.moved = 0  # bytes sent and received, all requests together: progress, for waiters
         self._auth = auth_header(key_hex, purpose, owner, agent)
         # plain HTTP over a Unix socket: no certificate bundle to load (tens of ms a client)
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path, verify=False), verify=False,
@@ -192,6 +193,7 @@ class BridgeClient:
             for piece in pieces:
                 yield piece  # (the code below runs once the socket has taken it)
                 moved += piece.nbytes
+                self.moved += piece.nbytes
                 if late():
                     raise _Retry(f"{self.purpose} bridge took the body too slowly "
                                  f"({moved} bytes in {time.monotonic() - started:.0f}s)")
@@ -212,6 +214,7 @@ class BridgeClient:
                 for chunk in s.iter_raw():
                     raw += chunk
                     moved += len(chunk)
+                    self.moved += len(chunk)
                     if len(raw) > limit:
                         raise big
                     if late():  # a slow drip must not hang us

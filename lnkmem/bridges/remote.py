@@ -87,6 +87,11 @@ class _BridgePlace:
     client: BridgeClient
     root: str = ""
 
+    @property
+    def moved(self) -> int:
+        """Bytes moved through this place's bridge client so far (progress, for waiters)."""
+        return self.client.moved
+
     def _full(self, path: str) -> str:
         path = check_relpath(path)
         return f"{self.root}/{path}" if self.root and path else (self.root or path)

@@ -31,7 +31,9 @@ After each kill (the engine is dead):
 
 With ``--scale-kills N [--scale 0.1]`` (issue 33), N more kills of `serve-many` bound
 to a Home of ``bench/corpus.py`` files, alternating: during the write-back of a large
-change, and during a cold load (an empty cache, the copy in the bucket). After each,
+change (every other one aimed: the bridge holds the manifest's PUT 3 s and the kill
+lands within 0.5 s of the first blob PUT, so the manifest lands after the engine died),
+and during a cold load (an empty cache, the copy in the bucket). After each,
 the copy in the bucket is one whole version (every file its manifest names is there;
 names read from the manifest without knowing its layout). Every fourth kill and at
 the end it settles twice (warm, then from an empty cache): the next start serves every
@@ -534,7 +536,7 @@ class Scale:
     def mutate(self) -> None:
         home = self.bridges.home()
         files = sorted(p for p in home.rglob("*.md"))
-        for p in self.rng.sample(files, min(len(files), self.rng.randint(5, 40))):
+        for p in self.rng.sample(files, min(len(files), self.rng.randint(5, 200))):
             self.changes += 1
             with open(p, "a") as f:
                 f.write(f"\n\nchange {self.changes}: " + " ".join(self.rng.choice(WORDS) for _ in range(30)) + "\n")
@@ -556,6 +558,15 @@ class Scale:
             if not cold:
                 with m.connect(timeout=10) as ctl:
                     ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home"}})
+            if not cold and k % 4 == 0:
+                # aimed: the bridge holds the manifest's PUT 3 s (it lands after the kill, as a
+                # request a real bridge received does); killed within 0.5 s of the first blob PUT
+                self.bridges.storage.fault("slow", delay=3.0, count=1, path="/v1/c/memory/lnkmem/manifest.json")
+                deadline = time.monotonic() + 3 * self.t_write
+                while time.monotonic() < deadline and not any(
+                        e["method"] == "PUT" and "/lnkmem/" in e["path"] for e in self.bridges.storage.log()):
+                    time.sleep(0.02)
+                when = time.monotonic() - t0 + self.rng.uniform(0.0, 0.5)
             time.sleep(max(0.0, when - (time.monotonic() - t0)))
         except (OSError, EOFError, ValueError):
             pass
@@ -563,10 +574,17 @@ class Scale:
         m.proc.wait()
         err = m.proc.stderr.read().decode(errors="replace")
         check("Traceback" not in err, f"a traceback: {err[-500:]}")
+        self.bridges.storage.fault("ok")
+        time.sleep(3.2 if not cold and k % 4 == 0 else 0)  # a held manifest lands (or not) first
         log = self.bridges.storage.log()
         lnk = [e for e in log if "/lnkmem/" in e["path"]]
-        if any(e["method"] == "PUT" for e in lnk):
-            moment = "write-back"
+        puts = [e for e in lnk if e["method"] == "PUT"]
+        if puts and any(e.get("fault") == "slow" for e in puts):
+            moment = "write-back, its manifest landing after the kill"
+        elif puts and not puts[-1]["path"].endswith("manifest.json"):
+            moment = "write-back, before its manifest"  # blobs sent, the manifest not
+        elif puts:
+            moment = "after a write-back"
         elif any(e["method"] == "GET" and not e["path"].endswith("manifest.json") for e in lnk):
             moment = "cold load"
         else:

@@ -191,7 +191,7 @@ class StateFile:
         shown = {"state": wb.state, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)),
                  "error": wb.error, "writes": wb.writes, "conflicts": wb.conflicts,
                  "failures": wb.failures, "pid": os.getpid()}
-        tmp = f"{self.path}.{os.getpid()}.tmp"
+        tmp = f"{self.path}.tmp"  # (one process a cache: its lock)
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(shown, f)
         os.replace(tmp, self.path)
@@ -230,8 +230,8 @@ class WriteBack:
     NEXT = {  # the transitions the loop makes
         "clean": ("dirty", "writing", "stopped"),
         "dirty": ("writing", "clean", "backing off", "stopped"),
-        "writing": ("clean", "dirty", "reloading", "backing off", "writing"),
-        "reloading": ("writing", "clean", "dirty", "backing off"),
+        "writing": ("clean", "dirty", "reloading", "backing off", "stopped"),
+        "reloading": ("writing", "clean", "dirty", "backing off", "stopped"),
         "backing off": ("writing", "dirty", "clean", "stopped"),
         "stopped": ("writing",),  # a flush after stop writes on the caller's thread
     }
@@ -375,8 +375,8 @@ class WriteBack:
             while self._step():
                 pass
         except BaseException as e:  # not an Exception (the loop catches those): shown all the same
-            self._to("stopped")
             self.error = f"the write-back stopped: {type(e).__name__}: {e}"
+            self._to("stopped")
             raise
         finally:
             with self._cond:

@@ -29,6 +29,17 @@ After each kill (the engine is dead):
 - the bound copy, when there is one, is one whole version: every file its
   manifest names is there, and it loads into a consistent index.
 
+With ``--scale-kills N [--scale 0.1]`` (issue 33), N more kills of `serve-many` bound
+to a Home of ``bench/corpus.py`` files, alternating: during the write-back of a large
+change (every other one aimed: the bridge holds the manifest's PUT 3 s and the kill
+lands within 0.5 s of the first blob PUT, so the manifest lands after the engine died),
+and during a cold load (an empty cache, the copy in the bucket). After each,
+the copy in the bucket is one whole version (every file its manifest names is there;
+names read from the manifest without knowing its layout). Every fourth kill and at
+the end it settles twice (warm, then from an empty cache): the next start serves every
+file of Home, the flush ends cleanly, the cold load finds no damage, and the bucket
+holds the copy and no file its manifest does not name. ``--kills 0`` runs only these.
+
 Every tenth bound run, and at the end, the engine is started once more and
 let settle (indexed, flushed, SIGTERM): the copy must then hold exactly the
 refs of the bridge's Home, the conversations and the notes, with the same
@@ -47,6 +58,7 @@ import json
 import os
 import queue
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -459,6 +471,224 @@ class Bound:
         return {"refs": len(got), "manifest_writes": len(puts), "conflicts": sum(e["status"] == 412 for e in puts)}
 
 
+# --- kills at scale: a large write-back and a cold load (issue 33) -----------------------------
+
+_BLOB = re.compile(r"[A-Za-z0-9_./-]+-[0-9a-f]{16,}(\.[A-Za-z0-9]+)?")
+
+
+def named(manifest: bytes) -> set:
+    """The files a copy's manifest names: every string in it (keys too) that is a
+    content-addressed name -- read without knowing the manifest's layout."""
+    found: set = set()
+
+    def walk(x) -> None:
+        if isinstance(x, str):
+            if _BLOB.fullmatch(x):
+                found.add(x)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(k)
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk(json.loads(manifest))
+    return found
+
+
+def bucket(bridges: Bridges) -> tuple[bytes | None, set]:
+    """(the manifest's bytes or None, every other file of the copy) in the storage bridge."""
+    d = bridges.store("memory") / "lnkmem"
+    files = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()} if d.exists() else set()
+    man = d / "manifest.json"
+    return (man.read_bytes() if man.exists() else None), files - {"manifest.json"}
+
+
+class Scale:
+    """`serve-many` bound to a Home of ``bench/corpus.py`` files (``scale``), killed while
+    it writes back a large index, or while it loads the copy into an empty cache."""
+
+    def __init__(self, base: Path, rng: random.Random, scale: float = 0.1, say=print):
+        import importlib.util
+        self.base, self.rng, self.say = base, rng, say
+        self.bridges = Bridges(base / "scale-link", bindings={"a1": {"owner": "o1", "key": KEY}})
+        spec = importlib.util.spec_from_file_location("lnkmem_bench_corpus", HERE / "corpus.py")
+        corpus = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(corpus)
+        out = base / "scale-corpus"
+        corpus.generate(str(out), scale=scale, seed=7, log=lambda *a: None)
+        home = self.bridges.home()
+        shutil.copytree(out / "home", home, dirs_exist_ok=True)
+        self.cache = base / "scale-cache"
+        self.t_write = self.t_cold = 10.0  # measured by the first settles
+        self.changes = 0
+
+    def want(self) -> set:
+        home = self.bridges.home()
+        return {f"home/{p.relative_to(home).as_posix()}" for p in home.rglob("*") if p.is_file()
+                and not p.relative_to(home).as_posix().startswith("memory/")}
+
+    def engine(self, env: dict | None = None) -> Many:
+        e = {"LNKMEM_WRITEBACK_S": "1", "LNKMEM_QUIET_S": "0.3"}
+        e.update(env or {})
+        return Many(self.base / "scale-run" / "m.sock", {}, self.bridges.flags() + ["--cache", str(self.cache)], env=e)
+
+    def mutate(self) -> None:
+        home = self.bridges.home()
+        files = sorted(p for p in home.rglob("*.md"))
+        for p in self.rng.sample(files, min(len(files), self.rng.randint(5, 200))):
+            self.changes += 1
+            with open(p, "a") as f:
+                f.write(f"\n\nchange {self.changes}: " + " ".join(self.rng.choice(WORDS) for _ in range(30)) + "\n")
+
+    def run(self, k: int, cold: bool) -> dict:
+        """One run killed at a random moment: of a write-back (after files changed), or of a
+        cold load (an empty cache, the copy in the bucket)."""
+        if cold:
+            shutil.rmtree(self.cache, ignore_errors=True)
+        else:
+            self.mutate()
+        self.bridges.storage.request("DELETE", "/_log")
+        when = self.rng.uniform(0.2, 1.2 * (self.t_cold if cold else self.t_write))
+        m = self.engine()
+        t0 = time.monotonic()
+        try:
+            c = m.connect(timeout=10)
+            check(c.first(self.bridges.bound()) == {"ok": True}, "bind failed")
+            if not cold:
+                with m.connect(timeout=10) as ctl:
+                    ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home"}})
+            if not cold and k % 4 == 0:
+                # aimed: the bridge holds the manifest's PUT 3 s (it lands after the kill, as a
+                # request a real bridge received does); killed within 0.5 s of the first blob PUT
+                self.bridges.storage.fault("slow", delay=3.0, count=1, path="/v1/c/memory/lnkmem/manifest.json")
+                deadline = time.monotonic() + 3 * self.t_write
+                while time.monotonic() < deadline and not any(
+                        e["method"] == "PUT" and "/lnkmem/" in e["path"] for e in self.bridges.storage.log()):
+                    time.sleep(0.02)
+                when = time.monotonic() - t0 + self.rng.uniform(0.0, 0.5)
+            time.sleep(max(0.0, when - (time.monotonic() - t0)))
+        except (OSError, EOFError, ValueError):
+            pass
+        m.proc.send_signal(signal.SIGKILL)
+        m.proc.wait()
+        err = m.proc.stderr.read().decode(errors="replace")
+        check("Traceback" not in err, f"a traceback: {err[-500:]}")
+        self.bridges.storage.fault("ok")
+        time.sleep(3.2 if not cold and k % 4 == 0 else 0)  # a held manifest lands (or not) first
+        log = self.bridges.storage.log()
+        lnk = [e for e in log if "/lnkmem/" in e["path"]]
+        puts = [e for e in lnk if e["method"] == "PUT"]
+        if puts and any(e.get("fault") == "slow" for e in puts):
+            moment = "write-back, its manifest landing after the kill"
+        elif puts and not puts[-1]["path"].endswith("manifest.json"):
+            moment = "write-back, before its manifest"  # blobs sent, the manifest not
+        elif puts:
+            moment = "after a write-back"
+        elif any(e["method"] == "GET" and not e["path"].endswith("manifest.json") for e in lnk):
+            moment = "cold load"
+        else:
+            moment = "indexing" if not cold else "bind"
+        return {"moment": moment, "after_s": round(when, 2), "cold": cold}
+
+    def verify(self) -> dict:
+        """After a kill: the copy in the bucket is one whole version (all it names is there);
+        files it does not name may wait for the next write-back (counted)."""
+        manifest, files = bucket(self.bridges)
+        if manifest is None:
+            return {"copy": False, "orphans": len(files)}
+        names = named(manifest)
+        missing = names - files
+        check(not missing, f"the manifest names files that are not there: {sorted(missing)[:3]}")
+        idx = self.cache / "o1" / "a1" / "index"
+        damaged = False
+        if (idx / "data.mdb").exists():
+            with tempfile.TemporaryDirectory(dir=self.base) as tmp:
+                shutil.copytree(idx, Path(tmp) / "index")
+                store, damaged = open_checked(Path(tmp) / "index")
+                store.close()
+        return {"copy": True, "orphans": len(files - names), "damaged": damaged}
+
+    def settle(self, cold: bool = False) -> dict:
+        """Start (an empty cache when ``cold``), serve every file, flush, end cleanly; then the
+        bucket holds one copy and nothing else, and the cache every file of Home."""
+        if cold:
+            shutil.rmtree(self.cache, ignore_errors=True)
+        m = self.engine({"LNKMEM_WRITEBACK_S": "3600"})
+        t0 = time.monotonic()
+        try:
+            c = m.connect(timeout=60)
+            check(c.first(self.bridges.bound()) == {"ok": True}, "bind failed at settle")
+            deadline = time.monotonic() + 600
+            while "indexing" in c.search("zz")["structuredContent"]:
+                check(time.monotonic() < deadline, "indexing never finished")
+                time.sleep(0.1)
+            ready = time.monotonic() - t0
+            with m.connect(timeout=60) as ctl:
+                check(ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}, "flush failed")
+            took = time.monotonic() - t0
+            c.close()
+        finally:
+            rc = m.stop()
+        err = m.proc.stderr.read().decode(errors="replace")
+        check(rc == 0, f"serve-many did not end cleanly ({rc}): {err[-300:]}")
+        check("Traceback" not in err, f"a traceback: {err[-500:]}")
+        if cold:
+            check("damaged" not in err, f"the copy was called damaged at a cold load: {err[-300:]}")
+            self.t_cold = ready
+        else:
+            self.t_write = took
+        store = Store(str(self.cache / "o1" / "a1" / "index"))
+        served = {r for r in store.all_files() if r.startswith("home/")}
+        store.close()
+        want = self.want()
+        check(served == want, f"the index does not serve every file: {sorted(served ^ want)[:5]}")
+        manifest, files = bucket(self.bridges)
+        check(manifest is not None, "no copy after a flush")
+        names = named(manifest)
+        check(names <= files, f"the manifest names files that are not there: {sorted(names - files)[:3]}")
+        orphans = files - names
+        check(not orphans, f"{len(orphans)} files of the bucket no manifest names: {sorted(orphans)[:3]}")
+        return {"files": len(served), "copy_files": len(names), "seconds": round(took, 1)}
+
+
+def run_scale(kills: int, seed: int, base: Path, scale: float, say=print) -> dict:
+    """Kills of `serve-many` during a large write-back and a cold load, alternating; settled
+    (warm, then cold) every fourth kill and at the end."""
+    rng = random.Random(seed)
+    figures = {"kills": 0, "moments": {}, "settles": 0, "orphans_after_kill_max": 0, "damaged_detected": 0,
+               "failures": [], "files": 0, "copy_files": 0}
+    t0 = time.monotonic()
+    sc = Scale(base, rng, scale, say)
+    try:
+        first = sc.settle()  # the copy made: the write-back's length measured
+        figures["files"] = first["files"]
+        sc.settle(cold=True)  # the cold load's length measured
+        say(f"scale {scale}: {first['files']} files; write-back run {sc.t_write:.1f}s, cold load {sc.t_cold:.1f}s")
+        for k in range(kills):
+            cold = k % 2 == 1
+            try:
+                info = sc.run(k, cold)
+                res = sc.verify()
+                figures["kills"] += 1
+                figures["orphans_after_kill_max"] = max(figures["orphans_after_kill_max"], res["orphans"])
+                figures["damaged_detected"] += bool(res.get("damaged"))
+                key = f"{'cold' if cold else 'write'}:{info['moment']}"
+                figures["moments"][key] = figures["moments"].get(key, 0) + 1
+                if k % 4 == 3 or k == kills - 1:
+                    figures["settles"] += 1
+                    got = sc.settle()
+                    figures["copy_files"] = got["copy_files"]
+                    sc.settle(cold=True)
+            except Failure as e:
+                figures["failures"].append(f"scale kill {k}: {e}")
+                say(f"FAIL scale kill {k}: {e}")
+    finally:
+        sc.bridges.stop()
+    figures["seconds"] = round(time.monotonic() - t0, 1)
+    return figures
+
+
 # --- the loop ---------------------------------------------------------------------------
 
 def run(kills: int = 200, seed: int = 7, base: Path | None = None, say=print) -> dict:
@@ -515,8 +745,18 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=200)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--scale-kills", type=int, default=0,
+                    help="then this many kills of a large write-back and of a cold load (issue 33)")
+    ap.add_argument("--scale", type=float, default=0.1, help="the corpus scale of those runs (bench/corpus.py)")
     args = ap.parse_args()
-    figures = run(args.kills, args.seed)
+    figures = run(args.kills, args.seed) if args.kills else {"failures": []}
+    if args.scale_kills:
+        base = Path(tempfile.mkdtemp(prefix="lnkmem-kills-scale-"))
+        try:
+            figures["scale"] = run_scale(args.scale_kills, args.seed, base, args.scale)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        figures["failures"] = figures["failures"] + figures["scale"]["failures"]
     print(json.dumps(figures, indent=2))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

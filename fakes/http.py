@@ -38,7 +38,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1024 * 1024 * 1024
 
-FAULT_MODES = ("ok", "503", "429", "500", "403", "slow", "drop", "412", "down", "die", "refuse")
+FAULT_MODES = ("ok", "503", "429", "500", "403", "slow", "drop", "lost", "trickle", "412", "down", "die", "refuse")
+TRICKLE_PIECE = 64 * 1024
 STATUS_MODES = ("503", "429", "500", "403")  # answer that status instead
 WRITE_METHODS = ("PUT", "DELETE", "POST", "PATCH")
 
@@ -106,6 +107,11 @@ class Fault:
       500/403 answer that status;
       slow    wait ``delay`` seconds (default 1), then answer normally;
       drop    do the request, send the headers and half the body, close;
+      lost    do the request, then close without answering (the answer lost
+              after the change was made);
+      trickle read the request's body and send the answer in pieces of 64 KiB,
+              waiting ``delay`` seconds (default 0.05) before each: slow, but
+              moving;
       412     conditional writes (PUT/DELETE/POST with If-Match or
               If-None-Match) fail 412 without being done; others pass;
       down    close each connection without answering (and, when set,
@@ -215,8 +221,10 @@ class RequestLog:
 # ---------------------------------------------------------------- wire format
 
 
-async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Request | None:
-    """The next request on the connection; None at a clean end of input."""
+async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       pace: Callable[[str, str], float] | None = None) -> Request | None:
+    """The next request on the connection; None at a clean end of input. ``pace(method,
+    path)``: seconds to wait before each 64 KiB of its body (0: read it at once)."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as e:
@@ -243,13 +251,13 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         headers["connection"] = "close"
     if headers.get("expect", "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    body = await _read_body(reader, headers)
     split = urlsplit(target)
+    body = await _read_body(reader, headers, pace(method.upper(), unquote(split.path)) if pace else 0.0)
     query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
     return Request(method.upper(), target, unquote(split.path), query, headers, body)
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], pace: float = 0.0) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         chunks = []
         total = 0
@@ -275,7 +283,15 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> b
         raise HttpError(400, "bad Content-Length")
     if int(length) > MAX_BODY:
         raise HttpError(413, "body too large")
-    return await reader.readexactly(int(length))
+    if not pace:
+        return await reader.readexactly(int(length))
+    body, left = bytearray(), int(length)
+    while left:
+        await asyncio.sleep(pace)
+        piece = await reader.readexactly(min(left, TRICKLE_PIECE))
+        body += piece
+        left -= len(piece)
+    return bytes(body)
 
 
 def encode_response(resp: Response, method: str, keep_alive: bool) -> tuple[bytes, bytes]:
@@ -364,7 +380,7 @@ class Server:
         try:
             while True:
                 try:
-                    req = await read_request(reader, writer)
+                    req = await read_request(reader, writer, self._pace)
                 except HttpError as e:
                     head, body = encode_response(error_response(e.status, e.message), "GET", False)
                     writer.write(head + body)
@@ -405,8 +421,18 @@ class Server:
             if mode == "slow":
                 await asyncio.sleep(1.0 if self.fault.delay is None else self.fault.delay)
             resp = await self._handle(req)
+        if mode == "lost":
+            self.log.add(req, None, resp, mode)
+            return False
         self.log.add(req, resp.status, resp, mode)
         head, body = encode_response(resp, req.method, keep_alive)
+        if mode == "trickle":
+            writer.write(head)
+            for i in range(0, len(body), TRICKLE_PIECE):
+                await asyncio.sleep(self._trickle_delay())
+                writer.write(body[i:i + TRICKLE_PIECE])
+                await writer.drain()
+            return keep_alive
         if mode == "drop":
             writer.write(head + body[: len(body) // 2] if body else head[: len(head) // 2])
             await writer.drain()
@@ -426,6 +452,16 @@ class Server:
         except Exception as e:  # a bug in a fake: say so, keep serving
             traceback.print_exc(file=sys.stderr)
             return error_response(500, f"fake server error: {type(e).__name__}")
+
+    def _trickle_delay(self) -> float:
+        return 0.05 if self.fault.delay is None else self.fault.delay
+
+    def _pace(self, method: str, path: str) -> float:
+        """How slowly a request's body is read: a trickle fault in force for its path."""
+        f = self.fault
+        if f.mode == "trickle" and path.startswith(f.path) and not path.startswith("/_"):
+            return self._trickle_delay()
+        return 0.0
 
     # ---- control endpoints
 

@@ -156,8 +156,9 @@ class Memory:
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
         if self.layout.replica is not None and self.layout.writes:
-            from lnkmem.sync import WriteBack
-            self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy)
+            from lnkmem.sync import StateFile, WriteBack
+            self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy,
+                                       on_state=StateFile(os.path.dirname(self.layout.index_path)))
 
     # --- life ----------------------------------------------------------------
 
@@ -446,6 +447,8 @@ class Memory:
             return None
         if how == "loaded" and self.vindex is not None:
             self.vindex.load(self.store)  # passage ids now name the copy's passages
+        if how != "reused" and self.writeback is not None:
+            self.writeback.look()  # (no commit said so: a copy missing, damaged or loaded)
         return how
 
     def _recheck_loop(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Optional
 
 from lnkmem.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
 
@@ -130,9 +131,28 @@ def gather_status(cfg) -> dict:
             finally:
                 store.close()
         out["index_bytes"] = disk_bytes(index_path)
+    out["copy"] = _writeback(cfg.state)
     out["ignore_files"] = ignore_files(cfg.folder)
     out["skipped_by_default"] = DEFAULT_SKIPS
     return out
+
+
+def _writeback(state: str) -> Optional[dict]:
+    """The write-back's state of this agent's bound cache (`serve-many` writes it), or None."""
+    from lnkmem.sync import StateFile
+    return StateFile(os.path.join(state, "bound")).read()
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def render_status(st: dict) -> str:
@@ -174,6 +194,12 @@ def render_status(st: dict) -> str:
                      else "build   another process is building this index now")
     else:
         lines.append("build   no other process is building it")
+    wb = st.get("copy")
+    if wb:
+        alive = _alive(wb.get("pid"))
+        lines.append(f"copy    write-back {wb.get('state')} since {wb.get('since')}, {wb.get('writes', 0):,} written"
+                     + (f"; {wb['error']}" if wb.get("error") else "")
+                     + ("" if alive else f" (as process {wb.get('pid')} left it; it has ended)"))
     ig = st["ignore_files"]
     lines.append("ignore  " + (", ".join(ig) if ig else "no .gitignore or .lnkmemignore in Home"))
     lines.append("        always skipped: " + ", ".join(st["skipped_by_default"]))

@@ -3,7 +3,7 @@
 :class:`Replica` is the copy as files in one writable place (the storage
 bridge's memory collection under ``lnkmem/``, or Home's ``memory/lnkmem/``
 through the files bridge). :class:`WriteBack` is a small loop with clear
-states -- clean, dirty, writing, backing off -- that writes the cache back at
+states -- clean, dirty, writing, reloading, backing off, stopped -- that writes the cache back at
 most once per interval, within that interval after a change, and at once
 when asked (flush, end, end of input, SIGTERM). Every write is conditional;
 a 412 means another engine wrote first: the loop loads that version,
@@ -120,7 +120,21 @@ class Replica:
             return set()
 
     def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
-        return self.place.write(copyfmt.MANIFEST, data, expect)
+        """Swap the manifest, conditionally on ``expect``; its new version. A lost answer is
+        checked by the place (§7.3 rev. 3); a 412 is checked here too before it is called a
+        conflict (a bridge may turn away a retry of a write it had done): the manifest there
+        being exactly ``data`` is this write, landed."""
+        try:
+            return self.place.write(copyfmt.MANIFEST, data, expect)
+        except Conflict:
+            try:
+                there, version = self.place.get(copyfmt.MANIFEST)
+            except (NotFound, TooLarge):
+                raise Conflict(copyfmt.MANIFEST) from None
+            if there == data:
+                log.info("the manifest written was there already (a lost answer): no conflict")
+                return version
+            raise
 
     def delete(self, name: str) -> bool:
         """Delete one file; whether it is gone (False: to be tried again later)."""
@@ -172,29 +186,130 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
     raise BridgeDown("the copy kept changing while it was read")
 
 
+class StateFile:
+    """Shows a write-back's state in a small JSON file of the cache's own folder (written
+    whole and renamed at each transition), for `lnk-lnkmem status`: ``state``, ``since``
+    (RFC 3339), ``error``, ``writes``, ``conflicts``, ``failures`` and the process's ``pid``."""
+
+    NAME = "writeback.json"
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, self.NAME)
+
+    def __call__(self, wb: "WriteBack") -> None:
+        import json
+        wall = time.time() - (time.monotonic() - wb.since)
+        shown = {"state": wb.state, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)),
+                 "error": wb.error, "writes": wb.writes, "conflicts": wb.conflicts,
+                 "failures": wb.failures, "pid": os.getpid()}
+        tmp = f"{self.path}.tmp"  # (one process a cache: its lock)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(shown, f)
+        os.replace(tmp, self.path)
+
+    def read(self) -> Optional[dict]:
+        import json
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                shown = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return shown if isinstance(shown, dict) else None
+
+
 class WriteBack:
-    """The write-back loop of one cache and its copy."""
+    """The write-back loop of one cache and its copy: a state machine.
+
+    States (``state``; ``since``, when it was entered; ``error``, the last failure):
+
+    - ``clean``: the copy holds everything the cache does;
+    - ``dirty``: a change is waiting for its write-back (debounced, §7.3);
+    - ``writing``: a write-back is under way; ``reloading``: it met a newer copy
+      (412) and loads it before writing again;
+    - ``backing off``: the last write-back failed (``error`` says why); still dirty,
+      tried again after a jittered backoff (0.5 s doubling to 30 s);
+    - ``stopped``: ``stop`` was called.
+
+    Every change of state goes through ``_to`` (assigning ``state`` calls it). The
+    loop is told of changes, never polls: the store's commits call ``changed``, and
+    ``look`` asks it to see whether the cache holds anything unwritten (after the
+    copy was looked at, a rebuild, a damaged copy). Every exception in the loop is
+    caught and shown in its state; a new store (``store_of()`` after a rebuild) is
+    looked at afresh. ``on_state(self)`` is told of each transition (``StateFile``).
+    """
+
+    NEXT = {  # the transitions the loop makes
+        "clean": ("dirty", "writing", "stopped"),
+        "dirty": ("writing", "clean", "backing off", "stopped"),
+        "writing": ("clean", "dirty", "reloading", "backing off", "stopped"),
+        "reloading": ("writing", "clean", "dirty", "backing off", "stopped"),
+        "backing off": ("writing", "dirty", "clean", "stopped"),
+        "stopped": ("writing",),  # a flush after stop writes on the caller's thread
+    }
+    BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 
     def __init__(self, store_of: Callable[[], Store], replica: Replica, reload: Callable[[], None],
-                 every: Optional[float] = None, name: str = "", quiet_s: Optional[float] = None):
+                 every: Optional[float] = None, name: str = "", quiet_s: Optional[float] = None,
+                 on_state: Optional[Callable[["WriteBack"], None]] = None):
         self.store_of = store_of
         self.replica = replica
         self.reload = reload  # load the copy's newer version and re-apply the sources
         self.every = interval() if every is None else every
         self.quiet = quiet() if quiet_s is None else quiet_s
         self.name = name
-        self.state = "clean"
+        self.on_state = on_state
+        self._state = "clean"
+        self.since = time.monotonic()
         self.last_write = 0.0
         self.writes = 0
         self.conflicts = 0
+        self.failures = 0  # write-backs (or looks at the cache) that failed
         self.error: Optional[str] = None
         self._cond = threading.Condition()
         self._dirty_since: Optional[float] = None  # the first unwritten change
         self._last_change = 0.0  # the latest change
+        self._look = True  # look at the cache for unwritten changes (first: at start)
+        self._seen = None  # the store last looked at
+        self._backoff = self.BACKOFF_FIRST
         self._flush_waiters: list[threading.Event] = []
         self._stop = False
         self._thread: Optional[threading.Thread] = None
         self.lock = threading.RLock()  # one write-back (or look at the copy) at a time
+
+    # --- the state ----------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, new: str) -> None:
+        self._to(new)
+
+    def _to(self, new: str, error: Optional[str] = None) -> None:
+        """The one transition function: every change of state, its time, its error."""
+        with self._cond:
+            old = self._state
+            if new == old:
+                return
+            if new not in self.NEXT:
+                raise ValueError(f"no write-back state {new!r}")
+            if new not in self.NEXT[old]:  # said, never a reason to fail a write-back
+                log.warning("write-back%s: %s -> %s is no transition of its loop", self.name, old, new)
+            self._state = new
+            self.since = time.monotonic()
+            if new == "backing off":
+                self.error = error
+            elif new == "clean":
+                self.error = None
+            self._cond.notify_all()
+        if self.on_state is not None:
+            try:
+                self.on_state(self)
+            except Exception as e:  # a display's failure is no write-back's
+                log.debug("write-back state not shown: %s", e)
+
+    # --- told from outside --------------------------------------------------
 
     def start(self) -> "WriteBack":
         self._thread = threading.Thread(target=self._run, name=f"lnkmem-writeback{self.name}", daemon=True)
@@ -202,13 +317,22 @@ class WriteBack:
         return self
 
     def changed(self) -> None:
-        """The cache changed: write back once it has been quiet a while, within the interval."""
+        """The cache changed (a commit): write back once it has been quiet a while, within the interval."""
         with self._cond:
             now = time.monotonic()
             if self._dirty_since is None:
                 self._dirty_since = now
             self._last_change = now
-            self._cond.notify()
+            if self._state == "clean":
+                self._to("dirty")
+            self._cond.notify_all()
+
+    def look(self) -> None:
+        """Something other than a commit may have left the cache unlike the copy (the copy
+        looked at, found damaged or missing; a rebuilt index): the loop looks at it."""
+        with self._cond:
+            self._look = True
+            self._cond.notify_all()
 
     def _due(self) -> float:
         """When the pending change is written (§7.3 rev. 2): once the index has been
@@ -218,65 +342,140 @@ class WriteBack:
         return max(self.last_write + self.every, settled)
 
     def flush(self, timeout: float = 60.0) -> Optional[str]:
-        """Write back now and wait for the bridge's acknowledgement; an error, or None."""
+        """Write back now and wait for the bridge's acknowledgement; an error, or None.
+        ``timeout`` is for a write-back that moves no byte: one still sending is waited for."""
         if self._thread is None or not self._thread.is_alive():  # stopped: write here
+            was = self._state
             try:
                 self.write()
                 return None
             except Exception as e:
                 return f"the copy could not be written: {e}"
+            finally:
+                if was == "stopped":
+                    self._to("stopped")
         done = threading.Event()
         with self._cond:
             self._flush_waiters.append(done)
-            self._cond.notify()
-        if not done.wait(timeout):
-            return "the write-back did not finish in time"
+            self._cond.notify_all()
+        moved = self._moved()
+        while not done.wait(timeout):  # a write-back still moving bytes is waited for
+            now = self._moved()
+            if self._state not in ("writing", "reloading") or now is None or now == moved:
+                return "the write-back did not finish in time"
+            moved = now
         return self.error
+
+    def _moved(self) -> Optional[int]:
+        """Bytes the copy's place has moved so far (None: it does not say)."""
+        return getattr(getattr(self.replica, "place", None), "moved", None)
 
     def stop(self, timeout: float = 60.0) -> Optional[str]:
         err = self.flush(timeout)
         with self._cond:
             self._stop = True
-            self._cond.notify()
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
         return err
 
+    # --- the loop -------------------------------------------------------------
+
     def _run(self) -> None:
-        backoff = 0.5
-        while True:
+        try:
+            while self._step():
+                pass
+        except BaseException as e:  # not an Exception (the loop catches those): shown all the same
+            self.error = f"the write-back stopped: {type(e).__name__}: {e}"
+            self._to("stopped")
+            raise
+        finally:
             with self._cond:
-                while True:
-                    if self._stop:
-                        for w in self._flush_waiters:
-                            w.set()
-                        return
-                    if self._flush_waiters:
-                        break
-                    if self._dirty_since is not None:
-                        wait = self._due() - time.monotonic()
-                        if wait <= 0:
-                            break
-                        self._cond.wait(wait)
-                    else:
-                        self._cond.wait(1.0)
-                        if self._dirty_since is None and copyfmt.dirty(self.store_of()):
-                            self._dirty_since = self._last_change = time.monotonic()
                 waiters, self._flush_waiters = self._flush_waiters, []
-                self._dirty_since = None
-            try:
-                self.write()
-                self.error = None
-                backoff = 0.5
-            except Exception as e:  # keep it dirty and try again later
-                self.error = f"the copy could not be written: {e}"
-                log.warning("%s", self.error)
-                with self._cond:
-                    if self._dirty_since is None:
-                        self._dirty_since = time.monotonic()
-                    self._last_change = 0.0  # a retry waits for the backoff, not for quiet
-                    self.last_write = time.monotonic() - self.every + backoff * (1 + random.random())
-                backoff = min(backoff * 2, 30.0)
             for w in waiters:
                 w.set()
+
+    def _step(self) -> bool:
+        """Wait for what is next, do it; False once stopped. Nothing raised escapes it."""
+        waiters: list[threading.Event] = []
+        try:
+            what = self._next()
+            if what is None:
+                return False
+            waiters = what
+            self.write()
+            self._backoff = self.BACKOFF_FIRST
+            with self._cond:
+                self.error = None
+                if self._state == "dirty" and self._dirty_since is None:  # left dirty, no commit said so
+                    self._dirty_since = self._last_change = time.monotonic()
+        except Exception as e:
+            self._failed(e)
+        finally:
+            for w in waiters:
+                w.set()
+        return True
+
+    def _next(self) -> Optional[list]:
+        """Wait until a write-back is due (or asked for); the flushes waiting on it, or None at stop."""
+        while True:
+            look = False
+            with self._cond:
+                if self._stop:
+                    self._to("stopped")
+                    return None
+                if not self._flush_waiters:
+                    store = self.store_of()
+                    if store is not self._seen:  # the first, or a new one (rebuilt): look at it
+                        self._look = True
+                        self._seen = store
+                    look = self._look
+                    self._look = False
+                    if not look:
+                        if self._dirty_since is None:
+                            self._cond.wait()
+                            continue
+                        wait = self._due() - time.monotonic()
+                        if wait > 0:
+                            self._cond.wait(wait)
+                            continue
+            if look:
+                self._look_at(self._seen)
+                continue
+            with self._cond:
+                waiters, self._flush_waiters = self._flush_waiters, []
+                self._dirty_since = None
+            return waiters
+
+    def _look_at(self, store) -> None:
+        """Whether the cache holds anything the copy lacks (an LMDB read, off the lock)."""
+        if store is None:
+            return
+        if copyfmt.dirty(store):
+            with self._cond:
+                if self._dirty_since is None:
+                    self._dirty_since = self._last_change = time.monotonic()
+                if self._state == "clean":
+                    self._to("dirty")
+        elif self._state == "dirty":
+            with self._cond:
+                if self._dirty_since is not None and not self._flush_waiters:
+                    return  # a commit said so meanwhile
+                self._to("clean")
+
+    def _failed(self, e: Exception) -> None:
+        """A write-back (or a look at the cache) failed: kept dirty, tried again after the backoff."""
+        why = f"the copy could not be written: {e}" if not isinstance(e, copyfmt.CopyDamaged) else str(e)
+        log.warning("%s", why)
+        self.failures += 1
+        with self._cond:
+            if self._dirty_since is None:
+                self._dirty_since = time.monotonic()
+            self._last_change = 0.0  # a retry waits for the backoff, not for quiet
+            self.last_write = time.monotonic() - self.every + self._backoff * (1 + random.random())
+            self._look = False
+            self._to("backing off", why)
+        self._backoff = min(self._backoff * 2, self.BACKOFF_MAX)
 
     def write(self) -> bool:
         """One write-back, riding out 412s. True when something was written.

@@ -109,6 +109,8 @@ def test_bridge_faults_while_serving_lose_nothing(bridges, tmp_path):
             ("slow", bridges.files, {"mode": "slow", "count": 6, "delay": 0.3}),
             ("drop", bridges.storage, {"mode": "drop", "count": 3}),
             ("dropf", bridges.files, {"mode": "drop", "count": 3}),
+            ("lost", bridges.storage, {"mode": "lost", "count": 3}),  # done, never answered (issue 33)
+            ("trickle", bridges.storage, {"mode": "trickle", "count": 4, "delay": 0.02}),
             ("down", bridges.storage, {"mode": "down", "count": 4}),
             ("refuse", bridges.storage, {"mode": "refuse", "delay": 1.5}),
             ("500", bridges.files, {"mode": "500", "count": 3}),

@@ -1,9 +1,24 @@
 """HTTP/1.1 over a Unix socket to one of Link's bridges (§8.1).
 
 One small client (after httpx's transports): every request carries the
-binding's proof, is retried with backoff and jitter on 429/5xx and connection
-errors (tenacity), and maps the bridge's answers onto the place exceptions.
-The key is held here and nowhere else; it never reaches a log or a message.
+binding's proof and maps the bridge's answers onto the place exceptions. The
+key is held here and nowhere else; it never reaches a log or a message.
+
+At any size (§7.3 rev. 3):
+
+- a request body is sent in pieces of at most ``CHUNK`` bytes (``Body``): slices
+  of the caller's buffer or its own chunks, never one copy of the whole (httpcore's
+  sync stream slices what is left of a buffer after every ``send``, so one large
+  buffer costs the square of its size);
+- the deadline follows progress: a request may take ``timeout`` seconds plus one
+  second for every ``MIN_RATE`` bytes moved either way, and no single wait on the
+  socket may exceed ``timeout`` (a stall), so a large body moving slowly finishes
+  and a stalled or dripping one does not hang the caller;
+- only idempotent requests are retried whatever happened (GET, HEAD, bind, and a
+  create-only ``PUT`` with ``If-None-Match: *``, whose retry at worst answers 412);
+  a request that changes something (``If-Match`` PUT, DELETE) is retried only when
+  it surely was not done (connection refused, 429, 503); when its answer is lost
+  after it was sent, ``Unanswered`` says so and the place checks what is there.
 """
 
 from __future__ import annotations
@@ -13,7 +28,7 @@ import hmac
 import logging
 import os
 import time
-from typing import Optional
+from typing import Iterable, Iterator, Optional, Union
 
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
@@ -48,10 +63,85 @@ class Refused(Exception):
     """The bridge refused the binding's proof (401/403 on bind)."""
 
 
+class Unanswered(BridgeDown):
+    """A request that changes something was sent and no answer came back (the
+    connection broke or stalled, or a 5xx other than 503): it may have been done.
+    It is not sent again blindly; the caller looks at what is there."""
+
+
+CHUNK = 256 * 1024  # a request body goes to the socket in pieces of at most this
+MIN_RATE = 256 * 1024  # bytes a second: the slowest transfer the deadline waits for
+
+Chunks = Union[bytes, bytearray, memoryview, Iterable]
+
+
+class Body:
+    """A request body sent in pieces: a bytes-like object (sliced, never copied whole)
+    or an iterable of bytes-like chunks whose total ``length`` is known (a list or any
+    iterable that gives its chunks afresh each time it is iterated can be sent again;
+    a one-shot iterator cannot, and a failure after its first piece is final)."""
+
+    def __init__(self, data: Chunks, length: Optional[int] = None):
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            self._view: Optional[memoryview] = memoryview(data).cast("B")
+            self._parts = None
+            self.length = self._view.nbytes
+            self.replayable = True
+        else:
+            self._view = None
+            self._parts = data
+            if length is None and isinstance(data, (list, tuple)):
+                length = sum(memoryview(p).nbytes for p in data)
+            if length is None:
+                raise ValueError("a body given in chunks needs its length")
+            self.length = length
+            self.replayable = iter(data) is not data
+        self.started = False  # a piece was handed to the transport
+
+    def pieces(self) -> Iterator[memoryview]:
+        """The body in pieces of at most CHUNK bytes (ValueError when it is not ``length`` long)."""
+        if self._parts is not None and not self.replayable and self.started:
+            raise ValueError("a one-shot body cannot be sent twice")
+        self.started = True
+        if self._view is not None:
+            for i in range(0, self.length, CHUNK):
+                yield self._view[i:i + CHUNK]
+            return
+        sent = 0
+        for part in self._parts:
+            v = memoryview(part).cast("B")
+            sent += v.nbytes
+            if sent > self.length:
+                raise ValueError(f"the body is longer than its stated length ({self.length} bytes)")
+            for i in range(0, v.nbytes, CHUNK):
+                yield v[i:i + CHUNK]
+        if sent != self.length:
+            raise ValueError(f"the body is {sent} bytes, not its stated {self.length}")
+
+    def digest(self) -> bytes:
+        """SHA-256 of the body (sent again piece by piece; only for a replayable body)."""
+        h = hashlib.sha256()
+        for piece in self.pieces():
+            h.update(piece)
+        return h.digest()
+
+
 class _Retry(Exception):
-    def __init__(self, why: str, after: float = 0.0):
+    """One attempt failed. ``sent``: the request may have reached the bridge (and been done);
+    ``after``: the bridge's Retry-After."""
+
+    def __init__(self, why: str, after: float = 0.0, sent: bool = True):
         super().__init__(why)
         self.after = after
+        self.sent = sent
+
+
+def idempotent(method: str, url: str, headers: Optional[dict]) -> bool:
+    """Whether sending ``method`` again is harmless whatever the first attempt did."""
+    if method in ("GET", "HEAD") or url == "/v1/bind":
+        return True
+    create_only = any(k.lower() == "if-none-match" and v == "*" for k, v in (headers or {}).items())
+    return method == "PUT" and create_only
 
 
 def proof(key_hex: str, purpose: str, owner: str, agent: str) -> str:
@@ -75,6 +165,7 @@ class BridgeClient:
         self.patience = patience
         self.timeout = timeout
         self.max_body = max_body()
+        self.moved = 0  # bytes sent and received, all requests together: progress, for waiters
         self._auth = auth_header(key_hex, purpose, owner, agent)
         # plain HTTP over a Unix socket: no certificate bundle to load (tens of ms a client)
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path, verify=False), verify=False,
@@ -87,11 +178,30 @@ class BridgeClient:
     def close(self) -> None:
         self.client.close()
 
-    def _once(self, method: str, url: str, params=None, content: Optional[bytes] = None,
+    def _once(self, method: str, url: str, params=None, body: Optional[Body] = None,
               headers: Optional[dict] = None) -> httpx.Response:
         h = {"Authorization": self._auth}
         h.update(headers or {})
-        deadline = time.monotonic() + self.timeout  # for the whole answer: a slow drip must not hang us
+        started = time.monotonic()
+        moved = 0  # bytes sent and received: each MIN_RATE of them extends the deadline a second
+
+        def late() -> bool:
+            return time.monotonic() > started + self.timeout + moved / MIN_RATE
+
+        def stream(pieces: Iterator[memoryview]) -> Iterator[memoryview]:
+            nonlocal moved
+            for piece in pieces:
+                yield piece  # (the code below runs once the socket has taken it)
+                moved += piece.nbytes
+                self.moved += piece.nbytes
+                if late():
+                    raise _Retry(f"{self.purpose} bridge took the body too slowly "
+                                 f"({moved} bytes in {time.monotonic() - started:.0f}s)")
+
+        content = None
+        if body is not None:
+            h["Content-Length"] = str(body.length)  # (httpx then sends no chunked framing)
+            content = stream(body.pieces()) if body.length else b""
         try:
             with self.client.stream(method, url, params=params, content=content, headers=h) as s:
                 limit = self.max_body
@@ -103,34 +213,54 @@ class BridgeClient:
                 raw = bytearray()
                 for chunk in s.iter_raw():
                     raw += chunk
+                    moved += len(chunk)
+                    self.moved += len(chunk)
                     if len(raw) > limit:
                         raise big
-                    if time.monotonic() > deadline:
-                        raise _Retry(f"{self.purpose} bridge answered too slowly (over {self.timeout:g}s)")
+                    if late():  # a slow drip must not hang us
+                        raise _Retry(f"{self.purpose} bridge answered too slowly "
+                                     f"({moved} bytes in {time.monotonic() - started:.0f}s)")
             r = httpx.Response(s.status_code, headers=s.headers, content=bytes(raw), request=s.request)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
+            raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})", sent=False) from None
         except (httpx.TransportError, httpx.DecodingError) as e:
             raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})") from None
         if r.status_code == 429 or r.status_code >= 500:
             after = r.headers.get("Retry-After", "")
+            # 429 and 503 say the request was turned away; another 5xx may come after it was done
             raise _Retry(f"{self.purpose} bridge answered {r.status_code}",
-                         float(after) if after.replace(".", "", 1).isdigit() else 0.0)
+                         float(after) if after.replace(".", "", 1).isdigit() else 0.0,
+                         sent=r.status_code not in (429, 503))
         return r
 
-    def request(self, method: str, url: str, params=None, content: Optional[bytes] = None,
-                headers: Optional[dict] = None, patience: Optional[float] = None) -> httpx.Response:
-        """Send with retries; 4xx come back as they are, persistent failure raises BridgeDown."""
+    def request(self, method: str, url: str, params=None, content: Optional[Chunks] = None,
+                headers: Optional[dict] = None, patience: Optional[float] = None,
+                length: Optional[int] = None) -> httpx.Response:
+        """Send, retrying what may be retried (module doc); 4xx come back as they are.
+        ``content``: bytes, or chunks of ``length`` bytes in all (``Body``). Persistent
+        failure raises BridgeDown; a change whose answer was lost, Unanswered."""
         budget = self.patience if patience is None else patience
+        body = None if content is None else content if isinstance(content, Body) else Body(content, length)
+        safe = idempotent(method, url, headers)
+
+        def again(e: BaseException) -> bool:
+            if not isinstance(e, _Retry):
+                return False
+            if body is not None and not body.replayable and body.started:
+                return False
+            return safe or not e.sent
 
         def wait(state) -> float:
             base = wait_random_exponential(multiplier=0.05, max=2.0)(state)
             exc = state.outcome.exception() if state.outcome else None
             return max(base, min(getattr(exc, "after", 0.0), 5.0))
 
-        retry = Retrying(retry=retry_if_exception(lambda e: isinstance(e, _Retry)), wait=wait,
-                         stop=stop_after_delay(budget), reraise=True)
+        retry = Retrying(retry=retry_if_exception(again), wait=wait, stop=stop_after_delay(budget), reraise=True)
         try:
-            return retry(self._once, method, url, params, content, headers)
+            return retry(self._once, method, url, params, body, headers)
         except _Retry as e:
+            if e.sent and not safe:
+                raise Unanswered(f"{e}; the request may have been done") from None
             raise BridgeDown(str(e)) from None
 
     def bind(self, patience: float = 5.0) -> None:

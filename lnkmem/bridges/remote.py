@@ -5,13 +5,14 @@ a collection of the storage bridge (§8.3). Both implement the place interface
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from typing import Optional
 
 import msgspec
 
-from lnkmem.bridges.http import BridgeClient, BridgeDown, check, etag, quote, unquote
-from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
+from lnkmem.bridges.http import Body, BridgeClient, BridgeDown, Chunks, Unanswered, check, etag, quote, unquote
+from lnkmem.bridges.place import MAX_FILE, Conflict, Entry, Forbidden, NotFound, check_relpath
 from lnkmem.ignore import MAX_BYTES as IGNORE_MAX_BYTES
 from lnkmem.ignore import NAMES as IGNORE_NAMES
 from lnkmem.ignore import Listed, parse as parse_ignore
@@ -86,11 +87,16 @@ class _BridgePlace:
     client: BridgeClient
     root: str = ""
 
+    @property
+    def moved(self) -> int:
+        """Bytes moved through this place's bridge client so far (progress, for waiters)."""
+        return self.client.moved
+
     def _full(self, path: str) -> str:
         path = check_relpath(path)
         return f"{self.root}/{path}" if self.root and path else (self.root or path)
 
-    def _send(self, method: str, full: str, headers: dict, content: Optional[bytes] = None):
+    def _send(self, method: str, full: str, headers: dict, content: Optional[Body] = None):
         raise NotImplementedError
 
     def list(self, prefix: str = "") -> list[Entry]:
@@ -122,19 +128,57 @@ class _BridgePlace:
         data, version = self.get(path)
         return data, version
 
-    def write(self, path: str, data: bytes, expect: Optional[str]) -> str:
-        """Write if the file is still at ``expect`` (None: only if it does not exist)."""
+    def write(self, path: str, data: Chunks, expect: Optional[str], length: Optional[int] = None) -> str:
+        """Write if the file is still at ``expect`` (None: only if it does not exist); the new
+        version. ``data``: bytes, or chunks of ``length`` bytes in all, sent in pieces (http.Body).
+
+        A write whose answer was lost (Unanswered: it may have been done) is checked
+        before anything else is concluded (§7.3 rev. 3): the file still at ``expect`` was
+        not written and is written again; the file holding exactly these bytes was written
+        (by this request): its version is the answer; anything else is a Conflict."""
         full = self._full(path)
         h = {"If-Match": quote(expect)} if expect else {"If-None-Match": "*"}
-        return unquote(etag(check(self._send("PUT", full, h, data), f"write {full}")))
+        body = Body(data, length)
+        for _ in range(5):
+            try:
+                return unquote(etag(check(self._send("PUT", full, h, body), f"write {full}")))
+            except Unanswered:
+                if not body.replayable:
+                    raise
+                version = self._written(path, body, expect)
+                if version is not None:
+                    return version
+        raise BridgeDown(f"write {full}: the bridge kept losing its answers")
+
+    def _written(self, path: str, body: Body, expect: Optional[str]) -> Optional[str]:
+        """After a lost answer: the version when the file holds ``body`` now; None when it is
+        as before the write (not done: send it again); Conflict when another version is there."""
+        try:
+            there, version = self.get(path, expect)
+        except NotFound:
+            if expect is None:
+                return None  # create-only, and nothing there: not done
+            raise Conflict(f"write {self._full(path)}: the file is gone") from None
+        if there is None:  # 304: still the version expected
+            return None
+        if hashlib.sha256(there).digest() == body.digest():
+            return version
+        raise Conflict(f"write {self._full(path)}")
 
     def delete(self, path: str, expect: Optional[str] = None) -> None:
+        """Delete (if still at ``expect``). A delete whose answer was lost is sent once more:
+        its answer says what is there (gone: done; another version: Conflict)."""
         full = self._full(path)
         h = {"If-Match": quote(expect)} if expect else {}
-        try:
-            check(self._send("DELETE", full, h), f"delete {full}")
-        except NotFound:
-            pass
+        for last in (False, True):
+            try:
+                check(self._send("DELETE", full, h), f"delete {full}")
+                return
+            except NotFound:
+                return
+            except Unanswered:
+                if last:
+                    raise
 
 
 class FilesPlace(_BridgePlace):
@@ -259,7 +303,7 @@ class FilesPlace(_BridgePlace):
             raise NotFound(path)
         return super().read(path)
 
-    def _send(self, method: str, full: str, headers: dict, content: Optional[bytes] = None):
+    def _send(self, method: str, full: str, headers: dict, content: Optional[Body] = None):
         if method == "GET":
             return self.client.request("GET", "/v1/read", params=self._params(full), headers=headers)
         # writes: Home only, for the copy under memory/lnkmem/
@@ -293,5 +337,5 @@ class Collection(_BridgePlace):
             out.append(Entry(rel, e.size, e.version))
         return out
 
-    def _send(self, method: str, full: str, headers: dict, content: Optional[bytes] = None):
+    def _send(self, method: str, full: str, headers: dict, content: Optional[Body] = None):
         return self.client.request(method, f"{self.base}/{full}", content=content, headers=headers)

@@ -234,7 +234,7 @@ def open_folder(path: str, agent: Optional[str], create: bool = True, mode: int 
                         link = False
                     where = os.path.join(start, *parts[:i + 1])
                     if link:
-                        raise FolderRefused(f"{where} is a symbolic link: an agent's notes and state are never "
+                        raise FolderRefused(f"{where} is a symbolic link: an agent's folders are never "
                                             f"reached through a link (make it a plain folder)") from None
                     raise FolderRefused(f"{where} is not a folder") from None
                 raise

@@ -78,6 +78,17 @@ class Layout:
     agent: Optional[str] = None
 
 
+def _agent_folder(cfg: AgentConfig, name: str) -> str:
+    """``<agent>/<name>``, refused (FolderRefused) when a link stands in its way: a
+    place resolves its root once, so a link there at the start would serve another
+    agent's folder (a link swapped in later is caught by the place's descriptor check)."""
+    path = os.path.join(cfg.agent, name)
+    fd = open_folder(path, cfg.agent, create=False)
+    if fd is not None:
+        os.close(fd)
+    return path
+
+
 def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     """An agent on this machine: Home, chats, skills and notes in local folders.
 
@@ -87,6 +98,8 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     state_fd = open_folder(cfg.state, cfg.agent, create=create)
     try:
         notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent, create=create, state_fd=state_fd) if cfg.notes_path else None
+        if cfg.agent:  # chats and skills never through a link either (FolderRefused)
+            chats_dir, skills_dir = _agent_folder(cfg, "chats"), _agent_folder(cfg, "skills")
     except BaseException:
         if state_fd is not None:
             os.close(state_fd)
@@ -98,9 +111,9 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
         from lnkmem.bridges import driver
         places["chats"] = driver.conversations(cfg, os.path.join(cfg.state, "conversations"))
     elif cfg.agent:
-        places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
+        places["chats"] = LocalPlace(chats_dir)
     if cfg.agent:
-        places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
+        places["skills"] = LocalPlace(skills_dir)
     if notes:
         places["notes"] = NotesPlace(notes)
     embed = (cfg.model_url, cfg.spec.model or "default", dict) if cfg.model_url else None

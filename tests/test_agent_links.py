@@ -94,3 +94,29 @@ def test_memory_swapped_while_serving_changes_nothing(tmp_path):
         assert "zebrafish" not in str(r)
     assert b.notes.read_text() == "- b's secret: the vault code is 4417 zebrafish\n"
     assert (a.agent / "memory.moved" / "notes.md").read_text() == "- a's note\n- first\n- second\n"
+
+
+def test_chats_or_skills_a_link_to_another_agents_is_refused(tmp_path):
+    """No agent's folder is reached through a link (issue 34): `<agent>/chats` or
+    `<agent>/skills` swapped for a link to another agent's served that agent's
+    conversations and skills to this one's searches and reads."""
+    a, b = _two(tmp_path)
+    (b.agent / "chats").mkdir(exist_ok=True)
+    (b.agent / "chats" / "t1.jsonl").write_text(
+        '{"role": "user", "content": "the zebrafish launch codes are private", "at": "2026-12-01T10:00:00Z"}\n')
+    (b.agent / "skills" / "private").mkdir(parents=True, exist_ok=True)
+    (b.agent / "skills" / "private" / "SKILL.md").write_text("zebrafish handling, b's alone\n")
+    for name in ("chats", "skills"):
+        for n in ("chats", "skills"):
+            if (a.agent / n).is_symlink():
+                os.unlink(a.agent / n)
+                (a.agent / n).mkdir()
+        shutil.rmtree(a.agent / name, ignore_errors=True)
+        os.symlink(b.agent / name, a.agent / name)
+        with Server.start(a) as s:
+            s.initialize()
+            for tool, args in (("search", {"query": "zebrafish"}), ("read", {"ref": f"{name}/x"}), ("list", {})):
+                r = s.call(tool, args)
+                assert r["isError"] is True and "link" in r["content"][0]["text"], (name, tool, r)
+                assert "zebrafish" not in str(r)
+        assert s.proc.returncode == 0 and b"Traceback" not in s.stderr

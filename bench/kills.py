@@ -473,7 +473,7 @@ class Bound:
 
 # --- kills at scale: a large write-back and a cold load (issue 33) -----------------------------
 
-_BLOB = re.compile(r"[A-Za-z0-9_./-]+-[0-9a-f]{16,}(\.[A-Za-z0-9]+)?")
+_BLOB = re.compile(r"[A-Za-z0-9_./-]+-[0-9a-f]{16,}(-[0-9]+)?(\.[A-Za-z0-9]+)?")  # a size after the hash (copy-4)
 
 
 def named(manifest: bytes) -> set:

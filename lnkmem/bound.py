@@ -363,7 +363,7 @@ class Bindings:
     def _own_memory(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str,
                     has_memory_place: bool):
         """The agent's memory: its places behind the bridges, its copy, its cache."""
-        from lnkmem.engine import Layout, Memory, NotesPlace
+        from lnkmem.engine import Layout, Memory, NotesPlace, agent_folder
         from lnkmem.config import FolderRefused
         from lnkmem.notes import BridgeNotes, LocalNotes
         from lnkmem.sync import Replica
@@ -382,10 +382,13 @@ class Bindings:
         elif cfg.store_driver:
             from lnkmem.bridges import driver
             places["chats"] = driver.conversations(cfg, os.path.join(cache, "conversations"))
-        elif cfg.agent:
-            places["chats"] = LocalPlace(os.path.join(cfg.agent, "chats"))
-        if cfg.agent:
-            places["skills"] = LocalPlace(os.path.join(cfg.agent, "skills"))
+        try:  # an agent's folders never through a link (§2.2 rev. 3)
+            if cfg.agent and "chats" not in places:
+                places["chats"] = LocalPlace(agent_folder(cfg, "chats"))
+            if cfg.agent:
+                places["skills"] = LocalPlace(agent_folder(cfg, "skills"))
+        except FolderRefused as e:
+            raise Refusal(f"agent {first.agent} is not served: {e}") from None
         # §5.4 rev. 2, where the notes live: the storage memory place; else Home's
         # memory/notes.md through the files bridge; else the agent's local notes (--notes)
         notes = None

@@ -78,7 +78,7 @@ class Layout:
     agent: Optional[str] = None
 
 
-def _agent_folder(cfg: AgentConfig, name: str) -> str:
+def agent_folder(cfg: AgentConfig, name: str) -> str:
     """``<agent>/<name>``, refused (FolderRefused) when a link stands in its way: a
     place resolves its root once, so a link there at the start would serve another
     agent's folder (a link swapped in later is caught by the place's descriptor check)."""
@@ -99,7 +99,7 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     try:
         notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent, create=create, state_fd=state_fd) if cfg.notes_path else None
         if cfg.agent:  # chats and skills never through a link either (FolderRefused)
-            chats_dir, skills_dir = _agent_folder(cfg, "chats"), _agent_folder(cfg, "skills")
+            chats_dir, skills_dir = agent_folder(cfg, "chats"), agent_folder(cfg, "skills")
     except BaseException:
         if state_fd is not None:
             os.close(state_fd)

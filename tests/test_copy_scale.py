@@ -82,6 +82,13 @@ def puts(bridges, kind: str = "") -> list:
             and f"/lnkmem/{kind}" in e["path"]]
 
 
+def _quietly(f, *a) -> None:
+    try:
+        f(*a)
+    except (OSError, EOFError, ValueError):
+        pass
+
+
 # --- the format at its bounds ---------------------------------------------------------
 
 def test_segments_split_at_a_small_bound_load_back_the_same(tmp_path):
@@ -258,6 +265,54 @@ def test_files_of_a_killed_write_back_are_deleted_at_the_next(bridges, tmp_path)
     after = manifest(bridges)
     assert sent - set(after["pages"]), "the pages sent before the kill were all sent again"
     assert set(copy_files(bridges)) == named_files(after)
+    check_copy(copy_files(bridges))
+
+
+def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges, tmp_path):
+    """The manifest's PUT held by the bridge, `serve-many` killed meanwhile, then the PUT
+    lands (as a request a real bridge received does): the next start loads that version,
+    and the files of the version it replaced -- which the dead writer never got to delete
+    -- are deleted by the next write-back: the bucket holds the copy and nothing more."""
+    import time
+    for i in range(200):
+        bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
+    with serve(bridges, tmp_path, "k") as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/notes/f007.md" in hits(c, "uniq7x0"), timeout=60)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    first = named_files(manifest(bridges))
+    for i in range(0, 200, 5):  # pages and the head change
+        bridges.write_home(f"notes/f{i:03}.md", text(i, 1) + "\nmore about lighthouses\n")
+
+    def held() -> bool:
+        return json.loads(bridges.storage.request("GET", "/_fault")[2])["mode"] == "ok"
+
+    m = serve(bridges, tmp_path, "k", {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "3600"})
+    try:
+        with m.connect() as c:
+            assert c.first(bridges.bound()) == {"ok": True}
+            assert until(lambda: "home/notes/f005.md" in hits(c, "lighthouses"), timeout=60)
+            bridges.storage.request("POST", "/_fault", json.dumps(
+                {"mode": "slow", "delay": 4.0, "count": 1, "path": "/v1/c/memory/lnkmem/manifest.json"}).encode())
+            ctl = m.connect()
+            threading.Thread(target=lambda: _quietly(ctl.first, {"flush": {"owner": "o1", "agent": "a1"}}),
+                             daemon=True).start()
+            assert until(held, timeout=60)  # the manifest's PUT is in the bridge's hands
+            m.proc.send_signal(signal.SIGKILL)
+            m.proc.wait(10)
+    finally:
+        m.__exit__(None, None, None)
+    time.sleep(4.5)  # it lands
+    landed = named_files(manifest(bridges))
+    assert landed != first and first - landed  # the dead writer's version, some files of the first gone from it
+    assert first - landed <= set(copy_files(bridges))  # ... but still in the bucket
+    with serve(bridges, tmp_path, "k") as m2, m2.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "home/notes/f005.md" in hits(c, "lighthouses"), timeout=60)
+        with m2.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    assert set(copy_files(bridges)) == named_files(manifest(bridges))
     check_copy(copy_files(bridges))
 
 

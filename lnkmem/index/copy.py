@@ -1134,7 +1134,9 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
         txn.put(b"gen", str(gen).encode(), db=store.meta)
         named = manifest.names()
         keep = set(named)
-        doomed = [n for n in old.doomed if n not in keep]
+        # the files of the version this cache held (and any it sent) that this one does not
+        # name: a writer that was killed once its manifest was on its way never deleted them
+        doomed = [n for n in dict.fromkeys(old.doomed + old.named) if n not in keep]
         if v.renumbered or manifest.format != FORMAT:
             # of this version, but every file is sent anew at the next write-back (renumbered:
             # the copy's files are no longer the cache's segments; the previous format: written

@@ -184,21 +184,28 @@ def nameable(thread: object) -> bool:
     return isinstance(thread, str) and ID_RE.match(thread) is not None and not thread.endswith(COMPACT)
 
 
-def parse_listing(out: bytes) -> tuple[dict[str, Listed], list[str]]:
-    """`conversations`' answer: {thread: Listed} and the threads skipped (not IDs).
-    A line that is not `{"thread", "version", "compact"?}` makes the whole
-    listing untrustworthy: DriverFailed (nothing is dropped on its word)."""
-    listed: dict[str, Listed] = {}
-    skipped: list[str] = []
+def json_lines(out: bytes, what: str):
+    """(line number, object) of each non-blank line of a driver's JSONL answer;
+    DriverFailed naming ``what`` and the line when one is not a JSON object."""
     for n, raw in enumerate(out.split(b"\n"), 1):
         if not raw.strip():
             continue
         try:
             obj = json.loads(raw)
         except (ValueError, RecursionError):
-            raise DriverFailed(f"`conversations` line {n} is not JSON") from None
+            raise DriverFailed(f"{what} line {n} is not JSON") from None
         if not isinstance(obj, dict):
-            raise DriverFailed(f"`conversations` line {n} is not an object")
+            raise DriverFailed(f"{what} line {n} is not an object")
+        yield n, obj
+
+
+def parse_listing(out: bytes) -> tuple[dict[str, Listed], list[str]]:
+    """`conversations`' answer: {thread: Listed} and the threads skipped (not IDs).
+    A line that is not `{"thread", "version", "compact"?}` makes the whole
+    listing untrustworthy: DriverFailed (nothing is dropped on its word)."""
+    listed: dict[str, Listed] = {}
+    skipped: list[str] = []
+    for n, obj in json_lines(out, "`conversations`"):
         thread, version, compact = obj.get("thread"), obj.get("version"), obj.get("compact")
         if not isinstance(thread, str):
             raise DriverFailed(f"`conversations` line {n}: thread is not a string")
@@ -216,16 +223,8 @@ def check_conversation(out: bytes, thread: str, compact: bool) -> None:
     """A conversation's answer is JSONL: every line a JSON object (a message the
     index may still not understand: skipped and counted there); anything else
     keeps the copy as it was (DriverFailed)."""
-    what = f"`conversation {thread}{' --compact' if compact else ''}`"
-    for n, raw in enumerate(out.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise DriverFailed(f"{what} line {n} is not JSON") from None
-        if not isinstance(obj, dict):
-            raise DriverFailed(f"{what} line {n} is not an object")
+    for _ in json_lines(out, f"`conversation {thread}{' --compact' if compact else ''}`"):
+        pass
 
 
 class CopyFolder:

@@ -115,9 +115,13 @@ class Replica:
     def names(self) -> set:
         """The names of the copy's files in its place, as far as they can be listed."""
         try:
-            return {e.path for e in self.place.list() if copyfmt.is_copy_file(e.path)}
+            return self.listed()
         except (NotFound, Forbidden, BridgeDown):
             return set()
+
+    def listed(self) -> set:
+        """The names of the copy's files in its place (NotFound, Forbidden, BridgeDown)."""
+        return {e.path for e in self.place.list() if copyfmt.is_copy_file(e.path)}
 
     def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
         """Swap the manifest, conditionally on ``expect``; its new version. A lost answer is
@@ -522,6 +526,14 @@ class WriteBack:
         """Delete the files no manifest names any more (``state.doomed``), once the copy is
         still the version this cache wrote or read -- or, when a newer one is there, those
         it does not name either (another engine may name a file again)."""
+        if state.unknown and state.version is not None:  # a cold load: what the place holds, once
+            try:
+                listed = self.replica.listed()
+            except (NotFound, Forbidden, BridgeDown):
+                listed = None  # not now: at a later sweep
+            if listed is not None:
+                copyfmt.note_unknown(store, sorted(listed))
+                state = copyfmt.copy_state(store)
         if not state.doomed or state.version is None:
             return
         doomed = set(state.doomed)

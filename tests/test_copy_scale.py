@@ -268,11 +268,13 @@ def test_files_of_a_killed_write_back_are_deleted_at_the_next(bridges, tmp_path)
     check_copy(copy_files(bridges))
 
 
-def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges, tmp_path):
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges, tmp_path, cold):
     """The manifest's PUT held by the bridge, `serve-many` killed meanwhile, then the PUT
     lands (as a request a real bridge received does): the next start loads that version,
     and the files of the version it replaced -- which the dead writer never got to delete
-    -- are deleted by the next write-back: the bucket holds the copy and nothing more."""
+    -- are deleted by the next write-back: the bucket holds the copy and nothing more.
+    Cold (a new machine, no cache): the place is listed once to find them."""
     import time
     for i in range(200):
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
@@ -304,6 +306,9 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     finally:
         m.__exit__(None, None, None)
     time.sleep(4.5)  # it lands
+    if cold:  # the agent's next machine: no cache, nothing known of the files the dead writer replaced
+        import shutil
+        shutil.rmtree(tmp_path / "cache-k")
     landed = named_files(manifest(bridges))
     assert landed != first and first - landed  # the dead writer's version, some files of the first gone from it
     assert first - landed <= set(copy_files(bridges))  # ... but still in the bucket

@@ -215,6 +215,10 @@ class CopyState(msgspec.Struct):
     # or of the previous format): the write-back that replaces it deletes every file of
     # the place its new manifest does not name
     sweep: bool = False
+    # loaded into a cache that knew nothing of the copy (a new machine): files of the place
+    # that no manifest names (a writer killed once its manifest was on its way left them)
+    # are unknown here; the next sweep lists the place once and dooms them
+    unknown: bool = False
 
 
 class _CopySeg(msgspec.Struct, array_like=True):
@@ -305,6 +309,17 @@ def note_sent(store: Store, names: Iterable[str]) -> None:
         if new:
             state.doomed = state.doomed + new
             _put_state(txn, store, state)
+
+
+def note_unknown(store: Store, found: Iterable[str]) -> None:
+    """The place was listed (``found``: its copy files): those the version this cache holds
+    does not name are doomed, and the place is not listed again for them."""
+    with store.write_lock, store.env.begin(write=True) as txn:
+        state = _state_in(txn, store)
+        have = set(state.doomed) | set(state.named)
+        state.doomed = state.doomed + [n for n in found if n not in have]
+        state.unknown = False
+        _put_state(txn, store, state)
 
 
 def forget_doomed(store: Store, gone: Iterable[str]) -> None:
@@ -1145,7 +1160,7 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
             txn.delete(b"copy-segs", db=store.meta)
         else:
             state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,
-                              list(manifest.pages), named, doomed)
+                              list(manifest.pages), named, doomed, unknown=old.version is None)
             txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, r.copy_segs)), db=store.meta)
         _put_state(txn, store, state)
     return v

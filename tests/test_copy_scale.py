@@ -309,12 +309,14 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     if cold:  # the agent's next machine: no cache, nothing known of the files the dead writer replaced
         import shutil
         shutil.rmtree(tmp_path / "cache-k")
+    bridges.write_home("notes/f001.md", text(1, 1) + "\nand a word of harbours\n")  # a write-back, not only a sweep
     landed = named_files(manifest(bridges))
     assert landed != first and first - landed  # the dead writer's version, some files of the first gone from it
     assert first - landed <= set(copy_files(bridges))  # ... but still in the bucket
     with serve(bridges, tmp_path, "k") as m2, m2.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/notes/f005.md" in hits(c, "lighthouses"), timeout=60)
+        assert until(lambda: "home/notes/f001.md" in hits(c, "harbours"), timeout=60)
         with m2.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
     assert set(copy_files(bridges)) == named_files(manifest(bridges))

@@ -607,7 +607,8 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
         named = m.names()
         keep = set(named)
         doomed = [n for n in dict.fromkeys(old.doomed + old.named + exp.sent) if n not in keep]
-        state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed)
+        state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed,
+                          unknown=old.unknown)  # still to be listed: the place may hold files no one knows
         _put_state(txn, store, state)
         txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, exp.copy_segs)), db=store.meta)
     return state

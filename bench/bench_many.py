@@ -37,6 +37,7 @@ import random
 import shutil
 import socket
 import statistics
+import subprocess
 import threading
 import time
 from datetime import datetime, timezone
@@ -496,8 +497,23 @@ def table(r: dict) -> str:
     return "\n".join(rows + notes)
 
 
-def record(text: str, command: str, when: str, mach: str, section: str, title: str) -> None:
-    common.write_section(section, [f"## {title}", "", f"`{command}` — {when}, on {mach}.", "", text])
+def code_version() -> str:
+    """The commit of the engine measured (the one `lnk-lnkmem` imports: PYTHONPATH's first
+    folder where set, as for a before/after run of another checkout), and whether its lnkmem/
+    had uncommitted changes."""
+    root = (os.environ.get("PYTHONPATH") or ROOT).split(os.pathsep)[0]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "lnkmem"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip() if head else ""
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or f"unknown (not a git checkout: {root})") + (" with uncommitted changes in lnkmem/" if dirty else "")
+
+
+def record(text: str, command: str, when: str, mach: str, section: str, title: str, code: str) -> None:
+    common.write_section(section, [f"## {title}", "", f"`{command}` — {when}, code {code}, on {mach}.", "", text])
 
 
 def main(argv=None) -> int:
@@ -510,11 +526,12 @@ def main(argv=None) -> int:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = machine()
     r = bench(QUICK if a.quick else FULL)
+    r["code"] = code_version()
     text = table(r)
     common.report("lnkmem serve-many benchmark", when, mach, text, r, t0, a.json)
     if a.record:
         cmd = ".venv/bin/python bench/bench_many.py" + (" --quick" if a.quick else "")
-        record(text, cmd, when, mach, "many", "serve-many: sessions on one socket")
+        record(text, cmd, when, mach, "many", "serve-many: sessions on one socket", r["code"])
         log(f"recorded in {os.path.relpath(DOC, ROOT)}")
     return 0
 

@@ -18,6 +18,7 @@ import signal
 import socket
 import stat
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -210,10 +211,32 @@ def peer_uid(sock: socket.socket) -> Optional[int]:
 
 # --- the service ------------------------------------------------------------------------
 
+TOOL_THREADS = 16  # the pool's threads for tool calls, every one started before the first session
+
+
+def started_pool(n: int) -> ThreadPoolExecutor:
+    """A pool of ``n`` threads for tool calls, all started now. A pool starts a thread at a
+    call when none is idle, and the caller (the event loop) waits in ``Thread.start`` until
+    the new thread runs: with the pool's other threads holding the GIL, milliseconds in which
+    no session was read or answered (py-spy: bench_many's first round of 50 sessions)."""
+    pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="lnkmem-tool")
+    gate = threading.Barrier(n, timeout=10)  # each call held until n threads run one (none idle)
+
+    def started() -> None:
+        try:
+            gate.wait()
+        except threading.BrokenBarrierError:  # (a slow start: the rest start as calls come)
+            pass
+
+    for f in [pool.submit(started) for _ in range(n)]:
+        f.result()
+    return pool
+
+
 class Service:
     def __init__(self, opts: Options):
         self.opts = opts
-        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lnkmem-tool")
+        self.pool = started_pool(TOOL_THREADS)
         self.memories: dict[str, object] = {}
         self.open_sessions = 0
         self.stopping: Optional[asyncio.Event] = None

@@ -99,6 +99,39 @@ def test_fifty_concurrent_sessions_over_ten_agents(tmp_path):
     assert errors == []
 
 
+def test_concurrent_searches_start_no_thread(many, agents):
+    """The tool calls' threads are all started with the service: a pool thread started at
+    a call makes the event loop wait (in ``Thread.start``) while the pool's busy threads hold
+    the GIL, and every session waits with it (bench_many: the first round of 50 the worst)."""
+    sessions = [many.hello(f"a{i % 3}") for i in range(12)]
+    try:
+        for c in sessions[:3]:
+            assert until(lambda: "indexing" not in c.search("probe")["structuredContent"], timeout=20)
+        for c in sessions:
+            c.search("harbour")
+        threads = len(os.listdir(f"/proc/{many.proc.pid}/task"))
+        errors = []
+
+        def searching(c):
+            try:
+                for _ in range(15):
+                    if len(c.search("harbour marker1")["structuredContent"]["hits"]) != 1:
+                        errors.append("not its one file")
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        ts = [threading.Thread(target=searching, args=(c,)) for c in sessions]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert errors == []
+        assert len(os.listdir(f"/proc/{many.proc.pid}/task")) == threads
+    finally:
+        for c in sessions:
+            c.close()
+
+
 @pytest.mark.parametrize("line, words", [
     (b"not json\n", "JSON"),
     (b"[1, 2]\n", "object"),

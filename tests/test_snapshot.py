@@ -178,7 +178,7 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
         search.words(st, " ".join(VOCAB[:4]), 5)
         assert search._facts_known(old) is not None  # computed for this snapshot
         search.words(st, " ".join(VOCAB[:4]), 5, after=0.0)  # files' times kept for this snapshot
-        assert search._ref_times.get(old) is not None
+        assert old.worked_out.get(search.FILE_TIMES) is not None
         gone = weakref.ref(old)
         del old
         st.commit(Batch(files=[_file(random.Random(9), "home/f9.md", "v1")]))

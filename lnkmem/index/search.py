@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-import weakref
 from datetime import date, datetime, timezone
 from typing import Optional, Sequence, Union
 
@@ -74,29 +73,14 @@ def _seconds(when: Optional[str]) -> Optional[float]:
         return None
 
 
-class _LastSnapshot:
-    """What was worked out for the last snapshot asked about, holding that snapshot
-    weakly: an old snapshot (its arrays: ~15 MiB at 1.27M passages) is not kept alive
-    by it after a change, when no search has asked about the new one yet."""
-
-    __slots__ = ("_kept",)
-
-    def __init__(self):
-        self._kept = None  # (a weak reference to the snapshot, what was worked out for it)
-
-    def get(self, snap: Snapshot):
-        kept = self._kept  # (one read: another thread may put meanwhile)
-        return kept[1] if kept is not None and kept[0]() is snap else None
-
-    def put(self, snap: Snapshot, value):
-        self._kept = (weakref.ref(snap), value)
-        return value
+# What a search works out once for a snapshot is kept with it (Snapshot.worked_out), under
+# these names: it lives as long as the snapshot (a change's new snapshot starts with none),
+# and memories searched in turn in one process (serve-many) each keep their own.
+FACTS = "facts"  # (shortest live length, segments holding dead, dead held by list): _facts
+FILE_TIMES = "file times"  # file times by refid: Checks.by_file_time
 
 
 # --- ties ---------------------------------------------------------------------------
-
-_ref_times = _LastSnapshot()  # file times by refid
-
 
 def _tie_rank(snap: Snapshot, rids: np.ndarray) -> np.ndarray:
     """Each of ``rids``' place among the refs they name, in ref order (refid -1 last).
@@ -165,12 +149,9 @@ def _ref_key(refs, rid: int) -> tuple:
 
 # --- the words ranking --------------------------------------------------------------
 
-_snap_facts = _LastSnapshot()  # (shortest live length, segments holding dead, dead held by list)
-
-
 def _facts_known(snap: Snapshot) -> Optional[tuple[float, dict, dict]]:
     """:func:`_facts` of ``snap`` when a search has computed them already, else None."""
-    return _snap_facts.get(snap)
+    return snap.worked_out.get(FACTS)
 
 
 def _facts(snap: Snapshot) -> tuple[float, dict, dict]:
@@ -192,7 +173,8 @@ def _facts(snap: Snapshot) -> tuple[float, dict, dict]:
     order = np.argsort(of, kind="stable")  # (ids ascend within each segment)
     segs, first = np.unique(of[order], return_index=True)
     dirty = {int(sg): part for sg, part in zip(segs.tolist(), np.split(dead[order], first[1:]))}
-    return _snap_facts.put(snap, (mindl, dirty, {}))
+    # (two threads may work them out at once: the first kept is every search's)
+    return snap.worked_out.setdefault(FACTS, (mindl, dirty, {}))
 
 
 HELD_KEPT = 1 << 14  # lists whose dead count a snapshot's facts keep (~100 B each); emptied when full
@@ -301,9 +283,9 @@ class Checks:
         text check."""
         rids = snap.refid[cand]
         uniq, inv = np.unique(rids, return_inverse=True)
-        known = _ref_times.get(snap)
+        known = snap.worked_out.get(FILE_TIMES)
         if known is None:
-            known = _ref_times.put(snap, {})
+            known = snap.worked_out.setdefault(FILE_TIMES, {})
         times = np.empty(len(uniq), np.float64)
         for i, r in enumerate(uniq.tolist()):
             if r not in known:

@@ -809,6 +809,9 @@ class Snapshot:
     # (under, refs counted, which refs start with it): keep()'s last folder test, since a
     # search asks it more than once (search._maxscore, at each of its cuts)
     _under: Optional[tuple] = field(default=None, repr=False, compare=False)
+    # what searches work out once for this snapshot, by name (search.FACTS, search.FILE_TIMES):
+    # kept with it, so that memories searched in turn in one process keep theirs
+    worked_out: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def avgdl(self) -> float:

@@ -243,8 +243,10 @@ def test_the_copies_kept_are_searched_at_a_restart_while_the_driver_fails(home, 
     with _start(home, driver) as s:
         s.initialize()
         r = s.search("narwhals sleep")["structuredContent"]
-        assert "chats/t1.jsonl" in [h["ref"] for h in r["hits"]]
-        assert r["conversations"] == "unavailable: `lnk-store-driver conversations` failed (exit 1): the store is locked"
+        assert "chats/t1.jsonl" in [h["ref"] for h in r["hits"]]  # the kept copy, even while the listing runs
+        why = "unavailable: `lnk-store-driver conversations` failed (exit 1): the store is locked"
+        # the first listing may outlast a search's 2 s on a loaded machine ("refreshing"): then it fails
+        assert until(lambda: s.search("narwhals sleep")["structuredContent"].get("conversations") == why, timeout=20)
     assert _copies(home) == kept
 
 

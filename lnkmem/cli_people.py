@@ -1,7 +1,7 @@
 """The commands for people (PROTOCOL.md §1.5): their arguments, help lines and examples.
 
 `index`, `search` (lnkmem/people.py), `status` (lnkmem/status.py), `notes-history`
-(lnkmem/noteshistory.py), `mcp-config`
+(lnkmem/notes_cmd.py), `mcp-config`
 (lnkmem/clientconfig.py) and `help`; :func:`describe` also gives the commands Link
 runs a help line for every argument and an example. This module is imported by
 every command, `serve` included, to build the parser: it holds help text only, and
@@ -159,7 +159,7 @@ def run(name: str, args) -> int:
         from lnkmem.status import cmd_status
         return cmd_status(args)
     if name == "notes-history":
-        from lnkmem.noteshistory import cmd_notes_history
+        from lnkmem.notes_cmd import cmd_notes_history
         return cmd_notes_history(args)
     if name == "mcp-config":
         from lnkmem.clientconfig import cmd_mcp_config

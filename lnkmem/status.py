@@ -91,7 +91,7 @@ def gather_status(cfg) -> dict:
     out: dict = {"folder": cfg.folder, "state": cfg.state, "agent": cfg.agent, "indexed": False,
                  "building": {"pid": pid} if pid else None}
     layout = local_layout(cfg, create=False)
-    from lnkmem.noteshistory import listing
+    from lnkmem.notes_cmd import listing
     out["notes_history"] = listing(cfg.state)  # §2.2 rev. 3: the notes' kept versions
     out["sources"] = {s: {"files": 0, "passages": 0, "bytes": 0} for s in SOURCES if s in layout.places}
     out.update(files=0, passages=0, by_kind={}, index_bytes=0, last_change=None, pending=None, damaged=None)

@@ -152,14 +152,18 @@ def test_rename_editor_at_full_speed_loses_nothing(home):
         s.wait_indexed()
         t = threading.Thread(target=editor)
         t.start()
-        remembered = []
+        remembered, refused = [], []
         deadline = time.monotonic() + EDITOR_S
         try:
             j = 0
             # at least three remembers land beside the editor, however loaded the machine
             while time.monotonic() < deadline or (len(remembered) < 3 and time.monotonic() < deadline + 60):
                 r = s.call("remember", {"add": f"engine entry {j}"}, timeout=60)
-                assert r["isError"] is False, r
+                if r["isError"]:  # an editor saving without a pause can outrun a change: it says so, changes nothing
+                    assert "kept changing" in r["content"][0]["text"], r
+                    refused.append(f"- engine entry {j}")
+                    j += 1
+                    continue
                 remembered.append(f"- engine entry {j}")
                 j += 1
         finally:
@@ -168,6 +172,7 @@ def test_rename_editor_at_full_speed_loses_nothing(home):
     assert not errors, errors
     assert len(saved) > 50 and len(remembered) >= 3, (len(saved), len(remembered))
     final = set(home.notes.read_text().splitlines())
+    assert not [x for x in refused if x in final]  # "nothing was changed" was true
     missing = [x for x in ["- seed entry"] + saved + remembered if x not in final]
     if missing:  # the editor saved over what it had not read: recoverable, and found so
         texts = kept_texts(home)

@@ -400,7 +400,8 @@ def vector_speed(r: dict, sizes=(10_000, 100_000), dim=384, nq=200, k=CANDIDATES
         vi.add(np.arange(n), m)
         del m
         store = SimpleNamespace(snapshot=SimpleNamespace(alive=np.ones(n, bool), src=np.zeros(n, np.uint8),
-                                                         refid=np.zeros(n, np.int32), refs=["home/x.md"]))
+                                                         refid=np.zeros(n, np.int32), refs=["home/x.md"],
+                                                         keep=lambda pids, sources=None, under=None: pids))
         qs = rng.standard_normal((nq + 10, dim), dtype=np.float32)
         qs /= np.linalg.norm(qs, axis=1, keepdims=True)
         passes = []

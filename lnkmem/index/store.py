@@ -306,20 +306,34 @@ for name in names:
             n += len(v)
 # each listed segment's postings against their sum (store.PostingsSum)
 import struct, zlib
+
+
+def item_sum(total, k, v):  # a running sum (mod 2**64) of items' CRC-32s (key, then value)
+    return (total + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+
+
+def sums(txn, prefix, what, keep=lambda key: True):
+    # {key after prefix: (sum, count)} of the meta items under `prefix` that `keep`
+    # (each checked for its length: exit 4 naming `what` when broken)
+    out = {}
+    cur = txn.cursor(db=dbs[b"meta"])
+    if cur.set_range(prefix):
+        for k, v in cur:
+            if k[:len(prefix)] != prefix:
+                break
+            key = bytes(k[len(prefix):])
+            if keep(key):
+                if len(v) != 12:
+                    sys.stderr.write(f"a segment's {what} sum is broken\n")
+                    sys.exit(4)
+                out[key] = struct.unpack("<QI", v)
+    return out
+
+
 if all(n in dbs for n in (b"meta", b"postings", b"segments")):
     with env.begin() as txn:
         listed = set(bytes(k) for k in txn.cursor(db=dbs[b"segments"]).iternext(values=False))
-        want = {}
-        cur = txn.cursor(db=dbs[b"meta"])
-        if cur.set_range(b"crc"):
-            for k, v in cur:
-                if k[:3] != b"crc":
-                    break
-                if bytes(k[3:]) in listed:
-                    if len(v) != 12:
-                        sys.stderr.write("a segment's postings sum is broken\n")
-                        sys.exit(4)
-                    want[bytes(k[3:])] = struct.unpack("<QI", v)
+        want = sums(txn, b"crc", "postings", listed.__contains__)
         pc = txn.cursor(db=dbs[b"postings"])
         for sk, (total, count) in sorted(want.items()):
             t = c = 0
@@ -327,7 +341,7 @@ if all(n in dbs for n in (b"meta", b"postings", b"segments")):
                 for k, v in pc:
                     if k[:4] != sk:
                         break
-                    t = (t + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                    t = item_sum(t, k, v)
                     c += 1
             if (t, c) != (total, count):
                 sys.stderr.write(f"segment {int.from_bytes(sk, 'big')}'s postings do not match their sum\n")
@@ -345,7 +359,7 @@ if all(n in dbs for n in (b"meta", b"files")):
             if at == int(gen):
                 t = c = 0
                 for k, v in txn.cursor(db=dbs[b"files"]):
-                    t = (t + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                    t = item_sum(t, k, v)
                     c += 1
                 if (t, c) != (total, count):
                     sys.stderr.write("the files table does not match its sum\n")
@@ -357,16 +371,7 @@ if all(n in dbs for n in (b"meta", b"passages", b"segments")):
     except ImportError:
         sys.exit(0)
     with env.begin() as txn:
-        want = {}
-        cur = txn.cursor(db=dbs[b"meta"])
-        if cur.set_range(b"pcrc"):
-            for k, v in cur:
-                if k[:4] != b"pcrc":
-                    break
-                if len(v) != 12:
-                    sys.stderr.write("a segment's passages sum is broken\n")
-                    sys.exit(4)
-                want[int.from_bytes(k[4:], "big")] = struct.unpack("<QI", v)
+        want = {int.from_bytes(k, "big"): s for k, s in sums(txn, b"pcrc", "passages").items()}
         seg_of = {}
         listed = set()
         for k, v in txn.cursor(db=dbs[b"segments"]):
@@ -381,7 +386,7 @@ if all(n in dbs for n in (b"meta", b"passages", b"segments")):
             s = seg_of.get(int.from_bytes(k, "big"))
             if s is not None:
                 g = got[s]
-                g[0] = (g[0] + zlib.crc32(v, zlib.crc32(k))) & 0xFFFFFFFFFFFFFFFF
+                g[0] = item_sum(g[0], k, v)
                 g[1] += 1
         for s, (total, count) in sorted(want.items()):
             if s in listed and tuple(got[s]) != (total, count):

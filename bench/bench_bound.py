@@ -101,13 +101,7 @@ class Run:
         return t_ok, time.perf_counter() - t0, polls
 
     def control(self, obj: dict) -> float:
-        with self.m.connect(timeout=300) as ctl:
-            t0 = time.perf_counter()
-            r = ctl.first(obj)
-            dt = time.perf_counter() - t0
-        if r != {"ok": True}:
-            raise RuntimeError(f"{obj}: {r}")
-        return dt
+        return control(self.m, obj, timeout=300)
 
     def flush(self) -> float:
         return self.control({"flush": {"owner": "o1", "agent": "a1"}})
@@ -394,8 +388,9 @@ def ready(m, br: Bridges) -> tuple:
     return time.perf_counter() - t0, c
 
 
-def control(m, obj: dict) -> float:
-    with m.connect(timeout=3600) as ctl:
+def control(m, obj: dict, timeout: float = 3600) -> float:
+    """Send one control line to `serve-many` ``m``; the seconds its `ok` took."""
+    with m.connect(timeout=timeout) as ctl:
         t0 = time.perf_counter()
         r = ctl.first(obj)
         dt = time.perf_counter() - t0

@@ -24,9 +24,12 @@ changed, so a reader that fetches a manifest and then its files sees exactly
 one version. A write-back after one changed file sends one small segment, a
 vector chunk, one page, the head and the manifest. :func:`export` makes the
 files one at a time (a generator the write-back sends as they come);
-:func:`load_copy` fetches, checks and writes them into the cache one at a time
-in one LMDB write transaction, so a reader of the cache sees one version and
-memory holds about one file, whatever the copy's size.
+:func:`load_copy` fetches, checks and writes them into the cache one at a time.
+A cache being served is replaced in one LMDB write transaction, so its readers
+see one version; an empty one (a cold start: the common and large case) is
+written in transactions of :data:`LOAD_STEP` bytes, marked as loading until the
+last commit (a load cut short is never taken for an index: the store wipes
+it), so memory holds about one file and one step, whatever the copy's size.
 
 The copy is untrusted input (§7.2 rev. 2): every check -- names against
 content hashes and lengths, decompressed sizes against the compressed ones,
@@ -51,7 +54,7 @@ import msgspec
 import numpy as np
 
 from lnkmem.index import postings, textpack
-from lnkmem.index.store import (KEY_MAX, FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k,
+from lnkmem.index.store import (KEY_MAX, LOADING, FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k,
                                 file_entry, file_key, file_value)
 
 FORMAT = "lnkmem-copy-4"  # -4: bounded files, a paged table, the head and dictionary apart (issue 33)
@@ -70,6 +73,7 @@ MAX_DIM = 16384
 MAX_TERM = KEY_MAX - 4  # a posting's key is its segment (4 bytes) and its term: LMDB keys no more
 MAX_COPY_SEGMENTS = 256  # past this many segments the copy is written anew whole (a load's GETs)
 FILES_A_PAGE = 128  # the table's files a page, aimed at: pages are 2**k, made again past 4x either way
+LOAD_STEP = 16 << 20  # an empty cache's load commits after about this many bytes written
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
 SPARSE = 4  # ids beyond SPARSE x passages + DENSE_SLACK are renumbered at load
 DENSE_SLACK = 1 << 16
@@ -723,12 +727,21 @@ class _Reader:
     into the cache, then dropped before the next is fetched."""
 
     def __init__(self, manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str],
-                 sources, width, store: Optional[Store] = None, txn=None):
+                 sources, width, store: Optional[Store] = None, txns: Optional["_LoadTxns"] = None):
         self.m, self.fetch, self.of, self.width = manifest, fetch, of, width
         self.sources = set(sources) if sources is not None else None
-        self.store, self.txn = store, txn
+        self.store, self.txns = store, txns
         self.ok_refs: dict[str, bool] = {}
         self.order: Optional[np.ndarray] = None  # sorted old pids when renumbered: new pid = index + 1
+
+    @property
+    def txn(self):
+        """The load's write transaction now (None: a check only)."""
+        return self.txns.txn if self.txns is not None else None
+
+    def wrote(self, n: int) -> None:
+        if self.txns is not None:
+            self.txns.wrote(n)
 
     def check_ref(self, r: str, where: str) -> None:
         good = self.ok_refs.get(r)
@@ -811,6 +824,7 @@ class _Reader:
             if self.txn is not None and items:
                 items.sort()
                 self.txn.cursor(db=self.store.files).putmulti(items)
+                self.wrote(sum(len(k) + len(v) for k, v in items))
             del files, items
         table = None
         owned = np.concatenate(owned_p) if owned_p else np.empty(0, np.int64)
@@ -870,6 +884,7 @@ class _Reader:
             new = self.remap(np.asarray(r.pids, np.int64)).tolist() if r.pids else []
             items.append((bytes(k), file_value(ref, _enc.encode(FileRec(r.version, r.size, new, r.kind, r.mtime)))))
         txn.cursor(db=db).putmulti(items)
+        self.wrote(sum(len(k) + len(v) for k, v in items))
 
     def _segment(self, parts: list[str], every, whose, seen, zdict, seg: int, tomb: np.ndarray,
                  check_tomb: bool = True) -> None:
@@ -955,6 +970,7 @@ class _Reader:
                 if self.txn is not None:
                     items = sorted(zip((_k(p) for p in new.tolist()), blobs))
                     self.txn.cursor(db=self.store.passages).putmulti(items)
+                    self.wrote(sum(len(b) + 4 for b in blobs))
                     del items
                 del blobs
             if s.terms:
@@ -1041,6 +1057,7 @@ class _Reader:
                             p, tf = postings.unpack(v)
                             items.append((sk + t, postings.pack(self.remap(p.astype(np.int64)), tf)))
                 self.txn.cursor(db=self.store.postings).putmulti(items, append=True)
+                self.wrote(sum(len(k) + len(v) for k, v in items))
             a = b
 
     def _vectors(self, head: _Head) -> int:
@@ -1086,6 +1103,7 @@ class _Reader:
             items.append((key, v.rows[i * width:(i + 1) * width]))
         items.sort()
         txn.cursor(db=store.vectors).putmulti(items)
+        self.wrote(len(items) * (width + 4))
         live += len(items)
         return live
 
@@ -1102,16 +1120,24 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
 
 def load_copy(store: Store, manifest: Manifest, fetch: Callable[[str], bytes], version: str,
               of: Optional[str] = None, sources: Optional[Iterable[str]] = None,
-              width: Optional[tuple[str, int]] = None) -> Verified:
-    """Replace the whole cache with this version of the copy in one write transaction, each
-    file fetched, checked and written before the next is fetched; CopyDamaged (and the cache
-    as it was) at the first check that fails."""
+              width: Optional[tuple[str, int]] = None, step: int = LOAD_STEP) -> Verified:
+    """Replace the whole cache with this version of the copy, each file fetched, checked and
+    written before the next is fetched; CopyDamaged (and the cache as it was) at the first
+    check that fails. A cache that holds files is replaced in one write transaction (its
+    readers see the old version until the commit); an empty one is written in transactions
+    of about ``step`` bytes (LMDB holds a transaction's dirty pages in memory until its
+    commit), invisible to readers until the last (the snapshot and the generation move only
+    then) and marked as loading until it, so that a load cut short is wiped at the next open."""
     import lmdb
     with store.write_lock:
         store.forget_listed()  # (the lock is reentrant) every file replaced
+        size = sum(blob_size(n) or 0 for n in manifest.names())
+        least = 4 * size + (64 << 20)  # room for what it holds decompressed, ids and B-trees
+        if store.env.info()["map_size"] < least:
+            store.env.set_mapsize(least)
         while True:
             try:
-                v = _load_txn(store, manifest, fetch, version, of, sources, width)
+                v = _load_txn(store, manifest, fetch, version, of, sources, width, step)
                 break
             except lmdb.MapFullError:
                 store.env.set_mapsize(store.env.info()["map_size"] * 2)
@@ -1132,13 +1158,69 @@ def damaged(store: Store, version: str) -> None:
         _put_state(txn, store, CopyState(version=version, sweep=True, doomed=old.doomed))
 
 
-def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources, width) -> Verified:
-    with store.env.begin(write=True) as txn:
+class _LoadTxns:
+    """A load's write transactions: one for a cache that holds files, or a commit after
+    every ``step`` bytes written for an empty one (``step`` None: never), the first commit
+    marking the index as loading (:data:`LOADING`) and the last, :meth:`finish`, removing it."""
+
+    def __init__(self, store: Store, step: Optional[int]):
+        self.store, self.step = store, step
+        self.written = 0
+        self._begin()
+
+    def _begin(self) -> None:
+        self._ctx = self.store.env.begin(write=True)
+        self.txn = self._ctx.__enter__()
+
+    def _commit(self) -> None:
+        ctx, self._ctx = self._ctx, None
+        ctx.__exit__(None, None, None)
+
+    def wrote(self, n: int) -> None:
+        if self.step is None:
+            return
+        self.written += n
+        if self.written >= self.step:
+            self.written = 0
+            self.txn.put(LOADING, b"1", db=self.store.meta)
+            self._commit()
+            self.store.let_go()  # (the map's pages this step read and wrote)
+            self._begin()
+
+    def finish(self) -> None:
+        self.txn.delete(LOADING, db=self.store.meta)
+        self._commit()
+
+    def abort(self) -> None:
+        """Leave the cache as it was: this transaction dropped; what earlier steps of an
+        empty cache's load committed, dropped too (the cache was empty)."""
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            ctx.__exit__(CopyDamaged, CopyDamaged("aborted"), None)
+        if self.step is not None:
+            with self.store.env.begin(write=True) as txn:
+                if txn.get(LOADING, db=self.store.meta) is not None:
+                    for db in _cache_tables(self.store):
+                        txn.drop(db, delete=False)
+                    txn.delete(LOADING, db=self.store.meta)
+
+
+def _cache_tables(store: Store) -> tuple:
+    return (store.files, store.passages, store.postings, store.segments, store.dead, store.vectors,
+            store.vec_pending)
+
+
+def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources, width,
+              step: Optional[int]) -> Verified:
+    with store.env.begin() as txn:
+        empty = txn.stat(store.files)["entries"] == 0 and txn.stat(store.passages)["entries"] == 0
+    txns = _LoadTxns(store, step if empty else None)
+    try:
+        txn = txns.txn
         old = _state_in(txn, store)
-        for db in (store.files, store.passages, store.postings, store.segments, store.dead, store.vectors,
-                   store.vec_pending):
+        for db in _cache_tables(store):
             txn.drop(db, delete=False)
-        r = _Reader(manifest, fetch, of, sources, width, store, txn)
+        r = _Reader(manifest, fetch, of, sources, width, store, txns)
         try:
             v = r.run()
         except (ValueError, IndexError, KeyError, TypeError, OverflowError) as e:
@@ -1146,6 +1228,7 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
                 raise
             # a check this module lacks: still a copy not to load, never a reason to stop
             raise CopyDamaged(f"the copy is not understood ({type(e).__name__}: {e})") from e
+        txn = txns.txn
         gen = int(txn.get(b"gen", db=store.meta)) + 1
         txn.put(b"gen", str(gen).encode(), db=store.meta)
         named = manifest.names()
@@ -1164,4 +1247,8 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
                               list(manifest.pages), named, doomed, unknown=old.version is None)
             txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, r.copy_segs)), db=store.meta)
         _put_state(txn, store, state)
+        txns.finish()
+    except BaseException:
+        txns.abort()
+        raise
     return v

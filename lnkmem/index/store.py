@@ -432,6 +432,7 @@ LISTED = "listed"  # beside it: the stamp, and per source the digest of the list
 
 COMPACT_FREE = 0.2  # close(compact=True) rewrites data.mdb when more of it than this is free pages
 COMPACT_MIN = 1 << 20  # ... and it is at least this long
+LOADING = b"loading"  # a meta key: a load of the copy committed in steps, not finished (wiped at open)
 COMPACTING = "compacting"  # beside data.mdb: the folder a compacted copy is written in
 
 
@@ -1019,6 +1020,10 @@ class Store:
                 txn.put(b"next_seg", b"1", db=self.meta)
         elif fmt != FORMAT:
             raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
+        else:
+            with self.env.begin() as txn:
+                if txn.get(LOADING, db=self.meta) is not None:  # (its copy is loaded again)
+                    raise DamagedIndex("a load of the index copy did not finish")
         self.psize = self.env.stat()["psize"]
         if os.path.isdir(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
             shutil.rmtree(os.path.join(self.path, COMPACTING), ignore_errors=True)

@@ -1,0 +1,172 @@
+"""§7.2 (issue 33): a cold load writes the copy into an empty cache in steps.
+
+LMDB holds a write transaction's dirty pages in memory until its commit, so a
+copy loaded in one transaction costs memory in proportion to the whole index.
+An empty cache (a new machine: the common and large case) is written in
+transactions of a bounded size instead, none of it seen by a search until the
+last commit, and marked as loading until then: a load cut short (the process
+killed) is wiped when the index is next opened, never taken for an index. A
+cache that holds files is still replaced in one transaction, its readers seeing
+the old version until the commit. Against real LMDB files, the real store and
+a real child process killed mid-load.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lnkmem.bridges.remote import NotFound
+from lnkmem.index import copy as copyfmt
+from lnkmem.index.search import bm25
+from lnkmem.index.store import Store
+from tests.test_copy_scale import OF, memory, text
+from tests.test_copy_verify import check_copy
+
+QUERIES = ("narwhal kelp", "uniq7x1", "compass galley", "note", "uniq59x2")
+STEP = 4000  # bytes a load's transaction writes before it commits (the engine's is 16 MiB)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A built memory of 60 files in two segments, and its copy as files."""
+    tmp = tmp_path_factory.mktemp("src")
+    mem, _ = memory(tmp / "a", {f"n/f{i}.md": text(i) for i in range(60)}, batches=2)
+    st = mem.store
+    exp = copyfmt.export(st, copyfmt.CopyState(), OF, part=3000)
+    files = dict(exp.blobs)
+    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    answers = {q: bm25(st, q, 10) for q in QUERIES}
+    refs = sorted(st.all_files())
+    st.close()
+    return files, answers, refs
+
+
+def fetcher(files: dict, each=None):
+    def fetch(name):
+        if name not in files:
+            raise NotFound(name)
+        if each is not None:
+            each(name)
+        return files[name]
+    return fetch
+
+
+def test_an_empty_cache_loads_in_steps_that_no_search_sees_until_the_last(source, tmp_path):
+    files, answers, refs = source
+    dst = Store(str(tmp_path / "cache"))
+    seen = []
+
+    def look(name):  # between two files of the load: what a search of the cache answers
+        seen.append((dst.env.info()["last_txnid"], {q: bm25(dst, q, 10) for q in QUERIES}))
+
+    try:
+        start = dst.env.info()["last_txnid"]
+        copyfmt.load_copy(dst, copyfmt.decode_manifest(files["manifest.json"]), fetcher(files, look),
+                          "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP)
+        commits = dst.env.info()["last_txnid"] - start
+        assert commits >= 5, commits  # written in steps, not in one transaction
+        assert seen[-1][0] > seen[0][0]  # (some of the steps committed while files were still fetched)
+        assert all(a == {q: [] for q in QUERIES} for _, a in seen)  # nothing of a version half loaded
+        assert {q: bm25(dst, q, 10) for q in QUERIES} == answers
+        assert sorted(dst.all_files()) == refs
+        assert copyfmt.copy_state(dst).version == "v1"
+    finally:
+        dst.close()
+    again = Store.open(str(tmp_path / "cache"))  # finished: an index, opened as such
+    try:
+        assert again.rebuilt_because is None and sorted(again.all_files()) == refs
+    finally:
+        again.close()
+
+
+def test_a_cache_that_holds_files_is_replaced_in_one_transaction(source, tmp_path):
+    """Its searches keep answering from the version it held until the new one is whole."""
+    files, answers, refs = source
+    mem, _ = memory(tmp_path / "old", {"n/other.md": "narwhal kelp uniq7x1 compass galley note uniq59x2\n"})
+    dst = mem.store
+    before = {q: bm25(dst, q, 10) for q in QUERIES}
+    assert all(before.values())
+    seen = []
+    copyfmt.load_copy(dst, copyfmt.decode_manifest(files["manifest.json"]),
+                      fetcher(files, lambda n: seen.append({q: bm25(dst, q, 10) for q in QUERIES})),
+                      "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP)
+    try:
+        assert seen and all(a == before for a in seen)
+        assert {q: bm25(dst, q, 10) for q in QUERIES} == answers
+    finally:
+        dst.close()
+
+
+def test_a_damaged_copy_leaves_an_empty_cache_empty_and_an_index(source, tmp_path):
+    """The last segment part's bytes changed: the load fails at it, after steps committed;
+    the cache is empty again, not marked, and its copy state is as it was."""
+    files, _, _ = source
+    m = copyfmt.decode_manifest(files["manifest.json"])
+    last = m.segments[-1][-1]
+    bad = dict(files)
+    bad[last] = files[last][:-8] + bytes(8)
+    dst = Store(str(tmp_path / "cache"))
+    state = copyfmt.copy_state(dst)
+    try:
+        with pytest.raises(copyfmt.CopyDamaged):
+            copyfmt.load_copy(dst, m, fetcher(bad), "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP)
+        assert dst.file_count() == 0 and dst.live_count() == 0
+        assert bm25(dst, "narwhal", 10) == []
+        assert copyfmt.copy_state(dst) == state
+    finally:
+        dst.close()
+    again = Store.open(str(tmp_path / "cache"))
+    try:
+        assert again.rebuilt_because is None
+    finally:
+        again.close()
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from lnkmem.index import copy as copyfmt
+    from lnkmem.index.store import Store
+    folder, cache, after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    fetched = []
+    def fetch(name):
+        fetched.append(name)
+        if len(fetched) > after:
+            os.kill(os.getpid(), signal.SIGKILL)  # killed mid-load, as a machine going away
+        with open(os.path.join(folder, name), "rb") as f:
+            return f.read()
+    with open(os.path.join(folder, "manifest.json"), "rb") as f:
+        m = copyfmt.decode_manifest(f.read())
+    st = Store(cache)
+    copyfmt.load_copy(st, m, fetch, "v1", %r, None, step=%d)
+    print("finished")
+""")
+
+
+def test_a_load_killed_midway_is_wiped_at_the_next_open_and_loads_again(source, tmp_path):
+    files, answers, refs = source
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for n, b in files.items():
+        (folder / n).write_bytes(b)
+    cache = str(tmp_path / "cache")
+    total = len(files) - 1
+    p = subprocess.run([sys.executable, "-c", CHILD % (OF, STEP), str(folder), cache, str(total - 2)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9 and "finished" not in p.stdout, (p.returncode, p.stderr[-2000:])
+    st = Store.open(cache)
+    try:
+        # steps had committed passages of files whose other passages never came: never served
+        assert st.rebuilt_because and "did not finish" in st.rebuilt_because
+        assert st.file_count() == 0 and bm25(st, "narwhal", 10) == []
+        assert copyfmt.copy_state(st).version is None  # so the copy is loaded again
+        copyfmt.load_copy(st, copyfmt.decode_manifest(files["manifest.json"]), fetcher(files), "v1", OF,
+                          None, step=STEP)
+        assert {q: bm25(st, q, 10) for q in QUERIES} == answers
+        assert sorted(st.all_files()) == refs
+    finally:
+        st.close()

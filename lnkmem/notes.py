@@ -542,7 +542,28 @@ class LocalNotes:
                 finally:
                     if fd is not None:
                         os.close(fd)
+            if carry is not None:  # ours landed, then another writer saved over it: say what is there now
+                raise self._saved_over(carry)
             raise ToolError("the notes kept changing under us; nothing was changed, try again")
+
+    def _saved_over(self, carry: tuple[bytes, bytes, bytes]) -> ToolError:
+        """The error of a change that was written, then saved over until the change gave up:
+        whether the notes hold it now (another writer may have saved it again), never
+        "nothing was changed"."""
+        base, _, ours = (x.decode("utf-8", "replace") for x in carry)
+        try:
+            data, _, fd, _ = self._stable()
+            if fd is not None:
+                os.close(fd)
+            current = data.decode("utf-8", "replace")
+            held = _merge(base, ours, current) == current
+        except ToolError:
+            held = None
+        now = {True: "the notes hold it now", False: "the notes do not hold it now",
+               None: "the notes could not be read again to tell whether they hold it"}[held]
+        return ToolError("the notes kept changing under us: your change was written, then saved over by "
+                         f"another writer ({now}; every version is kept: `lnk-lnkmem notes-history`); "
+                         "read the notes before trying again")
 
     def _late_writer(self, fd: int, st: os.stat_result, base: bytes, leased: bool) -> Optional[bytes]:
         """After the replace: what a writer that had the old file open wrote to it (None: nothing).

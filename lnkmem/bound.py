@@ -393,9 +393,9 @@ class Bindings:
         # memory/notes.md through the files bridge; else the agent's local notes (--notes)
         notes = None
         if storage is not None and has_memory_place:
-            notes = BridgeNotes(Collection(storage, "memory"))
+            notes = BridgeNotes(Collection(storage, "memory"), cache)
         elif files is not None:
-            notes = BridgeNotes(FilesPlace(files, root="memory"))
+            notes = BridgeNotes(FilesPlace(files, root="memory"), cache)
         elif cfg.notes_path:
             try:  # never through a link below the agent folder (§2.2 rev. 3)
                 notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent)

@@ -705,8 +705,24 @@ class BridgeNotes:
 
     NAME = "notes.md"
 
-    def __init__(self, collection):
+    def __init__(self, collection, state: Optional[str] = None):
         self.coll = collection
+        self.state = state  # where the text a change replaces is kept (§2.2 rev. 3): the cache's folder
+        self._history = None
+
+    def _keep(self, data: bytes) -> None:
+        """Keep the text a change is about to replace (written and synced before the write)."""
+        if self.state is None or not data:
+            return
+        from lnkmem.config import open_folder
+        from lnkmem.noteshistory import History
+        if self._history is None:
+            fd = open_folder(self.state, None, create=True, mode=0o700)
+            try:
+                self._history = History(fd)
+            finally:
+                os.close(fd)
+        self._history.keep(data, "replaced")
 
     def entry(self):
         return self.coll.stat(self.NAME)
@@ -731,6 +747,8 @@ class BridgeNotes:
             except NotFound:
                 current, version = "", None
             result = apply(current, add, remove, limit)
+            if version is not None:
+                self._keep(data)
             try:
                 self.coll.write(self.NAME, result.text.encode("utf-8"), version)
             except Conflict:

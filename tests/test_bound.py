@@ -107,6 +107,29 @@ def test_notes_written_through_conditionally_and_concurrently(bridges, tmp_path)
         c1.close(), c2.close()
 
 
+def test_bound_notes_keep_the_text_remember_replaces(bridges, tmp_path):
+    """§2.2 rev. 3 for notes behind a bridge: before `remember` replaces them, the text it
+    replaces is kept in the agent's cache folder (its `<state>`), listed and shown by
+    `lnk-lnkmem notes-history --state`; a first note, replacing nothing, keeps nothing."""
+    import subprocess
+    import sys
+    with serve(bridges, tmp_path) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        for text in ("first", "second", "third"):
+            assert not c.call("remember", {"add": f"the {text} note"})["isError"]
+        assert not c.call("remember", {"remove": "the first note"})["isError"]
+    assert (bridges.store("memory") / "notes.md").read_text() == "- the second note\n- the third note\n"
+    state = tmp_path / "cache-m" / "o1" / "a1"
+    out = subprocess.run([sys.executable, "-m", "lnkmem", "notes-history", str(state), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    kept = json.loads(out.stdout)["versions"]
+    assert [v["entries"] for v in kept] == [3, 2, 1], kept  # newest first: each text replaced
+    shown = subprocess.run([sys.executable, "-m", "lnkmem", "notes-history", str(state), "--show", "1"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "- the first note" in shown.stdout, shown.stderr
+
+
 def test_no_remember_without_bound_notes(bridges, tmp_path):
     with serve(bridges, tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound(notes=None)) == {"ok": True}

@@ -970,7 +970,6 @@ class _Reader:
                 if self.txn is not None:
                     items = sorted(zip((_k(p) for p in new.tolist()), blobs))
                     self.txn.cursor(db=self.store.passages).putmulti(items)
-                    self.wrote(sum(len(b) + 4 for b in blobs))
                     del items
                 del blobs
             if s.terms:
@@ -982,6 +981,7 @@ class _Reader:
                         raise _bad(f"{name}: its terms are not distinct, sorted and short")
                     prev = t
                 self._postings(name, s, held, sk)
+            self.wrote(len(raw))  # (about what this part wrote: its passages and postings, decompressed)
             del raw, s
             if self.store is not None:
                 self.store.let_go()  # (LMDB's dirty pages stay until the commit)
@@ -1057,7 +1057,6 @@ class _Reader:
                             p, tf = postings.unpack(v)
                             items.append((sk + t, postings.pack(self.remap(p.astype(np.int64)), tf)))
                 self.txn.cursor(db=self.store.postings).putmulti(items, append=True)
-                self.wrote(sum(len(k) + len(v) for k, v in items))
             a = b
 
     def _vectors(self, head: _Head) -> int:

@@ -13,8 +13,10 @@ What it does, in-process with the engine's own parts:
   line, ``text``) in a temporary folder and indexes it with ``indexer.build``;
 - embeds every passage with all-MiniLM-L6-v2 through ``fakes.model_server``
   over HTTP on a Unix socket with ``lnkmem.embed.Embedder`` (the embeddings are
-  cached in ``bench/out/meaning/``, keyed by model and passage texts; a cached
-  run still measures throughput, on a sample), stores them with
+  cached in ``bench/out/meaning/`` or ``$LNKMEM_BENCH_CACHE``, keyed by model and
+  passage texts, each file with its texts' own keys beside it, so that a run whose
+  passages changed in part embeds only the changed ones; a cached run still
+  measures throughput, on a sample), stores them with
   ``Store.put_vectors`` (int8) and loads them into a ``VectorIndex`` as a
   restarted engine does;
 - ranks every query by words (``bm25``), by meaning (``VectorIndex.search``)
@@ -36,6 +38,12 @@ What it does, in-process with the engine's own parts:
   ``index/chats.py`` as the engine makes them: a message a passage, with the
   day and the gist of the two messages before it; a hit counts as the turn on
   its line; tuned on conversations 1-5, reported on 6-10).
+
+``--per-query PATH`` writes SciFact's nDCG@10 of each judged query (words,
+meaning, the engine's default fusion; its split, text and top documents) as JSON
+lines, to compare two commits query by query; ``--quality-only`` leaves out the
+speed figures (no model server when every embedding is cached) and prints the
+quality figures as JSON.
 
 Prints a markdown table; ``--record`` writes it to the "meaning" section of
 ``docs/BENCHMARKS.md``. The engine's default fusion (``METHOD``, ``ALPHA``,
@@ -165,25 +173,76 @@ def digest(parts) -> str:
     return h.hexdigest()[:24]
 
 
+def text_keys(texts: list[str]) -> np.ndarray:
+    """Each text's own key (the model's name and the text, hashed): which rows of an
+    earlier cache file a new list of texts can reuse."""
+    return np.array([hashlib.sha256(MODEL.encode() + b"\0" + t.encode("utf-8")).digest()[:16] for t in texts],
+                    dtype="S16")
+
+
+def _save(path: str, v: np.ndarray) -> None:
+    np.save(path + ".tmp.npy", v)
+    os.replace(path + ".tmp.npy", path)
+
+
+def reusable(kind: str, keys: np.ndarray) -> dict[bytes, np.ndarray]:
+    """Vectors of earlier cache files of ``kind`` (those whose texts' keys were kept) for
+    the texts among ``keys``."""
+    want = set(keys.tolist())
+    found: dict[bytes, np.ndarray] = {}
+    for name in sorted(os.listdir(OUT)):
+        if not (name.startswith(kind + "-") and name.endswith(".keys.npy")):
+            continue
+        vpath = os.path.join(OUT, name[:-len(".keys.npy")] + ".npy")
+        if not os.path.exists(vpath):
+            continue
+        ks = np.load(os.path.join(OUT, name))
+        rows = [i for i, k in enumerate(ks.tolist()) if k in want and k not in found]
+        if rows:
+            v = np.load(vpath, mmap_mode="r")
+            if v.shape[0] == len(ks):
+                for i in rows:
+                    found[ks[i]] = np.array(v[i])
+    return found
+
+
 def embed_cached(server_fn, kind: str, texts: list[str], r: dict) -> np.ndarray:
+    """The texts' embeddings: from the cache file of exactly these texts, else only the
+    texts no earlier file of ``kind`` holds are embedded (an earlier file's own texts are
+    known by their keys, ``<file>.keys.npy``, kept beside it)."""
     os.makedirs(OUT, exist_ok=True)
     path = os.path.join(OUT, f"{kind}-{digest(texts)}.npy")
+    keys = text_keys(texts)
+    kpath = path[:-len(".npy")] + ".keys.npy"
     if os.path.exists(path):
         v = np.load(path)
         if v.shape[0] == len(texts):
             log(f"{kind}: {len(texts)} embeddings from the cache")
             r[f"{kind}_cached"] = True
+            if not os.path.exists(kpath):
+                _save(kpath, keys)
             return v
-    emb = server_fn()
-    log(f"{kind}: embedding {len(texts)} texts through the model server ...")
+    old = reusable(kind, keys)
+    todo = [i for i, k in enumerate(keys.tolist()) if k not in old]
+    if old and todo:
+        log(f"{kind}: {len(texts) - len(todo)} of {len(texts)} embeddings from earlier cache files, "
+            f"embedding the {len(todo)} others")
+    emb = server_fn() if todo else None
+    log(f"{kind}: embedding {len(todo)} texts through the model server ...")
     t = time.perf_counter()
-    v = emb.embed(texts)
+    new = emb.embed([texts[i] for i in todo]) if todo else np.zeros((0, 0), np.float32)
     dt = time.perf_counter() - t
-    r[f"{kind}_embed"] = (len(texts), dt, sum(len(x) for x in texts))
-    r[f"{kind}_cached"] = False
-    log(f"{kind}: {len(texts) / dt:.1f}/s")
-    np.save(path + ".tmp.npy", v)
-    os.replace(path + ".tmp.npy", path)
+    if todo:
+        r[f"{kind}_embed"] = (len(todo), dt, sum(len(texts[i]) for i in todo))
+        log(f"{kind}: {len(todo) / dt:.1f}/s")
+    r[f"{kind}_cached"] = len(todo) < len(texts)
+    dim = new.shape[1] if len(todo) else next(iter(old.values())).shape[0]
+    v = np.zeros((len(texts), dim), np.float32)
+    at = dict(zip(todo, range(len(todo))))
+    for i, k in enumerate(keys.tolist()):
+        v[i] = new[at[i]] if i in at else old[k]
+    _save(path, v)
+    _save(kpath, keys)
     return v
 
 
@@ -301,7 +360,7 @@ def scifact(a, r: dict) -> None:
 
         pvecs = embed_cached(server_fn, "passages", texts, r)
         qvecs = embed_cached(server_fn, "queries", [data.queries[q] for q in qids], r)
-        if r["passages_cached"]:  # throughput on a sample, through the server all the same
+        if r["passages_cached"] and not a.quality_only:  # throughput on a sample, through the server all the same
             step = max(1, len(texts) // SAMPLE)
             sample = texts[::step][:SAMPLE]
             emb = server_fn()
@@ -312,19 +371,21 @@ def scifact(a, r: dict) -> None:
                 emb.embed(sample)
                 times.append(time.perf_counter() - t)
             r["passages_embed"] = (len(sample), min(times), sum(len(x) for x in sample))
-        emb = server_fn()
-        passes = []
-        for _ in range(PASSES):
-            lat = []
-            for q in qids[:QLAT + 10]:
-                t = time.perf_counter()
-                emb.embed([data.queries[q]], patient=False)
-                lat.append(time.perf_counter() - t)
-            passes.append((pct(lat[10:], 99) * 1000, pct(lat[10:], 50) * 1000))
-        p99, p50 = min(passes)
-        r["query_embed_ms"] = (p50, p99, QLAT)
-        server.close()
-        server = None
+        if not a.quality_only:
+            emb = server_fn()
+            passes = []
+            for _ in range(PASSES):
+                lat = []
+                for q in qids[:QLAT + 10]:
+                    t = time.perf_counter()
+                    emb.embed([data.queries[q]], patient=False)
+                    lat.append(time.perf_counter() - t)
+                passes.append((pct(lat[10:], 99) * 1000, pct(lat[10:], 50) * 1000))
+            p99, p50 = min(passes)
+            r["query_embed_ms"] = (p50, p99, QLAT)
+        if server is not None:
+            server.close()
+            server = None
 
         # the vectors as a restarted engine holds them (int8 in LMDB, loaded back)
         st.use_vector_model(MODEL)
@@ -372,6 +433,8 @@ def scifact(a, r: dict) -> None:
         # the default now in hybrid.py, as Engine.rank calls it
         run = {q: docs_of(engine_fuse(st, vi, data.queries[q], qv[q], cut_w[q], cut_m[q]), doc_of) for q in qids}
         res["default"] = {"train": evaluate(run, train), "test": evaluate(run, test)}
+        if a.per_query:
+            per_query(a.per_query, data, train, test, {**runs, "default": run}, words, doc_of)
         r["default"] = (hybrid.METHOD, getattr(hybrid, "ALPHA", None), getattr(hybrid, "RRF_K", None))
 
         ref = reference_bm25s(data, qids, r)
@@ -385,6 +448,24 @@ def scifact(a, r: dict) -> None:
         if server is not None:
             server.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def per_query(path: str, data: ed.Beir, train, test, runs: dict[str, dict[str, list[str]]], words, doc_of) -> None:
+    """One line a judged query: its split, nDCG@10 by each ranking, the documents of its
+    words and fused top 10 and the passage ids of its words top 10 (to compare two commits)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for q in data.queries:
+            split = "train" if q in train else "test" if q in test else None
+            if split is None:
+                continue
+            rel = (train if split == "train" else test)[q]
+            row = {"q": q, "split": split, "text": data.queries[q], "rel": sorted(rel)}
+            for name, run in runs.items():
+                row[name] = round(ed.ndcg_at(run[q], rel, 10), 6)
+                row[name + "_top"] = run[q][:10]
+            row["words_pids"] = [[int(p), round(float(s), 4), doc_of[p]] for p, s in words[q][:10]]
+            f.write(json.dumps(row) + "\n")
+    log(f"per-query figures written to {path}")
 
 
 # ---------------------------------------------------------------- vector speed
@@ -642,12 +723,26 @@ def main(argv=None) -> int:
     ap.add_argument("--locomo", action="store_true", help="also LoCoMo turn-level recall (words vs fused)")
     ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
     ap.add_argument("--json", help="also write the raw figures to this file")
+    ap.add_argument("--per-query", metavar="PATH",
+                    help="write SciFact's per-query nDCG@10 (words, meaning, fused default) as JSON lines to PATH")
+    ap.add_argument("--quality-only", action="store_true",
+                    help="quality figures only: no embedding throughput, query latency or vector speed "
+                         "(prints the raw figures as JSON; no --record)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     r: dict = {"threads": a.threads}
     scifact(a, r)
     if a.locomo:
         locomo(a, r)
+    if a.quality_only:
+        if a.record:
+            sys.exit("bench: --quality-only has no speed figures to record")
+        r["wall_s"] = time.perf_counter() - t0
+        print(json.dumps({k: r[k] for k in ("scifact", "tuned", "locomo", "default") if k in r}, indent=1, default=str))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(r, f, indent=1, default=str)
+        return 0
     vector_speed(r)
     r["wall_s"] = time.perf_counter() - t0
     text = table(r)

@@ -21,7 +21,7 @@ import stat as st
 from typing import Iterable, Optional
 
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
-from lnkmem.ignore import NAMES as IGNORE_NAMES, Ignorer
+from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES, Ignorer
 
 O_PATH = getattr(os, "O_PATH", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)

@@ -13,9 +13,9 @@ import msgspec
 
 from lnkmem.bridges.http import Body, BridgeClient, BridgeDown, Chunks, Unanswered, check, etag, quote, unquote
 from lnkmem.bridges.place import MAX_FILE, Conflict, Entry, Forbidden, NotFound, check_relpath
-from lnkmem.ignore import MAX_BYTES as IGNORE_MAX_BYTES
-from lnkmem.ignore import NAMES as IGNORE_NAMES
-from lnkmem.ignore import Listed, parse as parse_ignore
+from lnkmem.bridges.ignore import MAX_BYTES as IGNORE_MAX_BYTES
+from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES
+from lnkmem.bridges.ignore import Listed, parse as parse_ignore
 
 
 class _FileEntry(msgspec.Struct):

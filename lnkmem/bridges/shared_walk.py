@@ -30,7 +30,7 @@ import signal
 
 import msgspec
 
-from lnkmem import procs
+from lnkmem.core import procs
 from lnkmem.bridges.place import Entry
 
 

@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from lnkmem import procs
+from lnkmem.core import procs
 
 log = logging.getLogger("lnkmem")
 

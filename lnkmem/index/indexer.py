@@ -23,7 +23,7 @@ import msgspec
 import numpy as np
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
-from lnkmem.errors import DamagedIndex
+from lnkmem.core.errors import DamagedIndex
 from lnkmem.index import analyze, chats, documents, readahead, worker
 from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
@@ -207,7 +207,7 @@ def file_time(place, entry: Entry, version: str) -> Optional[str]:
     if modified:
         return modified
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.notes import LocalNotes
+    from lnkmem.memory.notes import LocalNotes
     if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
         m = _LOCAL_VERSION.match(version or "")
         if m:

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Optional
 
-from lnkmem.errors import UsageError
+from lnkmem.core.errors import UsageError
 
 PROG = "lnk-lnkmem"
 NO_CUT_TOKENS = 1_000_000  # the spec's largest budget: a person's search is not cut
@@ -95,7 +95,7 @@ def check_state(path: str, create: bool) -> str:
 
 def _config(folder: str, state: str, agent: Optional[str], create_state: bool, tokens: Optional[int] = None):
     import dataclasses
-    from lnkmem.config import from_args
+    from lnkmem.memory.config import from_args
     folder = check_folder("folder", folder)
     agent = check_folder("agent folder", agent) if agent is not None else None
     env = dict(os.environ)
@@ -283,7 +283,7 @@ class Run:
         memory, store = self.memory, self.memory.store
         if memory.embedder is None or self.stop:
             return
-        from lnkmem.embed import EmbeddingUnavailable
+        from lnkmem.memory.embed import EmbeddingUnavailable
         store.use_vector_model(memory.embedder.model)
         memory.vindex.load(store)
         live = store.snapshot.live
@@ -353,7 +353,7 @@ def emit(text: str) -> None:
 
 
 def _open_memory(cfg):
-    from lnkmem.engine import Memory
+    from lnkmem.memory.memory import Memory
     memory = Memory(cfg)
     try:
         memory.store = memory.open_store()
@@ -366,15 +366,15 @@ def _open_memory(cfg):
 
 def cmd_index(args) -> int:
     import signal
-    from lnkmem.progress import Bar
+    from lnkmem.cli.progress import Bar
     cfg = _config(args.folder, args.state, _agent_of(args), create_state=True)
     lock = BuildLock(cfg.state)
     holder = lock.acquire()
     if holder is not None:
         who = f"process {holder}" if holder > 0 else "another process"
         raise UsageError(f"index: {who} is building this index now; run again when it has finished")
-    from lnkmem import warm
-    from lnkmem.errors import DamagedIndex
+    from lnkmem.cli import warm
+    from lnkmem.core.errors import DamagedIndex
     t0 = time.monotonic()
     # the tree's inodes read on the other core while the index is imported and opened (the
     # listing itself takes both cores past indexer.SHARED_LISTING files: the walk stops then)
@@ -491,8 +491,8 @@ def cmd_search(args) -> int:
     agent, query = _split_query(args)
     if args.budget is not None and not 1 <= args.budget <= NO_CUT_TOKENS:
         raise UsageError(f"--budget: {args.budget} is not a number of tokens from 1 to {NO_CUT_TOKENS:,}")
-    from lnkmem import tooldefs
-    from lnkmem.wire import SOURCES, convert
+    from lnkmem.protocol import tooldefs
+    from lnkmem.core.wire import SOURCES, convert
     arguments = _search_arguments(args, query)
     for s in arguments.get("sources", []):
         if s not in SOURCES:
@@ -504,9 +504,9 @@ def cmd_search(args) -> int:
         key = msg.split(":", 1)[0].split("[", 1)[0]
         raise UsageError(f"search: {'--' if key in arguments and key != 'query' else ''}{msg}") from None
     cfg = _config(args.folder, args.state, agent, create_state=True, tokens=args.budget or NO_CUT_TOKENS)
-    from lnkmem.progress import Bar
-    from lnkmem import tools
-    from lnkmem.errors import ToolError
+    from lnkmem.cli.progress import Bar
+    from lnkmem.protocol import tools
+    from lnkmem.core.errors import ToolError
     lock = BuildLock(cfg.state)
     holder = lock.acquire()
     memory = _open_memory(cfg)

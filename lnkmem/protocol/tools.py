@@ -1,6 +1,6 @@
 """The four tools (§4.1-§4.4): their definitions and what they do.
 
-Each tool takes validated arguments (``lnkmem.wire``) and a :class:`Memory`,
+Each tool takes validated arguments (``lnkmem.core.wire``) and a :class:`Memory`,
 and returns ``(text, structured)``: the text a model reads, within the token
 budget, and the same facts as JSON. Refusals raise :class:`ToolError`.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lnkmem import budget
+from lnkmem.protocol import budget
 from lnkmem.bridges.place import MAX_FILE, Forbidden, NotFound, check_relpath
-from lnkmem.engine import Memory
-from lnkmem.errors import ToolError
+from lnkmem.memory.memory import Memory
+from lnkmem.core.errors import ToolError
 from lnkmem.index import analyze, chats, documents
 from lnkmem.index.indexer import split_ref
-from lnkmem.threads import notes_refusal
-from lnkmem.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
+from lnkmem.memory.threads import notes_refusal
+from lnkmem.core.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
                          RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)
 
 OPEN_WAIT_S = 10.0

@@ -19,11 +19,11 @@ from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
-from lnkmem import memtrim, procs
-from lnkmem.config import AgentConfig, FolderRefused, open_folder, same_folder
+from lnkmem.core import memtrim, procs
+from lnkmem.memory.config import AgentConfig, FolderRefused, open_folder, same_folder
 from lnkmem.index import indexer
 from lnkmem.index.store import Store
-from lnkmem.notes import LocalNotes
+from lnkmem.memory.notes import LocalNotes
 
 from collections import OrderedDict
 
@@ -108,7 +108,7 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
     places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
     if cfg.store_driver:  # §3.5: its conversations from the driver alone, through the engine's own copy
-        from lnkmem.bridges import driver
+        from lnkmem.memory import store_driver as driver
         places["chats"] = driver.conversations(cfg, os.path.join(cfg.state, "conversations"))
     elif cfg.agent:
         places["chats"] = LocalPlace(chats_dir)
@@ -158,7 +158,7 @@ class Memory:
         self._embed_wake = threading.Event()
         self._qcache: "OrderedDict[str, object]" = OrderedDict()
         if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
-            from lnkmem.embed import Embedder
+            from lnkmem.memory.embed import Embedder
             from lnkmem.index.vectors import VectorIndex
             url, model, headers = self.layout.embed
             try:
@@ -169,7 +169,7 @@ class Memory:
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
         if self.layout.replica is not None and self.layout.writes:
-            from lnkmem.sync import StateFile, WriteBack
+            from lnkmem.replica.sync import StateFile, WriteBack
             self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy,
                                        on_state=StateFile(os.path.dirname(self.layout.index_path)))
 
@@ -327,7 +327,7 @@ class Memory:
             pass
 
     def _run(self) -> None:
-        from lnkmem import changes  # (asyncio through mcp: not for `index`, which never runs this)
+        from lnkmem.memory import changes  # (asyncio through mcp: not for `index`, which never runs this)
         try:
             self.store = self.open_store()
             self.fresh = self.store.snapshot.live == 0
@@ -445,7 +445,7 @@ class Memory:
 
     def _attach(self) -> Optional[str]:
         """Make the cache one version of the copy before indexing the sources (§7.2)."""
-        from lnkmem.sync import attach
+        from lnkmem.replica.sync import attach
         self.last_check = time.monotonic()
         try:
             width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
@@ -467,7 +467,7 @@ class Memory:
     def _recheck_loop(self) -> None:
         """While serving, ask for the copy's version again now and then (§7.2 rev. 2):
         an unchanged copy costs one 304; a newer one is loaded."""
-        from lnkmem.sync import recheck
+        from lnkmem.replica.sync import recheck
         every = recheck()
         while not self._stop.wait(max(every - (time.monotonic() - self.last_check), 0.05)):
             if time.monotonic() - self.last_check >= every:
@@ -477,7 +477,7 @@ class Memory:
     def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is
         older than the re-check interval, and wait (a while) for a newer version."""
-        from lnkmem.sync import recheck
+        from lnkmem.replica.sync import recheck
         if self.layout.replica is None or self.layout.writes or not self.ready.is_set():
             return
         if time.monotonic() - self.last_check < recheck():
@@ -558,7 +558,7 @@ class Memory:
             log.debug("heap trimmed: %d -> %d MiB not backed by a file", (anon or 0) >> 20, self._anon_floor >> 20)
 
     def changed_path(self, path: str, done) -> None:
-        """A `changed` control's path as Link names it (§5.6, lnkmem.changes);
+        """A `changed` control's path as Link names it (§5.6, lnkmem.memory.changes);
         ``done.set()`` is called once it is in the index (no thread waits for it)."""
         chats = self.places.get("chats")
         if hasattr(chats, "before_change") and path.split("/", 1)[0] == "chats":
@@ -620,7 +620,7 @@ class Memory:
 
     def _embed_pending(self) -> None:
         """Wait for a wake-up, then embed every live passage that has no vector."""
-        from lnkmem.embed import EmbeddingUnavailable
+        from lnkmem.memory.embed import EmbeddingUnavailable
         self._embed_wake.wait(timeout=5)
         self._embed_wake.clear()
         while not self._stop.is_set():
@@ -643,7 +643,7 @@ class Memory:
             self.vindex.add([pids[i] for i in keep], vecs[keep])
 
     def query_vector(self, query: str):
-        from lnkmem.embed import EmbeddingUnavailable
+        from lnkmem.memory.embed import EmbeddingUnavailable
         v = self._qcache.get(query)
         if v is not None:
             self._qcache.move_to_end(query)
@@ -807,7 +807,7 @@ class Memory:
     def _inotify_loop(self, paths: list[str], retry: bool = False) -> None:
         """Watch with inotify directly (bytes names), until stopped. ``retry``: watching
         again after a time unwatched (what changed meanwhile is looked for)."""
-        from lnkmem.inotify import Inotify
+        from lnkmem.memory.inotify import Inotify
         ino = Inotify()
         try:
             for p in paths:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from lnkmem.errors import ToolError
+from lnkmem.core.errors import ToolError
 
 
 def _norm(line: str) -> str:
@@ -111,7 +111,7 @@ class LocalNotes:
     """The notes file on this machine.
 
     Its folder and ``<state>`` are opened once (below the agent folder, one
-    component at a time, never through a link: :func:`lnkmem.config.open_folder`)
+    component at a time, never through a link: :func:`lnkmem.memory.config.open_folder`)
     and every later step works beside those descriptors, so a folder swapped for
     a link afterwards changes nothing.
 
@@ -126,7 +126,7 @@ class LocalNotes:
     its edit carried over to the new one.
 
     Nothing lost by design (§2.2 rev. 3): the text a change replaces, and the
-    text it writes, are kept in ``<state>`` (:mod:`lnkmem.noteshistory`); a
+    text it writes, are kept in ``<state>`` (:mod:`lnkmem.memory.noteshistory`); a
     change waits (:func:`wait_s`) for a file someone holds open for writing to
     be closed, and for an emptied or much shorter file that changed within that
     time to be written; the rename is an exchange, so a file renamed over the
@@ -135,7 +135,7 @@ class LocalNotes:
 
     def __init__(self, path: str, state: str, agent: Optional[str] = None, create: bool = True,
                  state_fd: Optional[int] = None):
-        from lnkmem.config import open_folder
+        from lnkmem.memory.config import open_folder
         self.path = path
         self.state = state
         self.agent = agent
@@ -152,13 +152,13 @@ class LocalNotes:
     # --- the folders ---------------------------------------------------------------
 
     def state_fd(self) -> int:
-        from lnkmem.config import open_folder
+        from lnkmem.memory.config import open_folder
         if self._state_fd is None:
             self._state_fd = open_folder(self.state, self.agent, create=True, mode=0o700)
         return self._state_fd
 
     def history(self):
-        from lnkmem.noteshistory import History
+        from lnkmem.memory.noteshistory import History
         if self._history is None:
             self._history = History(self.state_fd())
         return self._history

@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lnkmem import changes
-from lnkmem.config import AgentConfig, check_id, from_serve_argv
-from lnkmem.errors import UsageError
-from lnkmem.mcp import OUT_HIGH, Session, pump
-from lnkmem.wire import ID_RE, FirstLine, Ok, Refusal, decode, encode
+from lnkmem.memory import changes
+from lnkmem.memory.config import AgentConfig, check_id, from_serve_argv
+from lnkmem.core.errors import UsageError
+from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
+from lnkmem.core.wire import ID_RE, FirstLine, Ok, Refusal, decode, encode
 
 log = logging.getLogger("lnkmem")
 
@@ -136,7 +136,7 @@ def parse_agents(text: str) -> AgentsTable:
 
 
 def parse_options(args) -> Options:
-    from lnkmem.spec import parse_spec
+    from lnkmem.memory.spec import parse_spec
     parse_spec(os.environ.get("LNK_MEMORY_SPEC"))  # §1.4 rev. 3: like every subcommand (exit 2)
     if not os.path.isabs(args.socket) and not args.socket:
         raise UsageError("socket: an empty path")
@@ -243,7 +243,7 @@ class Service:
         self.connections: set = set()  # (task, writer) of each connection being served
         self.linger_handle: Optional[asyncio.TimerHandle] = None
         self.allowed = {os.geteuid()} | ({opts.peer_uid} if opts.peer_uid is not None else set())
-        from lnkmem.bound import Bindings
+        from lnkmem.serve.bound import Bindings
         self.bindings = Bindings(self)
 
     def refusal(self, agent: str) -> Optional[str]:
@@ -270,7 +270,7 @@ class Service:
     def memory(self, agent: str):
         m = self.memories.get(agent)
         if m is None:
-            from lnkmem.engine import Memory
+            from lnkmem.memory.memory import Memory
             m = self.memories[agent] = Memory(self.opts.agents[agent]).start()
         return m
 
@@ -483,11 +483,11 @@ async def _reply(writer: asyncio.StreamWriter, msg) -> None:
 
 def serve_many(args) -> int:
     opts = parse_options(args)
-    from lnkmem.serve import undumpable
+    from lnkmem.serve.stdio import undumpable
     undumpable()  # §5.1: binding keys live in this process
     # (the allocator was tuned at start, cli.main: many agents' threads share two arenas)
-    import lnkmem.engine  # noqa: F401  (the index's imports now, not in the first Hello)
-    import lnkmem.tools  # noqa: F401
+    import lnkmem.memory.memory  # noqa: F401  (the index's imports now, not in the first Hello)
+    import lnkmem.protocol.tools  # noqa: F401
     prepare_folder(os.path.dirname(opts.socket), opts.gid)
     try:
         sock = bind_socket(opts.socket, opts.gid)

@@ -27,9 +27,10 @@ from typing import Any, Awaitable, Callable, Optional
 
 import msgspec
 
-from lnkmem import __version__, budget, tooldefs
-from lnkmem.errors import ToolError
-from lnkmem.wire import convert
+from lnkmem import __version__
+from lnkmem.protocol import budget, tooldefs
+from lnkmem.core.errors import ToolError
+from lnkmem.core.wire import convert
 
 log = logging.getLogger("lnkmem")
 
@@ -509,7 +510,7 @@ def fit(text: str, room: int) -> str:
 
 
 def _run_tool(memory, name: str, args, thread: Optional[str], room: Optional[int] = None) -> dict:
-    from lnkmem import tools  # the index and its numpy: imported on the first call, not at start
+    from lnkmem.protocol import tools  # the index and its numpy: imported on the first call, not at start
     try:
         text, structured = tools.call(memory, name, args, thread, wait=False)
     except ToolError as e:

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from lnkmem.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
+from lnkmem.cli.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
 
 DEFAULT_SKIPS = ["node_modules/", "__pycache__/", ".git/", "virtual environments (a folder holding pyvenv.cfg)",
                  "hidden files and folders"]
@@ -81,8 +81,8 @@ def _rfc3339(t: float) -> str:
 
 
 def gather_status(cfg) -> dict:
-    from lnkmem.engine import local_layout
-    from lnkmem.errors import DamagedIndex
+    from lnkmem.memory.memory import local_layout
+    from lnkmem.core.errors import DamagedIndex
     from lnkmem.index import indexer
     from lnkmem.index.store import SOURCES, Store
     index_path = os.path.join(cfg.state, "index")
@@ -91,7 +91,7 @@ def gather_status(cfg) -> dict:
     out: dict = {"folder": cfg.folder, "state": cfg.state, "agent": cfg.agent, "indexed": False,
                  "building": {"pid": pid} if pid else None}
     layout = local_layout(cfg, create=False)
-    from lnkmem.notes_cmd import listing
+    from lnkmem.cli.notes_history import listing
     out["notes_history"] = listing(cfg.state)  # §2.2 rev. 3: the notes' kept versions
     out["sources"] = {s: {"files": 0, "passages": 0, "bytes": 0} for s in SOURCES if s in layout.places}
     out.update(files=0, passages=0, by_kind={}, index_bytes=0, last_change=None, pending=None, damaged=None)
@@ -139,7 +139,7 @@ def gather_status(cfg) -> dict:
 
 def _writeback(state: str) -> Optional[dict]:
     """The write-back's state of this agent's bound cache (`serve-many` writes it), or None."""
-    from lnkmem.sync import StateFile
+    from lnkmem.replica.sync import StateFile
     return StateFile(os.path.join(state, "bound")).read()
 
 

@@ -17,7 +17,7 @@ import asyncio
 from typing import Iterable
 
 from lnkmem.bridges.place import Forbidden, check_relpath
-from lnkmem.mcp import LoopSignal
+from lnkmem.protocol.mcp import LoopSignal
 
 NOTES_PATH = "memory/notes.md"
 SOURCES = ("home", "chats", "skills", "notes")

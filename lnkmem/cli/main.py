@@ -15,29 +15,15 @@ from typing import NoReturn, Optional
 
 sys.dont_write_bytecode = True  # §2.2: no __pycache__ anywhere
 
+from lnkmem.cli.common import PROG, program_path  # noqa: E402
 from lnkmem.core.errors import UsageError  # noqa: E402
 
-PROG = "lnk-lnkmem"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         cmd = self.prog[len(PROG) + 1:]
         raise UsageError(f"{cmd + ': ' if cmd else ''}{message} (see {self.prog} --help)")
-
-
-def program_path() -> str:
-    """The absolute path of this very program (what Link's sandbox reads)."""
-    me = sys.argv[0]
-    if os.path.basename(me) == PROG and os.path.exists(me):
-        return os.path.abspath(me)
-    beside = os.path.join(os.path.dirname(sys.executable), PROG)
-    if os.path.exists(beside):
-        return os.path.abspath(beside)
-    found = shutil.which(PROG)
-    if found:
-        return os.path.abspath(found)
-    raise UsageError(f"cannot find the {PROG} program (is the package installed?)")
 
 
 def _parser() -> _Parser:

@@ -8,7 +8,7 @@ import sys
 from typing import Optional
 
 from lnkmem.core.errors import UsageError
-from lnkmem.cli.people import _apart, check_folder, check_state, emit
+from lnkmem.cli.common import check_apart, check_folder, check_state, emit, program_path
 
 CLIENTS = ("claude", "cursor", "vscode", "json")
 
@@ -59,9 +59,8 @@ def cmd_mcp_config(args) -> int:
     folder = check_folder("folder", where[0])
     agent = check_folder("agent folder", args.agent) if args.agent is not None else None
     state = os.path.abspath(args.state) if args.state else default_state(folder, agent)
-    _apart(folder, state, agent)
+    check_apart(folder, state, agent)
     check_state(state, create=False)
-    from lnkmem.cli.main import program_path
     text, hint = mcp_config_text(client, args.name, server_entry(program_path(), folder, state, agent))
     emit(text)
     if sys.stderr.isatty():

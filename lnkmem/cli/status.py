@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from lnkmem.cli.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
+from lnkmem.cli.common import agent_of, building_pid, emit, is_terminal, open_config, plural, visible
 
 DEFAULT_SKIPS = ["node_modules/", "__pycache__/", ".git/", "virtual environments (a folder holding pyvenv.cfg)",
                  "hidden files and folders"]
@@ -162,10 +162,10 @@ def render_status(st: dict) -> str:
     elif not st["indexed"]:
         lines.append("index   not built yet (run: lnk-lnkmem index ...)")
     else:
-        lines.append(f"index   {_plural(st['files'], 'file')}, {_plural(st['passages'], 'passage')}, "
+        lines.append(f"index   {plural(st['files'], 'file')}, {plural(st['passages'], 'passage')}, "
                      f"{_human(st['index_bytes'])} on disk, last changed {st['last_change']}")
         for s, v in st["sources"].items():
-            lines.append(f"  {s:<7} {_plural(v['files'], 'file')}, {_plural(v['passages'], 'passage')}, {_human(v['bytes'])} of text")
+            lines.append(f"  {s:<7} {plural(v['files'], 'file')}, {plural(v['passages'], 'passage')}, {_human(v['bytes'])} of text")
         kinds = st.get("by_kind") or {}
         if kinds:
             lines.append("  " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items())) + " (indexed by name or not at all)")
@@ -179,12 +179,12 @@ def render_status(st: dict) -> str:
     if m["name"] or m["vectors_of"]:
         served = "served" if m["served"] else "not served now ($LNK_MEMORY_MODEL is empty)"
         lines.append(f"model   {m['name'] or m['vectors_of']} ({served}); {m['embedded']:,} of "
-                     f"{_plural(st['passages'], 'passage')} embedded")
+                     f"{plural(st['passages'], 'passage')} embedded")
     else:
         lines.append("model   none: ranked by words only")
     kept = st.get("notes_history") or []
     if kept:
-        lines.append(f"notes   {_plural(len(kept), 'earlier version')} kept (newest {kept[0]['at']}, {kept[0]['why']}); "
+        lines.append(f"notes   {plural(len(kept), 'earlier version')} kept (newest {kept[0]['at']}, {kept[0]['why']}); "
                      f"list, print or restore: lnk-lnkmem notes-history {st['state']}")
     else:
         lines.append("notes   no earlier versions kept")
@@ -207,11 +207,11 @@ def render_status(st: dict) -> str:
 
 
 def cmd_status(args) -> int:
-    cfg = _config(args.folder, args.state, _agent_of(args), create_state=False)
+    cfg = open_config(args.folder, args.state, agent_of(args), create_state=False)
     st = gather_status(cfg)
     if args.json:
         emit(json.dumps(st, ensure_ascii=False) + "\n")
     else:  # names from Home shown, never obeyed, on a terminal
         text = render_status(st)
-        emit(visible(text) if _isatty(sys.stdout) else text)
+        emit(visible(text) if is_terminal(sys.stdout) else text)
     return 0

@@ -327,7 +327,7 @@ class Memory:
             pass
 
     def _run(self) -> None:
-        from lnkmem.memory import changes  # (asyncio through mcp: not for `index`, which never runs this)
+        from lnkmem.memory import changes
         try:
             self.store = self.open_store()
             self.fresh = self.store.snapshot.live == 0
@@ -763,7 +763,7 @@ class Memory:
                 paths.append(d)
         if not paths:
             return
-        from watchfiles._rust_notify import WatchfilesRustInternalError
+        from watchfiles._rust_notify import WatchfilesRustInternalError  # noqa: PLC2701 (watchfiles exports no public name for it)
         told = retry = False
         rewatch = REWATCH_S
         while not self._stop.is_set():
@@ -839,7 +839,7 @@ class Memory:
             ino.close()
 
     def _watch_loop(self, paths: list[str], retry: bool = False) -> None:
-        from watchfiles._rust_notify import RustNotify
+        from watchfiles._rust_notify import RustNotify  # noqa: PLC2701 (watchfiles exports no public name for it)
         caught_up = False
         t0 = time.monotonic()
         with RustNotify(paths, False, False, 300, True, True) as watcher:

@@ -23,6 +23,7 @@ from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Forbidden, NotFound
 from lnkmem.bridges.remote import Collection, FilesPlace
 from lnkmem.memory import changes
+from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig
 from lnkmem.memory.spec import parse_size
 from lnkmem.core.wire import Bound, Changed, FirstLine, Spec
@@ -475,7 +476,7 @@ class Bindings:
             path = changes.clean(c.path)
         except ValueError as e:
             return f"changed: {e}"
-        done = await changes.tell(binding.memory, path)
+        done = await tell_changed(binding.memory, path)
         return None if done else "the change is still being indexed"
 
     async def flush(self, b) -> Optional[str]:

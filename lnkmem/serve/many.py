@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from lnkmem.memory import changes
+from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig, check_id, from_serve_argv
 from lnkmem.core.errors import UsageError
 from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
@@ -443,7 +444,7 @@ class Service:
             if memory.refused:
                 self.memories.pop(c.agent, None)
                 return f"agent {c.agent} is not served: {memory.refused}"
-            done = await changes.tell(memory, path)
+            done = await tell_changed(memory, path)
             return None if done else "the change is still being indexed"
         b = first.flush if kind == "flush" else first.end
         if not self.bindings.holds(b.owner, b.agent):

@@ -16,6 +16,7 @@ from typing import NoReturn, Optional
 sys.dont_write_bytecode = True  # §2.2: no __pycache__ anywhere
 
 from lnkmem.cli.common import PROG, program_path  # noqa: E402
+from lnkmem.core import knobs  # noqa: E402
 from lnkmem.core.errors import UsageError  # noqa: E402
 
 
@@ -118,17 +119,11 @@ COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, 
 def main(argv: Optional[list[str]] = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("lnkmem: %(levelname)s: %(message)s"))
-    level = os.environ.get("LNKMEM_LOG", "WARNING").upper() or "WARNING"
-    batch = os.environ.get("LNKMEM_BATCH_FILES", "4000")
-    worker = os.environ.get("LNKMEM_WORKER", "")
-    ahead = os.environ.get("LNKMEM_READAHEAD", "")
-    for bad, why in ((level not in ("DEBUG", "INFO", "WARNING", "ERROR"), "LNKMEM_LOG: expected debug, info, warning or error"),
-                     (not (batch.isdigit() and int(batch) > 0), "LNKMEM_BATCH_FILES: expected a whole number above 0"),
-                     (worker not in ("", "0", "1"), "LNKMEM_WORKER: expected 0 (never) or 1 (always)"),
-                     (ahead not in ("", "0", "1"), "LNKMEM_READAHEAD: expected 0 (off) or 1 (on)")):
-        if bad:  # read at import time by the modules that use them: checked here, once
-            print(f"{PROG}: {why}", file=sys.stderr)
-            return 2
+    try:
+        level = knobs.check().log  # every LNKMEM_* knob, checked here, once
+    except knobs.KnobError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
     for name in ("lnkmem", "httpx", "httpcore") if level == "DEBUG" else ("lnkmem",):
         log = logging.getLogger(name)
         log.addHandler(handler)

@@ -21,6 +21,7 @@ from typing import Optional
 from lnkmem.cli.common import (PROG, BuildLock, agent_of, emit, is_terminal,
                                open_config, plural, use_colour, visible)
 from lnkmem.core.errors import UsageError
+from lnkmem.core.knobs import knobs
 
 NO_CUT_TOKENS = 1_000_000  # the spec's largest budget: a person's search is not cut
 MERGE_SAY_S = 0.3
@@ -172,16 +173,6 @@ def _skipped_text(skipped: dict[str, int]) -> str:
         return "skipped 0"
     why = ", ".join(f"{n:,} {k}" for k, n in sorted(skipped.items(), key=lambda kv: (-kv[1], kv[0])))
     return f"skipped {total:,} ({why})"
-
-
-def _seconds(name: str, default: float) -> float:
-    try:
-        v = float(os.environ.get(name, default))
-    except ValueError:
-        raise UsageError(f"{name}: not a number of seconds: {os.environ.get(name)!r}") from None
-    if not 0 <= v < 1e6:
-        raise UsageError(f"{name}: not a number of seconds: {os.environ.get(name)!r}")
-    return v
 
 
 def _open_memory(cfg):
@@ -342,7 +333,7 @@ def cmd_search(args) -> int:
     lock = BuildLock(cfg.state)
     holder = lock.acquire()
     memory = _open_memory(cfg)
-    bar = Bar(sys.stderr, delay=_seconds("LNKMEM_BAR_DELAY_S", 1.0))  # a bar only for a slow refresh
+    bar = Bar(sys.stderr, delay=knobs().bar_delay_s)  # a bar only for a slow refresh
     try:
         if holder is None:  # refresh quietly first: a bar only when that takes a while
             run = Run(memory, bar)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import time
 from array import array
@@ -24,6 +23,7 @@ import numpy as np
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
 from lnkmem.core.errors import DamagedIndex
+from lnkmem.core.knobs import knobs
 from lnkmem.index import analyze, chats, documents, readahead, worker
 from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
@@ -33,7 +33,7 @@ log = logging.getLogger("lnkmem")
 # A batch is committed every so many bytes or files (tests make them small
 # with LNKMEM_BATCH_FILES to kill indexing between batches).
 BATCH_BYTES = 4 * 1024 * 1024
-BATCH_FILES = int(os.environ.get("LNKMEM_BATCH_FILES", "4000"))
+BATCH_FILES = knobs().batch_files
 
 
 def ref_of(source: str, path: str) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from lnkmem.core.errors import ToolError
+from lnkmem.core.knobs import knobs
 
 
 def _norm(line: str) -> str:
@@ -95,12 +96,7 @@ RENAME_EXCHANGE = 2  # renameat2(2)
 def wait_s() -> float:
     """How long `remember` waits for a notes file held open for writing to be closed,
     and for an emptied or much shorter one to be written (``LNKMEM_NOTES_WAIT_S``, 15 s)."""
-    raw = os.environ.get("LNKMEM_NOTES_WAIT_S", "")
-    try:
-        v = float(raw) if raw else 15.0
-    except ValueError:
-        v = 15.0
-    return v if v >= 0 else 15.0
+    return knobs().notes_wait_s
 
 
 def _ident(s: os.stat_result) -> tuple:

@@ -45,6 +45,7 @@ from typing import Callable, Mapping, NamedTuple, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
+from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
 
@@ -66,21 +67,15 @@ class DriverFailed(Exception):
     """The driver could not answer: why, in a line (no secret: its own stderr)."""
 
 
-def _seconds(name: str, default: float) -> float:
-    try:
-        v = float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-    return v if v > 0 else default
-
-
 def interval() -> float:
-    return _seconds("LNKMEM_DRIVER_S", INTERVAL_S)
+    v = knobs().driver_s
+    return INTERVAL_S if v is None else v
 
 
 def timeout() -> float:
     """A call's limit; LNKMEM_DRIVER_TIMEOUT_S lowers it for tests."""
-    return _seconds("LNKMEM_DRIVER_TIMEOUT_S", TIMEOUT_S)
+    v = knobs().driver_timeout_s
+    return TIMEOUT_S if v is None else v
 
 
 def driver_env(agent_env: Mapping[str, str], owner: str = "") -> dict[str, str]:

@@ -27,6 +27,7 @@ from lnkmem.memory import changes
 from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig, check_id, from_serve_argv
 from lnkmem.core.errors import UsageError
+from lnkmem.core.knobs import knobs
 from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
 from lnkmem.core.wire import ID_RE, FirstLine, Ok, Refusal, decode, encode
 
@@ -34,19 +35,6 @@ log = logging.getLogger("lnkmem")
 
 FIRST_LINE_MAX = 1024 * 1024
 READ_CHUNK = 1 << 16
-
-
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise UsageError(f"{name}: not a number of seconds: {raw!r}") from None
-    if not v >= 0:
-        raise UsageError(f"{name}: must be zero or more seconds")
-    return v
 
 
 # --- the start: flags, agents, folder and socket ------------------------------------
@@ -155,7 +143,7 @@ def parse_options(args) -> Options:
         embed=args.embed, embed_url=args.embed_url,
         peer_uid=_uid(args.peer) if args.peer else None, gid=_gid(args.group) if args.group else None,
         files_bridge=args.files_bridge, storage_bridge=args.storage_bridge, bridges=args.bridges,
-        linger=_seconds("LNKMEM_LINGER_S", 2.0), first_line_s=_seconds("LNKMEM_FIRST_LINE_S", 10.0),
+        linger=knobs().linger_s, first_line_s=knobs().first_line_s,
     )
 
 

@@ -71,7 +71,7 @@ class Run:
             self.listing()
         self.plan = plan = indexer.plan(store, memory.places)
         for place in memory.places.values():
-            for why, n in (getattr(place, "skipped_by", None) or {}).items():
+            for why, n in place.skipped_by.items():
                 self.skipped[why] = self.skipped.get(why, 0) + n
         self.unchanged = plan.listed - len(plan.todo)
         if plan.total:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from array import array
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
@@ -196,25 +194,12 @@ def _title(passages: list[Passage]) -> Optional[str]:
     return None
 
 
-_LOCAL_VERSION = re.compile(r"^([0-9a-f]+)-[0-9a-f]+-[0-9a-f]+$")
 
 
 def file_time(place, entry: Entry, version: str) -> Optional[str]:
-    """The file's modification time (RFC 3339, UTC) for the date filters: the
-    bridge's when it lists one, else a local file's (its version starts with
-    its mtime in ns)."""
-    modified = getattr(entry, "modified", None)
-    if modified:
-        return modified
-    from lnkmem.bridges.local import LocalPlace
-    from lnkmem.memory.notes import LocalNotes
-    if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
-        m = _LOCAL_VERSION.match(version or "")
-        if m:
-            ns = int(m.group(1), 16)
-            t = datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc)
-            return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns % 1_000_000_000 // 1000:06d}Z"
-    return None
+    """The file's modification time (RFC 3339, UTC) for the date filters, as its
+    place's entry gives it (a local file's: of the version read); None if unknown."""
+    return entry._replace(version=version or entry.version).modified or None
 
 
 class _Vocab(dict):

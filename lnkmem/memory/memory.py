@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
-from lnkmem.bridges.place import Entry
+from lnkmem.bridges.place import Entry, PlaceBase
 from lnkmem.core import memtrim, procs
 from lnkmem.memory.config import AgentConfig, FolderRefused, open_folder, same_folder
 from lnkmem.index import indexer
@@ -43,16 +43,16 @@ REWATCH_S = 30.0  # and watching tried again after this long
 WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
-class NotesPlace:
+class NotesPlace(PlaceBase):
     """The notes as a place holding one file, ref `notes` (wherever they live)."""
 
     def __init__(self, notes):
         self.notes = notes
-        self.skipped = 0
+        self.local = notes.local
 
     def list(self, prefix: str = "") -> list[Entry]:
         e = self.notes.entry()
-        return [Entry("", e.size, e.version)] if e else []
+        return [type(e)("", e.size, e.version)] if e else []  # (a local file's entry stays one)
 
     def read(self, path: str = "") -> tuple[bytes, str]:
         return self.notes.read_bytes()
@@ -191,8 +191,7 @@ class Memory:
             else:
                 self.watch_settled.set()
             for place in self.places.values():  # a source kept by a loop of its own (a store driver, §3.5)
-                if hasattr(place, "serve"):
-                    place.serve(self)
+                place.serve(self)
         return self
 
     closing = False  # stop() began: an LMDB error from here on is the close's, not damage
@@ -200,8 +199,7 @@ class Memory:
     def stop(self) -> None:
         self.closing = True
         for place in self.places.values():
-            if hasattr(place, "serve"):
-                place.stop()
+            place.stop()
         if self.writeback is not None and self.store is not None:
             err = self.writeback.stop()
             if err:
@@ -406,7 +404,7 @@ class Memory:
                     for cands in told.values():
                         refs.update(cands)
                     failed = None
-                    looked = changes.coalesce(refs, [s for s, p in self.places.items() if isinstance(p, LocalPlace)])
+                    looked = changes.coalesce(refs, [s for s, p in self.places.items() if p.local])
                     for r in looked:
                         try:  # one source failing (its bridge down) does not hold back the others
                             self.refresh(r)
@@ -581,13 +579,13 @@ class Memory:
     def conversations(self) -> Optional[str]:
         """A store driver's state for a search (§4.1 rev. 3): "refreshing",
         "unavailable: <why>", or None (no driver, or all is well)."""
-        status = getattr(self.places.get("chats"), "status", None)
-        return status() if status is not None else None
+        chats = self.places.get("chats")
+        return chats.status() if chats is not None else None
 
     def conversations_idle(self) -> bool:
         """No store driver listing under way (a search waits for one, at most 2 s)."""
-        idle = getattr(self.places.get("chats"), "idle", None)
-        return idle is None or idle.is_set()
+        chats = self.places.get("chats")
+        return chats is None or chats.listing_idle()
 
     @property
     def indexing(self) -> Optional[tuple[int, int]]:
@@ -705,7 +703,7 @@ class Memory:
         roots = []
         for source in ("chats", "skills", "home"):
             place = self.places.get(source)
-            if isinstance(place, LocalPlace):
+            if place is not None and place.local:
                 roots.append((place.root, source))
         return roots
 
@@ -728,7 +726,7 @@ class Memory:
                 if rel == ".":
                     return source
                 parts = rel.split(os.sep)
-                ignorer = getattr(self.places.get(source), "ignore", None)
+                ignorer = self.places[source].ignore
                 if ignorer is not None and parts[-1] in IGNORE_FILES:  # its folder's listing changes
                     folder = "/".join(parts[:-1])
                     return f"{source}/{folder}" if folder else source
@@ -801,7 +799,7 @@ class Memory:
         for source, place in self.places.items():
             if self._stop.is_set():
                 return
-            if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
+            if place.local:
                 self.changed(source, wait=wait, timeout=60)
 
     def _inotify_loop(self, paths: list[str], retry: bool = False) -> None:

@@ -129,6 +129,8 @@ class LocalNotes:
     notes between the re-check and the replace is read, kept and merged.
     """
 
+    local = True  # a file on this machine (watched)
+
     def __init__(self, path: str, state: str, agent: Optional[str] = None, create: bool = True,
                  state_fd: Optional[int] = None):
         from lnkmem.memory.config import open_folder
@@ -355,12 +357,11 @@ class LocalNotes:
 
     def entry(self):
         """The notes as an index entry; None when missing, a link, or too large (not indexed)."""
-        from lnkmem.bridges.local import version_of
-        from lnkmem.bridges.place import Entry
+        from lnkmem.bridges.local_entry import LocalEntry, version_of
         st = self._lstat()
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > NOTES_MAX:
             return None
-        return Entry("", st.st_size, version_of(st))
+        return LocalEntry("", st.st_size, version_of(st))
 
     def read_bytes(self) -> tuple[bytes, str]:
         from lnkmem.bridges.local import version_of
@@ -678,6 +679,7 @@ class BridgeNotes:
     once lose neither.
     """
 
+    local = False
     NAME = "notes.md"
 
     def __init__(self, collection):

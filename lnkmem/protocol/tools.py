@@ -74,7 +74,8 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         if not sources:
             sources = ["__none__"]
     hits: list[Hit] = []
-    ignorer = getattr(memory.places.get("home"), "ignore", None)
+    home = memory.places.get("home")
+    ignorer = home.ignore if home is not None else None
     memo: dict = {}
     want = args.limit
     ranked = "words"
@@ -159,7 +160,7 @@ def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
     name = path.rsplit("/", 1)[-1]
     big = None
     try:
-        if (source != "notes" and hasattr(place, "read_lines") and not documents.is_document(path)
+        if (source != "notes" and place.local and not documents.is_document(path)
                 and not (source == "chats" and name.endswith(".jsonl"))):
             e = place.stat(path)
             if e is not None and e.size > MAX_FILE:  # not indexed, but served: streamed, line by line
@@ -191,7 +192,7 @@ def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
         shown = (first, min(last, max(total, 1)))
     else:
         if documents.is_document(path) and source == "home":
-            converted = documents.convert(data, name, memory.tmpdir, getattr(place, "resolve", lambda p: None)(path))
+            converted = documents.convert(data, name, memory.tmpdir, None)
             if converted is None:
                 raise ToolError(f"ref: {args.ref!r} is a document that cannot be converted to text here")
             text = converted

@@ -413,7 +413,7 @@ class Bindings:
         embed = self._embedding(cfg, first)
         layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
                         os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
-        watch = any(isinstance(p, LocalPlace) for p in places.values()) or isinstance(notes, LocalNotes)
+        watch = any(p.local for p in places.values()) or notes.local
         return Memory(cfg, layout).start(watch=watch)
 
     def _embedding(self, cfg: AgentConfig, first: FirstLine):

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from lnkmem.bridges.place import Forbidden, check_relpath
+from lnkmem.core.wire import SOURCES
 
 NOTES_PATH = "memory/notes.md"
-SOURCES = ("home", "chats", "skills", "notes")
 # this many changed refs in one folder: the folder is listed once instead. Behind a bridge a
 # file is looked at by listing its folder anyway; a local folder is walked, so more are needed.
 GROUP_AT, GROUP_AT_LOCAL = 2, 32

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test soak bench clean
+.PHONY: demo lint test soak bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,7 +17,20 @@ demo: $(STAMP)
 	$(BIN)/lnk-lnkmem index examples/home .demo-state --agent examples/agent
 	$(BIN)/lnk-lnkmem search examples/home .demo-state --agent examples/agent "how do we deploy the service"
 
-test: $(STAMP)
+# the rules kept by machine: the layers and no import cycle (.importlinter), and no private
+# name imported from another module (ruff PLC2701, pyproject.toml). Ruff passes over imports
+# within one top-level package, so each file is handed to it under a name outside lnkmem.
+lint: $(STAMP)
+	@$(BIN)/lint-imports --no-cache --config .importlinter >.lint-imports.out 2>&1 \
+	  || { sed -n '/^Broken contracts/,$$p' .lint-imports.out; rm -f .lint-imports.out; \
+	       echo "make lint: an import breaks the layers or makes a cycle (the contract and the import are named above; the rules: .importlinter)" >&2; exit 1; }
+	@rm -f .lint-imports.out
+	@bad=0; for f in $$(find lnkmem -name '*.py' | sort); do \
+	  $(BIN)/ruff check --quiet --output-format concise --stdin-filename "private-names/$$f" - <"$$f" || bad=1; \
+	done; [ $$bad = 0 ] || { echo "make lint: a private name (_x) is imported from another module (named above): make it public under a name that says what it is, or move it (rule: ruff PLC2701, pyproject.toml)" >&2; exit 1; }
+	@echo "make lint: the layers, no cycles, no private names imported: kept"
+
+test: lint
 	$(BIN)/python -m pytest -q -n 2 tests
 
 soak: $(STAMP)

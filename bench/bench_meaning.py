@@ -12,7 +12,7 @@ What it does, in-process with the engine's own parts:
 - writes each SciFact document as ``home/<doc_id>.md`` (``title``, a blank
   line, ``text``) in a temporary folder and indexes it with ``indexer.build``;
 - embeds every passage with all-MiniLM-L6-v2 through ``fakes.model_server``
-  over HTTP on a Unix socket with ``lnkmem.embed.Embedder`` (the embeddings are
+  over HTTP on a Unix socket with ``lnkmem.memory.embed.Embedder`` (the embeddings are
   cached in ``bench/out/meaning/`` or ``$LNKMEM_BENCH_CACHE``, keyed by model and
   passage texts, each file with its texts' own keys beside it, so that a run whose
   passages changed in part embeds only the changed ones; a cached run still
@@ -83,14 +83,14 @@ import common  # noqa: E402
 import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
-from lnkmem.embed import Embedder  # noqa: E402
+from lnkmem.memory.embed import Embedder  # noqa: E402
 from lnkmem.index import hybrid, indexer  # noqa: E402
 from lnkmem.index.search import bm25, scores_of  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 from lnkmem.index.vectors import VectorIndex  # noqa: E402
 
 try:
-    from lnkmem.engine import CANDIDATES
+    from lnkmem.memory.memory import CANDIDATES
 except Exception:  # pragma: no cover - the engine being rebuilt
     CANDIDATES = 100
 

@@ -140,7 +140,7 @@ def w_unmerged(a: dict) -> None:
     """``lnk-lnkmem index`` with its end-of-build merges left out: the segments of a build,
     for the merge of every segment to merge (code that merges at the end of a build, by
     tiers, would leave one)."""
-    from lnkmem import cli
+    import lnkmem.cli.main as cli
     from lnkmem.index.store import Store
     Store.maybe_merge = lambda self, *args, **kw: False
     rc = cli.main(["index", a["home"], a["state"], a["agent"]])

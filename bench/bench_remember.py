@@ -5,7 +5,7 @@ PYTHONPATH (docs/BENCHMARKS.md, "remember and the notes' history"):
     .venv/bin/python bench/bench_remember.py 300 [folder]
 """
 import os, sys, tempfile, time, statistics
-import lnkmem.notes as N
+import lnkmem.memory.notes as N
 d = tempfile.mkdtemp(dir=sys.argv[2] if len(sys.argv) > 2 else None)
 notes = os.path.join(d, "agent", "memory", "notes.md"); os.makedirs(os.path.dirname(notes))
 open(notes, "w").write("".join(f"- seed line {i} with a few words\n" for i in range(60)))

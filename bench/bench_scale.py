@@ -67,7 +67,7 @@ import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
 
 from lnkmem.index import textpack  # noqa: E402
-from lnkmem.status import disk_bytes  # noqa: E402  (what `status` reports: one measure)
+from lnkmem.cli.status import disk_bytes  # noqa: E402  (what `status` reports: one measure)
 
 SECTION = "scale"
 PASSES = 3
@@ -476,7 +476,7 @@ def w_profile(a: dict) -> None:
     import io
     import pstats
     import tracemalloc
-    from lnkmem import cli
+    import lnkmem.cli.main as cli
     from lnkmem.index import store as store_mod
     argv = ["index", a["home"], a["state"], a["agent"]]
     res: dict = {}

@@ -75,8 +75,8 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 
 from fakes.harness import FakeServer  # noqa: E402
-from lnkmem.config import from_args  # noqa: E402
-from lnkmem.errors import DamagedIndex  # noqa: E402
+from lnkmem.memory.config import from_args  # noqa: E402
+from lnkmem.core.errors import DamagedIndex  # noqa: E402
 from lnkmem.index import copy as copyfmt  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 from tests.bridges import KEY, Bridges  # noqa: E402
@@ -130,7 +130,7 @@ def open_checked(path: Path) -> tuple[Store, bool]:
 
 def refreshed(cfg, state: Path):
     """The index at ``state`` brought up to date in-process, as `lnk-lnkmem index` would."""
-    from lnkmem.engine import Memory
+    from lnkmem.memory.memory import Memory
     memory = Memory(cfg)
     memory.store = memory.open_store()
     memory.refresh_all()
@@ -450,8 +450,8 @@ class Bound:
         check(set(got) == want_refs, f"the copy's refs differ: {sorted(set(got) ^ want_refs)[:5]}")
         # the same passages as a clean index of the same files, read locally
         from lnkmem.bridges.local import LocalPlace
-        from lnkmem.engine import Layout, Memory, NotesPlace
-        from lnkmem.notes import LocalNotes
+        from lnkmem.memory.memory import Layout, Memory, NotesPlace
+        from lnkmem.memory.notes import LocalNotes
         ref_state = self.base / "bound-reference"
         shutil.rmtree(ref_state, ignore_errors=True)
         places = {"home": LocalPlace(str(home), exclude=[str(home / "memory" / "lnkmem")]),

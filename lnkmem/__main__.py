@@ -1,3 +1,3 @@
-from lnkmem.cli import main
+from lnkmem.cli.main import main
 
 raise SystemExit(main())

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("usearch")
 
+from lnkmem.core.knobs import KnobError  # noqa: E402
 from lnkmem.index import ann as annmod  # noqa: E402
 from lnkmem.index.store import Batch, NewFile, Passage, Store  # noqa: E402
 from lnkmem.index.vectors import VectorIndex  # noqa: E402
@@ -234,8 +235,9 @@ def test_dead_passages_are_not_answered(store):
 def test_the_threshold_knob(monkeypatch):
     monkeypatch.setenv("LNKMEM_ANN_THRESHOLD", "0")
     assert annmod.threshold() == 0
-    monkeypatch.setenv("LNKMEM_ANN_THRESHOLD", "lots")
-    assert annmod.threshold() == annmod.THRESHOLD
+    monkeypatch.setenv("LNKMEM_ANN_THRESHOLD", "lots")  # issue 36: refused, naming it (was: the default, a warning logged)
+    with pytest.raises(KnobError, match="LNKMEM_ANN_THRESHOLD"):
+        annmod.threshold()
     monkeypatch.delenv("LNKMEM_ANN_THRESHOLD")
     assert annmod.threshold() == annmod.THRESHOLD
 

@@ -54,6 +54,24 @@ def test_refusals_are_one_line_and_exit_2(home, args, env, words):
     assert r.stdout == b""
 
 
+# issue 36: one policy for the LNKMEM_* knobs. These were read deep inside a call and a bad
+# value fell back to the default unseen (or with a logged warning); now every command checks
+# every knob at its start: one line naming the variable, exit 2, nothing started.
+@pytest.mark.parametrize("name, bad", [
+    ("LNKMEM_NOTES_WAIT_S", "soon"), ("LNKMEM_NOTES_KEEP", "0"), ("LNKMEM_NOTES_KEEP_BYTES", "lots"),
+    ("LNKMEM_DRIVER_S", "0"), ("LNKMEM_DRIVER_TIMEOUT_S", "-1"), ("LNKMEM_MAX_BODY", "1e6"),
+    ("LNKMEM_ANN_THRESHOLD", "lots"), ("LNKMEM_WRITEBACK_S", "-5"), ("LNKMEM_QUIET_S", "x"),
+    ("LNKMEM_RECHECK_S", "nan"),
+])
+def test_a_bad_knob_is_refused_at_the_start_of_every_command(home, name, bad):
+    for args in (["serve", *home.args()], ["index", *home.args()]):
+        r = run_cli(*args, env={name: bad})
+        err = r.stderr.decode()
+        assert r.returncode == 2 and err.count("\n") == 1 and err.startswith(f"lnk-lnkmem: {name}: expected"), err
+        assert "Traceback" not in err and r.stdout == b""
+    assert not home.state.exists()
+
+
 def test_install_in_home(tmp_path):
     state = tmp_path / "state"
     state.mkdir()

@@ -188,7 +188,7 @@ def test_search_filters_limit_and_plain_output_in_a_pipe(home):
 
 
 def _tool_has_dates() -> bool:
-    from lnkmem.wire import SearchArgs
+    from lnkmem.core.wire import SearchArgs
     return "after" in SearchArgs.__struct_fields__
 
 
@@ -411,7 +411,7 @@ def test_the_bar_is_never_imported_by_serve(home):
     env = {"PYTHONPROFILEIMPORTTIME": "1"}
     r = run_cli("serve", *home.args(), env=env)  # stdin closed at once: serve ends
     assert r.returncode == 0, r.stderr[-2000:]
-    assert b"tqdm" not in r.stderr and b"lnkmem.progress" not in r.stderr
+    assert b"tqdm" not in r.stderr and b"lnkmem.cli.progress" not in r.stderr
     r = run_cli("index", *_flags(home), env=env)  # not on a terminal: no bar, no tqdm either
     assert r.returncode == 0 and b"tqdm" not in r.stderr
 

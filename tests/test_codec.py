@@ -447,8 +447,8 @@ def test_an_index_of_the_former_format_is_rebuilt_once(tmp_path):
 
 
 def _copy_of(tmp_path: Path, h: Home) -> dict:
-    from lnkmem.config import from_args
-    from lnkmem.engine import Memory
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
     mem = Memory(from_args(*h.args(), {}))
     mem.store = mem.open_store()
     mem.refresh_all()

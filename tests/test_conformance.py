@@ -287,7 +287,7 @@ def test_the_engine_holds_arguments_to_exactly_the_published_input_schema():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from lnkmem import tooldefs
+    from lnkmem.protocol import tooldefs
 
     scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 60), st.floats(-3, 60, allow_nan=False),
                         st.sampled_from(["", "x", "home", "chats", "skills", "notes", "web", "home/", "a" * 5]),

@@ -28,7 +28,7 @@ from lnkmem.bridges.remote import Collection
 from lnkmem.index import copy as copyfmt
 from lnkmem.index.search import bm25
 from lnkmem.index.store import Store
-from lnkmem.sync import Replica, WriteBack
+from lnkmem.replica.sync import Replica, WriteBack
 from tests.bridges import KEY, Bridges
 from tests.helpers import Home, until
 from tests.test_copy_verify import check_copy, copy_dir, copy_files, hits, manifest, named_files, serve
@@ -57,8 +57,8 @@ def text(i: int, paragraphs: int = 3) -> str:
 
 def memory(tmp_path: Path, files: dict, batches: int = 1):
     """A real Memory with its store built from ``files`` (in ``batches`` commits: as many segments)."""
-    from lnkmem.config import from_args
-    from lnkmem.engine import Memory
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
     h = Home(tmp_path)
     items = list(files.items())
     mem = None

@@ -315,8 +315,8 @@ def test_another_agents_copy_is_never_served(bridges, tmp_path):
 def _store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
     """A copy made by the real indexer and export, with vectors of ``dim``."""
     import numpy as np
-    from lnkmem.config import from_args
-    from lnkmem.engine import Memory
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
     h = Home(tmp_path)
     for rel, t in text.items():
         h.write(rel, t)
@@ -455,8 +455,8 @@ def test_reused_passage_ids_never_carry_another_passages_vector_into_the_copy(tm
     data, not edits); the copy's vector chunks name passages by id, so the write-back after a
     reuse sends all vectors anew: a reused id never gets the vector of the passage it had."""
     import numpy as np
-    from lnkmem.config import from_args
-    from lnkmem.engine import Memory
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
     from lnkmem.index.store import Store
     h = Home(tmp_path / "h")
     for i in range(8):

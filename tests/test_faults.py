@@ -249,8 +249,8 @@ def test_remember_with_state_on_another_filesystem(home):
 
 
 def test_lmdb_map_full_grows_the_map(tmp_path, monkeypatch):
-    from lnkmem.config import from_args
-    from lnkmem.engine import Memory
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
     from lnkmem.index.store import Store
     h = Home(tmp_path / "h")
     for i in range(40):

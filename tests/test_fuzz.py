@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakes.harness import FakeServer
-from lnkmem import notes as notes_mod
-from lnkmem.errors import ToolError, UsageError
-from lnkmem.threads import notes_refusal
+from lnkmem.memory import notes as notes_mod
+from lnkmem.core.errors import ToolError, UsageError
+from lnkmem.memory.threads import notes_refusal
 from tests.helpers import Home, Many, Server, agent_entry, base_env, refs, run_cli, until
 
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
@@ -362,7 +362,7 @@ SPECS = st.one_of(
 @fuzz(600)
 @given(SPECS)
 def test_spec_any_text(text):
-    from lnkmem.spec import notes_limit, parse_spec
+    from lnkmem.memory.spec import notes_limit, parse_spec
     try:
         spec = parse_spec(text)
     except UsageError as e:
@@ -383,7 +383,7 @@ def test_spec_any_text(text):
 @fuzz(300)
 @given(st.sampled_from(SPEC_KEYS), json_values)
 def test_spec_wrong_value_names_its_key(key, value):
-    from lnkmem.spec import parse_spec
+    from lnkmem.memory.spec import parse_spec
     try:
         parse_spec(json.dumps({key: value}))
     except UsageError as e:
@@ -428,8 +428,8 @@ def test_spec_and_agents_refused_by_the_program(home, tmp_path):
 @fuzz(300)
 @given(st.text(max_size=40) | st.from_regex(r"[0-9]{1,400}(\.[0-9]{0,3})?\s?[kKmM]?[iI]?[bB]?", fullmatch=True))
 def test_sizes(text):
-    from lnkmem.spec import parse_size
-    from lnkmem.wire import Spec
+    from lnkmem.memory.spec import parse_size
+    from lnkmem.core.wire import Spec
     try:
         n = parse_size(text)
         assert n >= 0
@@ -450,7 +450,7 @@ AGENT_TEXT = st.one_of(st.text(max_size=80), json_values.map(json.dumps),
 @fuzz(300)
 @given(AGENT_TEXT)
 def test_agents_any_text(text):
-    from lnkmem.many import parse_agents
+    from lnkmem.serve.many import parse_agents
     try:
         out = parse_agents(text)
     except UsageError as e:
@@ -543,7 +543,7 @@ def _garbage(g: FakeServer, **kw) -> None:
 @fuzz(30)
 @given(st.sampled_from(GARBAGE_MODES), st.integers(1, 80), st.sampled_from([None, 1, 2]))
 def test_embedder_against_garbage(garbage, mode, n, count):
-    from lnkmem.embed import Circuit, Embedder, EmbeddingUnavailable
+    from lnkmem.memory.embed import Circuit, Embedder, EmbeddingUnavailable
     kw = {"mode": mode, "count": count}
     if mode == "huge":
         kw["size"] = 65 << 20
@@ -694,9 +694,9 @@ def _atheris(argv: list[str]) -> None:
     from lnkmem.bridges.http import BridgeDown
     from lnkmem.bridges.remote import _coll_list, _entries, _files_list
     from lnkmem.index import chats
-    from lnkmem.many import parse_agents
-    from lnkmem.spec import notes_limit, parse_spec
-    from lnkmem.wire import FirstLine, decode
+    from lnkmem.serve.many import parse_agents
+    from lnkmem.memory.spec import notes_limit, parse_spec
+    from lnkmem.core.wire import FirstLine, decode
     atheris.instrument_all()
 
     def one(data: bytes) -> None:

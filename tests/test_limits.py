@@ -354,7 +354,7 @@ def test_data_mdb_truncated_below_its_meta_pages_never_ends_another_agents_sessi
 _CUT_UNDER_A_READ = r"""
 import json, os, random, sys
 from lnkmem.index.store import Batch, Store
-from lnkmem.errors import DamagedIndex
+from lnkmem.core.errors import DamagedIndex
 from tests.helpers import random_file
 path, size = sys.argv[1], int(sys.argv[2])
 rng = random.Random(5)

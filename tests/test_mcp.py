@@ -339,7 +339,7 @@ def test_integral_numbers_are_integers(served):
 
 
 def test_the_validator_knows_every_keyword_the_tools_publish():
-    from lnkmem import tooldefs
+    from lnkmem.protocol import tooldefs
     for name, tool in tooldefs.TOOLS.items():
         assert tooldefs.known_keywords(tool["inputSchema"]) == set(), name
 
@@ -355,7 +355,7 @@ SLOW_IMPORT = '''
 import os, sys, time
 class _Slow:
     def find_spec(self, name, path=None, target=None):
-        if name == "lnkmem.engine":
+        if name == "lnkmem.memory.memory":
             time.sleep(float(os.environ["SLOW_ENGINE_IMPORT_S"]))
         return None
 sys.meta_path.insert(0, _Slow())

@@ -363,8 +363,8 @@ def test_the_merger_thread_merges_in_the_background_and_stops_with_the_store(tmp
 def test_a_serving_memory_merges_on_its_own_thread_and_a_change_never_waits_for_it(tmp_path):
     """Memory: one-file changes make small segments; the merger thread merges them while
     changes go on, each searchable at once; stopping the memory stops the merger."""
-    from lnkmem.config import from_args
-    from lnkmem.engine import Memory
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
     from tests.helpers import Home
     h = Home(tmp_path / "h")
     h.write("a.md", "Albatross glides.\n")

@@ -588,7 +588,7 @@ def test_a_folders_ignore_rules_kept_between_searches_follow_every_change(tmp_pa
     again (timestamps are coarse)."""
     import os
 
-    from lnkmem.ignore import Ignorer
+    from lnkmem.bridges.ignore import Ignorer
 
     root = tmp_path / "home"
     (root / "a" / "b").mkdir(parents=True)

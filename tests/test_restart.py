@@ -190,8 +190,8 @@ def test_a_burst_of_searches_has_the_index_pages_it_mapped_let_go_without_waitin
     """Each page a search reads maps its cached neighbours too, and they stayed in serve's
     RSS until it rested (600 searches at 1.27M passages: ~200 MiB). Past a bound (here 0:
     at every search) a search asks the indexing thread to let go of them, at once."""
-    from lnkmem.config import from_args
-    from lnkmem.engine import IDLE_LET_GO_S, Memory
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import IDLE_LET_GO_S, Memory
     h = Home(tmp_path / "h")
     for i in range(200):
         h.write(f"d{i % 5}/f{i:03}.md", " ".join(f"w{i}z{j} okapi" for j in range(200)) + "\n")

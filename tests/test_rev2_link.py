@@ -490,7 +490,7 @@ def test_documents_indexed_by_name_are_converted_once_lnk_documents_appears(home
 
 
 def test_changed_paths_name_their_candidates_and_bursts_group_by_folder():
-    from lnkmem import changes
+    from lnkmem.memory import changes
     every = ("home", "chats", "skills", "notes")
     assert changes.candidates("docs/plan.md", every) == ["home/docs/plan.md"]
     assert changes.candidates("home/docs/plan.md", every) == ["home/docs/plan.md", "home/home/docs/plan.md"]

@@ -4,13 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lnkmem import budget
-from lnkmem.errors import ToolError, UsageError
+from lnkmem.protocol import budget
+from lnkmem.core.errors import ToolError, UsageError
 from lnkmem.index import analyze, chats
 from lnkmem.index.chunk import LIMIT, chunk_text
-from lnkmem.notes import apply
-from lnkmem.spec import parse_size, parse_spec
-from lnkmem.threads import notes_refusal
+from lnkmem.memory.notes import apply
+from lnkmem.memory.spec import parse_size, parse_spec
+from lnkmem.memory.threads import notes_refusal
 
 
 # --- §2.1 spec -------------------------------------------------------------------

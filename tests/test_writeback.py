@@ -232,7 +232,7 @@ def test_the_write_back_survives_a_damaged_and_rebuilt_index(bridges, tmp_path):
 def test_status_shows_the_write_back_state(tmp_path):
     """`lnk-lnkmem status` prints the copy line from the bound cache's writeback.json (as the
     engine's StateFile writes it), saying when the process that wrote it has ended."""
-    from lnkmem.sync import StateFile, WriteBack
+    from lnkmem.replica.sync import StateFile, WriteBack
     from tests.helpers import Home, run_cli
     home = Home(tmp_path / "h")
     home.write("a.md", "The aardvark.\n")
@@ -259,7 +259,7 @@ def test_the_loop_lives_through_a_closed_store_and_writes_back_the_new_one(bridg
     `try` and the thread ended, so nothing was written back again). The loop shows the
     failure (backing off), and once the store is a new one it writes that back."""
     from lnkmem.index.store import Store
-    from lnkmem.sync import Replica, WriteBack
+    from lnkmem.replica.sync import Replica, WriteBack
     c = client(bridges)
     replica = Replica(Collection(c, "memory", root="lnkmem"), of="agent o1/a1")
     old = Store.open(str(tmp_path / "idx1"))
@@ -291,7 +291,7 @@ def test_a_flush_waits_for_a_write_back_that_is_still_moving(bridges, tmp_path):
     ~0.6 s a request (slow, but bytes moving), a flush given 1 s waits the write-back out
     instead of saying it did not finish in time; a stalled one is still reported."""
     from lnkmem.index.store import Store
-    from lnkmem.sync import Replica, WriteBack
+    from lnkmem.replica.sync import Replica, WriteBack
     c = client(bridges)
     replica = Replica(Collection(c, "memory", root="lnkmem"), of="agent o1/a1")
     store = Store.open(str(tmp_path / "idx"))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import time
 from typing import Iterable, Iterator, Optional, Union
 
@@ -34,6 +33,7 @@ import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from lnkmem.bridges.place import Conflict, Forbidden, NotFound
+from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
 
@@ -55,8 +55,7 @@ class TooLarge(BridgeDown):
 
 
 def max_body() -> int:
-    raw = os.environ.get("LNKMEM_MAX_BODY", "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else MAX_BODY
+    return knobs().max_body or MAX_BODY
 
 
 class Refused(Exception):

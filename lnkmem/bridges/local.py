@@ -20,8 +20,9 @@ import os
 import stat as st
 from typing import Iterable, Optional
 
-from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, check_relpath
-from lnkmem.ignore import NAMES as IGNORE_NAMES, Ignorer
+from lnkmem.bridges.local_entry import LocalEntry, version_of
+from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, PlaceBase, check_relpath
+from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES, Ignorer
 
 O_PATH = getattr(os, "O_PATH", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -44,10 +45,6 @@ def _walk_fds() -> int:
 
 WALK_FDS = _walk_fds()
 META_FLAGS = (O_PATH or os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY) | getattr(os, "O_CLOEXEC", 0)
-
-
-def version_of(s: os.stat_result) -> str:
-    return "%x-%x-%x" % (s.st_mtime_ns, s.st_size, s.st_ino)  # (%: 2.7x an f-string's format specs)
 
 
 def utf8(name: str) -> bool:
@@ -118,7 +115,7 @@ def _fd_path(fd: int) -> Optional[str]:
     return p
 
 
-class LocalPlace:
+class LocalPlace(PlaceBase):
     """Files below ``root``; hidden names skipped; ``exclude`` folders skipped;
     a link followed only when its target stays inside ``root``."""
 
@@ -131,6 +128,8 @@ class LocalPlace:
         # ignore files (§3.2 rev. 2; Home only): honoured by list, listdir, stat
         self.ignore = Ignorer(self.root) if ignore else None
         self.skipped_by: dict[str, int] = {}  # why, for people (`lnk-lnkmem index`)
+
+    local = True
 
     def _skip(self, why: str) -> None:
         self.skipped += 1
@@ -392,7 +391,7 @@ class LocalPlace:
                         if s.st_size > MAX_FILE:
                             self._skip("too big")
                             continue
-                        append(Entry(path, s.st_size, version_of(s)))
+                        append(LocalEntry(path, s.st_size, version_of(s)))
                 except Forbidden:
                     continue  # a link leaving the root (or into an excluded folder)
                 except (OSError, NotFound):
@@ -422,7 +421,7 @@ class LocalPlace:
             return None
         if self.ignore and self.ignore.ignored(rel, False):
             return None
-        return Entry(rel, s.st_size, version_of(s))
+        return LocalEntry(rel, s.st_size, version_of(s))
 
     def open_file(self, path: str):
         """A binary file object of a regular file inside the root, and its stat."""

@@ -3,21 +3,29 @@
 A place is a tree of files named by ``/``-separated relative paths, each with
 an opaque version that changes whenever its content does. Listing is
 recursive and cheap (no content read); reading returns bytes and the version
-read; writing is conditional on the version last seen.
+read; writing is conditional on the version last seen. :class:`Place` is the
+whole protocol; :class:`PlaceBase` gives what a place that has no more to say
+answers, so that no caller probes a place for what it is.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Protocol
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple, Optional, Protocol
 
 MAX_FILE = 4 * 1024 * 1024  # §3.2: files over 4 MiB are not indexed
 
 
 class Entry(NamedTuple):
+    """One file of a place, as listed. ``modified``: its modification time (RFC 3339,
+    UTC) for the date filters, always filled where the place knows it: the files
+    bridge lists it, a local file's comes from its version (``local.LocalEntry``);
+    "" where the place has none (the storage bridge's collections)."""
+
     path: str  # relative, '/'-separated
     size: int
     version: str
-    modified: Optional[str] = None  # RFC 3339, when the place lists it (the files bridge)
+    modified: str = ""
 
 
 class NotFound(Exception):
@@ -33,14 +41,71 @@ class Conflict(Exception):
 
 
 class Place(Protocol):
+    """What the index, the tools and a memory ask of a place."""
+
+    local: bool  # its files are on this machine under a folder (watched, walked, read line by line)
+    skipped: int  # files the last listing passed over
+    skipped_by: Mapping[str, int]  # ... by why, for people (`lnk-lnkmem index`)
+    ignore: Any  # its ignore rules (Home's: `ignore.Ignorer` or `ignore.Listed`), or None
+
     def list(self, prefix: str = "") -> list[Entry]:
         """Every readable file below ``prefix``, recursively."""
+
+    def stat(self, path: str) -> Optional[Entry]:
+        """The entry of one file, or None."""
 
     def read(self, path: str) -> tuple[bytes, str]:
         """The file's bytes and version (NotFound, Forbidden)."""
 
-    def stat(self, path: str) -> Optional[Entry]:
-        """The entry of one file, or None."""
+    def listdir(self, path: str) -> list[tuple[str, str, int]]:
+        """(name, "file" or "folder", size) of a folder's children (NotFound)."""
+
+    def serve(self, memory) -> None:
+        """Start what keeps the place while ``memory`` serves (a store driver's loop)."""
+
+    def stop(self) -> None:
+        """Stop it."""
+
+    def status(self) -> Optional[str]:
+        """For a search: "refreshing", "unavailable: <why>", or None (all is well)."""
+
+    def listing_idle(self) -> bool:
+        """No listing of its own under way (a search may wait for one)."""
+
+
+class Writable(Place, Protocol):
+    """A place the engine writes (the storage bridge's collections: the copy, the notes)."""
+
+    def get(self, path: str, if_none_match: Optional[str] = None) -> tuple[Optional[bytes], str]:
+        """(bytes, version), or (None, version) when unchanged since ``if_none_match``."""
+
+    def write(self, path: str, data, expect: Optional[str], length: Optional[int] = None) -> str:
+        """Write if the file is still at ``expect`` (None: only if absent); the new version (Conflict)."""
+
+    def delete(self, path: str, expect: Optional[str] = None) -> None:
+        """Delete if still at ``expect`` (Conflict)."""
+
+
+class PlaceBase:
+    """What a place with no more to say answers: not local, nothing skipped, no
+    ignore rules, no loop of its own."""
+
+    local = False
+    skipped = 0
+    skipped_by: Mapping[str, int] = MappingProxyType({})
+    ignore: Any = None
+
+    def serve(self, memory) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def status(self) -> Optional[str]:
+        return None
+
+    def listing_idle(self) -> bool:
+        return True
 
 
 def check_relpath(path: str) -> str:

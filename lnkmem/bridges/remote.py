@@ -12,10 +12,10 @@ from typing import Optional
 import msgspec
 
 from lnkmem.bridges.http import Body, BridgeClient, BridgeDown, Chunks, Unanswered, check, etag, quote, unquote
-from lnkmem.bridges.place import MAX_FILE, Conflict, Entry, Forbidden, NotFound, check_relpath
-from lnkmem.ignore import MAX_BYTES as IGNORE_MAX_BYTES
-from lnkmem.ignore import NAMES as IGNORE_NAMES
-from lnkmem.ignore import Listed, parse as parse_ignore
+from lnkmem.bridges.place import MAX_FILE, Conflict, Entry, Forbidden, NotFound, PlaceBase, check_relpath
+from lnkmem.bridges.ignore import MAX_BYTES as IGNORE_MAX_BYTES
+from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES
+from lnkmem.bridges.ignore import Listed, parse as parse_ignore
 
 
 class _FileEntry(msgspec.Struct):
@@ -79,7 +79,7 @@ def _children(entries: list[Entry], base: str) -> list[tuple[str, str, int]]:
     return [(n, k, s) for n, (k, s) in sorted(seen.items())]
 
 
-class _BridgePlace:
+class _BridgePlace(PlaceBase):
     """What both remote places share: paths below ``root``, `stat`/`listdir`
     from the recursive listing, and reads and conditional writes of one file
     through ``_send(method, full path, headers, body)``."""
@@ -243,7 +243,7 @@ class FilesPlace(_BridgePlace):
             if ignorer is not None and ignorer.ignored(rel, False, memo):
                 self.skipped += 1
                 continue
-            out.append(Entry(rel, e.size, e.version, e.modified))
+            out.append(Entry(rel, e.size, e.version, e.modified or ""))
         return out
 
     def _learn_ignores(self, prefix: str, listed: list) -> Listed:

@@ -30,7 +30,8 @@ import signal
 
 import msgspec
 
-from lnkmem import procs
+from lnkmem.core import procs
+from lnkmem.bridges.local_entry import LocalEntry
 from lnkmem.bridges.place import Entry
 
 
@@ -129,7 +130,7 @@ def _shared(place, later: list, stack, root: frozenset, parts: list) -> None:
                 for why, n in part.skipped.items():
                     place.skipped += n
                     place.skipped_by[why] = place.skipped_by.get(why, 0) + n
-                entries = list(map(Entry, part.paths, part.sizes, part.versions))
+                entries = list(map(LocalEntry, part.paths, part.sizes, part.versions))
                 parts[part.at] = (entries, {tuple(x) for x in part.seen}, part.skipped)
     finally:
         try:

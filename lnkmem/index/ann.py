@@ -30,7 +30,8 @@ from typing import Optional
 
 import numpy as np
 
-from lnkmem import procs
+from lnkmem.core import procs
+from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
 
@@ -50,15 +51,7 @@ SAVE_EVERY = 5000  # changes after which the file is saved again (or a tenth of 
 
 
 def threshold() -> int:
-    v = os.environ.get("LNKMEM_ANN_THRESHOLD")
-    if v is None:
-        return THRESHOLD
-    try:
-        n = int(v)
-    except ValueError:
-        log.warning("LNKMEM_ANN_THRESHOLD=%r is not a whole number; using %d", v, THRESHOLD)
-        return THRESHOLD
-    return n if n > 0 else 0
+    return THRESHOLD if knobs().ann_threshold is None else knobs().ann_threshold
 
 
 def available() -> bool:

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import re
 import time
 from array import array
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
@@ -23,7 +20,8 @@ import msgspec
 import numpy as np
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
-from lnkmem.errors import DamagedIndex
+from lnkmem.core.errors import DamagedIndex
+from lnkmem.core.knobs import knobs
 from lnkmem.index import analyze, chats, documents, readahead, worker
 from lnkmem.index.chunk import chunk_text
 from lnkmem.index.store import Batch, NewFile, Passage, Store
@@ -33,7 +31,7 @@ log = logging.getLogger("lnkmem")
 # A batch is committed every so many bytes or files (tests make them small
 # with LNKMEM_BATCH_FILES to kill indexing between batches).
 BATCH_BYTES = 4 * 1024 * 1024
-BATCH_FILES = int(os.environ.get("LNKMEM_BATCH_FILES", "4000"))
+BATCH_FILES = knobs().batch_files
 
 
 def ref_of(source: str, path: str) -> str:
@@ -196,25 +194,12 @@ def _title(passages: list[Passage]) -> Optional[str]:
     return None
 
 
-_LOCAL_VERSION = re.compile(r"^([0-9a-f]+)-[0-9a-f]+-[0-9a-f]+$")
 
 
 def file_time(place, entry: Entry, version: str) -> Optional[str]:
-    """The file's modification time (RFC 3339, UTC) for the date filters: the
-    bridge's when it lists one, else a local file's (its version starts with
-    its mtime in ns)."""
-    modified = getattr(entry, "modified", None)
-    if modified:
-        return modified
-    from lnkmem.bridges.local import LocalPlace
-    from lnkmem.notes import LocalNotes
-    if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
-        m = _LOCAL_VERSION.match(version or "")
-        if m:
-            ns = int(m.group(1), 16)
-            t = datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc)
-            return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns % 1_000_000_000 // 1000:06d}Z"
-    return None
+    """The file's modification time (RFC 3339, UTC) for the date filters, as its
+    place's entry gives it (a local file's: of the version read); None if unknown."""
+    return entry._replace(version=version or entry.version).modified or None
 
 
 class _Vocab(dict):

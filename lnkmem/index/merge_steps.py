@@ -32,7 +32,7 @@ from typing import Optional
 import msgspec
 import numpy as np
 
-from lnkmem import procs
+from lnkmem.core import procs
 from lnkmem.index import postings, worker
 from lnkmem.index.store import _Abandoned, _child_env, _dead_of, _k, _let_go_of_map, _release_map
 

@@ -54,8 +54,8 @@ import lmdb
 import msgspec
 import numpy as np
 
-from lnkmem import memtrim, procs
-from lnkmem.errors import DamagedIndex, ToolError
+from lnkmem.core import memtrim, procs
+from lnkmem.core.errors import DamagedIndex, ToolError
 from lnkmem.index import mapguard, postings, textpack
 from lnkmem.index.refs import Refs
 

@@ -44,10 +44,10 @@ from typing import Callable, Mapping, Optional
 
 import msgspec
 
-from lnkmem import procs
+from lnkmem.core import procs
 from lnkmem.index import textpack
 from lnkmem.index.store import Batch, NewFile
-from lnkmem.procs import cores as _cores  # (a name of this module's: tests set it)
+from lnkmem.core.procs import cores as _cores  # (a name of this module's: tests set it)
 
 # a plan is split off to the worker from this much (bytes, or files) of local
 # files; below it (one changed file, a few) everything stays in the thread

@@ -1,14 +1,14 @@
 """`lnk-lnkmem notes-history`: the notes' kept versions listed, printed and restored
 (people's command; `status` lists them through :func:`listing`). The versions
-themselves are :mod:`lnkmem.noteshistory`'s; a restore is a change of the notes
-like `remember`'s (:meth:`lnkmem.notes.LocalNotes.restore`)."""
+themselves are :mod:`lnkmem.memory.noteshistory`'s; a restore is a change of the notes
+like `remember`'s (:meth:`lnkmem.memory.notes.LocalNotes.restore`)."""
 
 from __future__ import annotations
 
 import os
 
-from lnkmem.notes import count_entries
-from lnkmem.noteshistory import History, rfc3339
+from lnkmem.memory.notes import count_entries
+from lnkmem.memory.noteshistory import History, rfc3339
 
 
 def listing(state: str, texts: bool = False) -> list[dict]:
@@ -36,7 +36,7 @@ def listing(state: str, texts: bool = False) -> list[dict]:
 
 def notes_path(args) -> str:
     """The notes file a restore writes: --notes, else $LNK_MEMORY_NOTES, else <agent>/memory/notes.md."""
-    from lnkmem.errors import UsageError
+    from lnkmem.core.errors import UsageError
     path = args.notes or os.environ.get("LNK_MEMORY_NOTES") or (
         os.path.join(os.path.abspath(args.agent), "memory", "notes.md") if args.agent else None)
     if not path:
@@ -47,7 +47,7 @@ def notes_path(args) -> str:
 def cmd_notes_history(args) -> int:
     import json
     import sys
-    from lnkmem.errors import UsageError
+    from lnkmem.core.errors import UsageError
     state = os.path.abspath(args.state)
     if args.show is not None and args.restore is not None:
         raise UsageError("notes-history: --show or --restore, not both")
@@ -80,8 +80,8 @@ def cmd_notes_history(args) -> int:
     if args.show is not None:
         sys.stdout.buffer.write(data)
         return 0
-    from lnkmem.notes import LocalNotes
-    from lnkmem.errors import ToolError
+    from lnkmem.memory.notes import LocalNotes
+    from lnkmem.core.errors import ToolError
     path = notes_path(args)
     notes = LocalNotes(path, state, os.path.abspath(args.agent) if args.agent else None)  # FolderRefused: exit 2
     try:

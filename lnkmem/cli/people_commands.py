@@ -1,8 +1,8 @@
 """The commands for people (PROTOCOL.md §1.5): their arguments, help lines and examples.
 
-`index`, `search` (lnkmem/people.py), `status` (lnkmem/status.py), `notes-history`
-(lnkmem/notes_cmd.py), `mcp-config`
-(lnkmem/clientconfig.py) and `help`; :func:`describe` also gives the commands Link
+`index`, `search` (lnkmem/cli/people.py), `status` (lnkmem/cli/status.py), `notes-history`
+(lnkmem/cli/notes_history.py), `mcp-config`
+(lnkmem/cli/mcp_config.py) and `help`; :func:`describe` also gives the commands Link
 runs a help line for every argument and an example. This module is imported by
 every command, `serve` included, to build the parser: it holds help text only, and
 the commands' modules are imported when their command runs.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from lnkmem.errors import UsageError
+from lnkmem.core.errors import UsageError
 
 # --- help --------------------------------------------------------------------------
 
@@ -156,15 +156,15 @@ def cmd_help(args, parser: argparse.ArgumentParser) -> int:
 def run(name: str, args) -> int:
     """Run a people command (imported only now)."""
     if name == "status":
-        from lnkmem.status import cmd_status
+        from lnkmem.cli.status import cmd_status
         return cmd_status(args)
     if name == "notes-history":
-        from lnkmem.notes_cmd import cmd_notes_history
+        from lnkmem.cli.notes_history import cmd_notes_history
         return cmd_notes_history(args)
     if name == "mcp-config":
-        from lnkmem.clientconfig import cmd_mcp_config
+        from lnkmem.cli.mcp_config import cmd_mcp_config
         return cmd_mcp_config(args)
-    from lnkmem import people
+    from lnkmem.cli import people
     return {"index": people.cmd_index, "search": people.cmd_search}[name](args)
 
 

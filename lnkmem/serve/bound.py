@@ -22,10 +22,11 @@ from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused, auth_header
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Forbidden, NotFound
 from lnkmem.bridges.remote import Collection, FilesPlace
-from lnkmem import changes
-from lnkmem.config import AgentConfig
-from lnkmem.spec import parse_size
-from lnkmem.wire import Bound, Changed, FirstLine, Spec
+from lnkmem.memory import changes
+from lnkmem.serve.control import tell_changed
+from lnkmem.memory.config import AgentConfig
+from lnkmem.memory.spec import parse_size
+from lnkmem.core.wire import Bound, Changed, FirstLine, Spec
 
 log = logging.getLogger("lnkmem")
 
@@ -363,10 +364,10 @@ class Bindings:
     def _own_memory(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str,
                     has_memory_place: bool):
         """The agent's memory: its places behind the bridges, its copy, its cache."""
-        from lnkmem.engine import Layout, Memory, NotesPlace, agent_folder
-        from lnkmem.config import FolderRefused
-        from lnkmem.notes import BridgeNotes, LocalNotes
-        from lnkmem.sync import Replica
+        from lnkmem.memory.memory import Layout, Memory, NotesPlace, agent_folder
+        from lnkmem.memory.config import FolderRefused
+        from lnkmem.memory.notes import BridgeNotes, LocalNotes
+        from lnkmem.replica.sync import Replica
         b = first.bound
         files = binding.client("files")
         storage = binding.client("storage")
@@ -380,7 +381,7 @@ class Bindings:
         if storage is not None and "conversations" in b.storage.places:  # wins over a store driver (§3.5)
             places["chats"] = Collection(storage, "conversations")
         elif cfg.store_driver:
-            from lnkmem.bridges import driver
+            from lnkmem.memory import store_driver as driver
             places["chats"] = driver.conversations(cfg, os.path.join(cache, "conversations"))
         try:  # an agent's folders never through a link (§2.2 rev. 3)
             if cfg.agent and "chats" not in places:
@@ -412,7 +413,7 @@ class Bindings:
         embed = self._embedding(cfg, first)
         layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
                         os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
-        watch = any(isinstance(p, LocalPlace) for p in places.values()) or isinstance(notes, LocalNotes)
+        watch = any(p.local for p in places.values()) or notes.local
         return Memory(cfg, layout).start(watch=watch)
 
     def _embedding(self, cfg: AgentConfig, first: FirstLine):
@@ -422,13 +423,13 @@ class Bindings:
             return None
         key, owner, agent = first.bound.key, first.bound.owner, first.agent
         model = cfg.spec.model or self.opts.embed or "default"
-        from lnkmem.embed import binding_headers
+        from lnkmem.memory.embed import binding_headers
         return url, model, binding_headers(url, lambda: {"Authorization": auth_header(key, "embedding", owner, agent)},
                                            f"agent {agent}")
 
     def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str) -> BoundSession:
-        from lnkmem.engine import Layout, Memory
-        from lnkmem.sync import Replica
+        from lnkmem.memory.memory import Layout, Memory
+        from lnkmem.replica.sync import Replica
         team, b = first.team, first.bound
         tb = binding.teams.get(team.id)
         if tb is not None:
@@ -475,7 +476,7 @@ class Bindings:
             path = changes.clean(c.path)
         except ValueError as e:
             return f"changed: {e}"
-        done = await changes.tell(binding.memory, path)
+        done = await tell_changed(binding.memory, path)
         return None if done else "the change is still being indexed"
 
     async def flush(self, b) -> Optional[str]:

@@ -18,11 +18,12 @@ import threading
 import time
 from typing import Optional
 
-from lnkmem.errors import UsageError
+from lnkmem.cli.common import (PROG, BuildLock, agent_of, emit, is_terminal,
+                               open_config, plural, use_colour, visible)
+from lnkmem.core.errors import UsageError
+from lnkmem.core.knobs import knobs
 
-PROG = "lnk-lnkmem"
 NO_CUT_TOKENS = 1_000_000  # the spec's largest budget: a person's search is not cut
-LOCK_NAME = "build.lock"
 MERGE_SAY_S = 0.3
 
 
@@ -37,154 +38,6 @@ def _when_slow(say, name: str):
         yield
     finally:
         timer.cancel()
-
-
-# --- paths -------------------------------------------------------------------------
-
-def _utf8(label: str, path: str) -> None:
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:  # argv's undecodable bytes: refs, JSON and the index name paths in UTF-8
-        raise UsageError(f"{label}: the path is not valid UTF-8: {ascii(path)}") from None
-
-
-def check_folder(label: str, path: str) -> str:
-    """An existing folder we can read, as an absolute path; UsageError otherwise."""
-    if not path:
-        raise UsageError(f"{label}: an empty path")
-    _utf8(label, path)
-    full = os.path.abspath(path)
-    try:
-        if not os.path.exists(full):
-            raise UsageError(f"{label} does not exist: {path}")
-        if not os.path.isdir(full):
-            raise UsageError(f"{label} is not a folder: {path}")
-        os.listdir(full)
-    except PermissionError:
-        raise UsageError(f"{label} cannot be read: {path} (permission denied)") from None
-    except OSError as e:
-        raise UsageError(f"{label} cannot be read: {path} ({e.strerror})") from None
-    return full
-
-
-def check_state(path: str, create: bool) -> str:
-    """The state folder, made (and proved writable) when ``create``."""
-    if not path:
-        raise UsageError("state: an empty path")
-    _utf8("state", path)
-    full = os.path.abspath(path)
-    if os.path.exists(full) and not os.path.isdir(full):
-        raise UsageError(f"state is not a folder: {path}")
-    if not create:
-        up = full
-        while not os.path.exists(up):
-            up = os.path.dirname(up)
-        if not os.path.isdir(up):
-            raise UsageError(f"state cannot be made: {path} ({up} is not a folder)")
-        return full
-    try:
-        os.makedirs(full, mode=0o700, exist_ok=True)
-        probe = os.path.join(full, f".write-check-{os.getpid()}")
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise UsageError(f"state cannot be written: {path} ({e.strerror or e})") from None
-    return full
-
-
-def _config(folder: str, state: str, agent: Optional[str], create_state: bool, tokens: Optional[int] = None):
-    import dataclasses
-    from lnkmem.config import from_args
-    folder = check_folder("folder", folder)
-    agent = check_folder("agent folder", agent) if agent is not None else None
-    env = dict(os.environ)
-    if agent and not env.get("LNK_MEMORY_NOTES"):  # a person searching an agent means its notes too
-        notes = os.path.join(agent, "memory", "notes.md")
-        if os.path.isfile(notes):
-            env["LNK_MEMORY_NOTES"] = notes
-    cfg = from_args(folder, state, agent, env)  # the spec and the environment
-    _apart(cfg.folder, cfg.state, cfg.agent)
-    check_state(state, create_state)
-    if tokens is not None:
-        import msgspec
-        cfg = dataclasses.replace(cfg, spec=msgspec.structs.replace(cfg.spec, tokens=tokens))
-    return cfg
-
-
-def _within(inner: str, outer: str) -> bool:
-    inner, outer = os.path.realpath(inner), os.path.realpath(outer)
-    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
-
-
-def _apart(folder: str, state: str, agent: Optional[str]) -> None:
-    """Home, the state and the agent folder may nest (the state inside the agent folder,
-    both inside Home) but Home may not be, or lie inside, the other two: it would be
-    skipped whole."""
-    if _within(folder, state):
-        raise UsageError(f"state: {state} is Home or holds it; give the index a folder of its own")
-    if agent is not None and _within(folder, agent):
-        raise UsageError(f"agent folder: {agent} is Home or holds it; give the agent's own folder")
-
-
-def _agent_of(args) -> Optional[str]:
-    old = getattr(args, "old_agent", None)
-    if old is not None and args.agent is not None:
-        raise UsageError("the agent folder is given twice: once after the state, once with --agent")
-    return args.agent if args.agent is not None else old
-
-
-# --- the lock: who is building this index --------------------------------------------
-
-class BuildLock:
-    """``<state>/build.lock``, held (flock) while a people command writes the index."""
-
-    def __init__(self, state: str):
-        self.path = os.path.join(state, LOCK_NAME)
-        self.fd: Optional[int] = None
-
-    def acquire(self) -> Optional[int]:
-        """Take the lock; the pid of whoever holds it when it cannot be taken now."""
-        import fcntl
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_pid(fd)
-            os.close(fd)
-            return holder or -1
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-        return None
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # the lock goes with the descriptor; the file stays (status reads it)
-            self.fd = None
-
-
-def _read_pid(fd: int) -> int:
-    try:
-        return int(os.pread(fd, 32, 0).split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def building_pid(state: str) -> Optional[int]:
-    """The pid of a process building the index at ``state`` now, or None."""
-    import fcntl
-    try:
-        fd = os.open(os.path.join(state, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return _read_pid(fd) or -1
-    finally:
-        os.close(fd)
 
 
 # --- index ---------------------------------------------------------------------------
@@ -218,7 +71,7 @@ class Run:
             self.listing()
         self.plan = plan = indexer.plan(store, memory.places)
         for place in memory.places.values():
-            for why, n in (getattr(place, "skipped_by", None) or {}).items():
+            for why, n in place.skipped_by.items():
                 self.skipped[why] = self.skipped.get(why, 0) + n
         self.unchanged = plan.listed - len(plan.todo)
         if plan.total:
@@ -283,7 +136,7 @@ class Run:
         memory, store = self.memory, self.memory.store
         if memory.embedder is None or self.stop:
             return
-        from lnkmem.embed import EmbeddingUnavailable
+        from lnkmem.memory.embed import EmbeddingUnavailable
         store.use_vector_model(memory.embedder.model)
         memory.vindex.load(store)
         live = store.snapshot.live
@@ -314,10 +167,6 @@ class Run:
             self.embedded = (memory.vindex.count(), store.snapshot.live)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
-
-
 def _skipped_text(skipped: dict[str, int]) -> str:
     total = sum(skipped.values())
     if not total:
@@ -326,34 +175,8 @@ def _skipped_text(skipped: dict[str, int]) -> str:
     return f"skipped {total:,} ({why})"
 
 
-def _seconds(name: str, default: float) -> float:
-    try:
-        v = float(os.environ.get(name, default))
-    except ValueError:
-        raise UsageError(f"{name}: not a number of seconds: {os.environ.get(name)!r}") from None
-    if not 0 <= v < 1e6:
-        raise UsageError(f"{name}: not a number of seconds: {os.environ.get(name)!r}")
-    return v
-
-
-def emit(text: str) -> None:
-    """Write the answer to stdout; a reader that stopped reading (`| head`) ends us quietly,
-    and a character the output's encoding lacks is replaced, never a traceback."""
-    try:
-        try:
-            sys.stdout.reconfigure(errors="replace")
-        except (AttributeError, ValueError):
-            pass
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail either
-        os.close(devnull)
-
-
 def _open_memory(cfg):
-    from lnkmem.engine import Memory
+    from lnkmem.memory.memory import Memory
     memory = Memory(cfg)
     try:
         memory.store = memory.open_store()
@@ -366,15 +189,15 @@ def _open_memory(cfg):
 
 def cmd_index(args) -> int:
     import signal
-    from lnkmem.progress import Bar
-    cfg = _config(args.folder, args.state, _agent_of(args), create_state=True)
+    from lnkmem.cli.progress import Bar
+    cfg = open_config(args.folder, args.state, agent_of(args), create_state=True)
     lock = BuildLock(cfg.state)
     holder = lock.acquire()
     if holder is not None:
         who = f"process {holder}" if holder > 0 else "another process"
         raise UsageError(f"index: {who} is building this index now; run again when it has finished")
-    from lnkmem import warm
-    from lnkmem.errors import DamagedIndex
+    from lnkmem.cli import warm
+    from lnkmem.core.errors import DamagedIndex
     t0 = time.monotonic()
     # the tree's inodes read on the other core while the index is imported and opened (the
     # listing itself takes both cores past indexer.SHARED_LISTING files: the walk stops then)
@@ -442,12 +265,12 @@ def _index_report(run: "Run", memory, took: float) -> list[str]:
         done = plan.listed - len(plan.todo) + sum(
             1 for src, e in plan.todo if versions.get(indexer_ref(src, e.path)) == (e.version, e.size))
         return [f"{PROG}: stopped; {done:,} of {plan.listed:,} files indexed, run again to finish"]
-    lines = [f"indexed {_plural(run.indexed, 'file')}, {run.unchanged:,} unchanged, {run.removed:,} removed, "
-             f"{_skipped_text(run.skipped)}; the index holds {_plural(n_files, 'file')} and "
-             f"{_plural(store.live_count(), 'passage')} ({took:.1f}s)"]
+    lines = [f"indexed {plural(run.indexed, 'file')}, {run.unchanged:,} unchanged, {run.removed:,} removed, "
+             f"{_skipped_text(run.skipped)}; the index holds {plural(n_files, 'file')} and "
+             f"{plural(store.live_count(), 'passage')} ({took:.1f}s)"]
     if run.embedded is not None:
         done, total = run.embedded
-        lines.append(f"embedded {done:,} of {_plural(total, 'passage')} with {memory.embedder.model}"
+        lines.append(f"embedded {done:,} of {plural(total, 'passage')} with {memory.embedder.model}"
                      + (f"; {run.embed_note}" if run.embed_note else ""))
         if run.stop:
             lines.append(f"{PROG}: stopped while embedding; every file is indexed, run again to embed the rest")
@@ -491,8 +314,8 @@ def cmd_search(args) -> int:
     agent, query = _split_query(args)
     if args.budget is not None and not 1 <= args.budget <= NO_CUT_TOKENS:
         raise UsageError(f"--budget: {args.budget} is not a number of tokens from 1 to {NO_CUT_TOKENS:,}")
-    from lnkmem import tooldefs
-    from lnkmem.wire import SOURCES, convert
+    from lnkmem.protocol import tooldefs
+    from lnkmem.core.wire import SOURCES, convert
     arguments = _search_arguments(args, query)
     for s in arguments.get("sources", []):
         if s not in SOURCES:
@@ -503,14 +326,14 @@ def cmd_search(args) -> int:
         msg = str(e)
         key = msg.split(":", 1)[0].split("[", 1)[0]
         raise UsageError(f"search: {'--' if key in arguments and key != 'query' else ''}{msg}") from None
-    cfg = _config(args.folder, args.state, agent, create_state=True, tokens=args.budget or NO_CUT_TOKENS)
-    from lnkmem.progress import Bar
-    from lnkmem import tools
-    from lnkmem.errors import ToolError
+    cfg = open_config(args.folder, args.state, agent, create_state=True, tokens=args.budget or NO_CUT_TOKENS)
+    from lnkmem.cli.progress import Bar
+    from lnkmem.protocol import tools
+    from lnkmem.core.errors import ToolError
     lock = BuildLock(cfg.state)
     holder = lock.acquire()
     memory = _open_memory(cfg)
-    bar = Bar(sys.stderr, delay=_seconds("LNKMEM_BAR_DELAY_S", 1.0))  # a bar only for a slow refresh
+    bar = Bar(sys.stderr, delay=knobs().bar_delay_s)  # a bar only for a slow refresh
     try:
         if holder is None:  # refresh quietly first: a bar only when that takes a while
             run = Run(memory, bar)
@@ -548,34 +371,11 @@ def cmd_search(args) -> int:
     if args.json:
         emit(json.dumps(structured, ensure_ascii=False) + "\n")
     else:
-        emit(render_hits(structured, query, colour=use_colour(sys.stdout), terminal=_isatty(sys.stdout)))
+        emit(render_hits(structured, query, colour=use_colour(sys.stdout), terminal=is_terminal(sys.stdout)))
     return 0
 
 
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-def use_colour(stream) -> bool:
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
-        return False
-    return _isatty(stream)
-
-
 BOLD, MARK, DIM, RESET = "\x1b[1m", "\x1b[1;33m", "\x1b[2m", "\x1b[0m"
-
-# On a terminal, a file's control characters are shown, never obeyed: an indexed file
-# holding escape sequences must not retitle, recolour or rewrite a person's terminal.
-_VISIBLE = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
-_VISIBLE.update({0x7F: 0x2421, **{c: 0xFFFD for c in range(0x80, 0xA0)}})
-
-
-def visible(text: str) -> str:
-    return text.translate(_VISIBLE)
-
 
 def _highlighter(query: str):
     """A function marking the words of a text that the query matches (stems and prefixes)."""
@@ -615,7 +415,7 @@ def render_hits(result: dict, query: str, colour: bool, terminal: bool = False) 
         extra += f"; indexing {result['indexing']['done']}/{result['indexing']['total']}"
     if result.get("embedding"):
         extra += f"; embedded {result['embedding']['done']}/{result['embedding']['total']}"
-    out = [f"{_plural(len(hits), 'hit')} for {query!r} (ranked by {how}{extra})\n"]
+    out = [f"{plural(len(hits), 'hit')} for {query!r} (ranked by {how}{extra})\n"]
     mark = _highlighter(query) if colour else (lambda t: t)
     safe = visible if terminal or colour else (lambda t: t)
     for i, h in enumerate(hits, 1):

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
-from lnkmem.bridges.place import Entry
-from lnkmem import memtrim, procs
-from lnkmem.config import AgentConfig, FolderRefused, open_folder, same_folder
+from lnkmem.bridges.place import Entry, PlaceBase
+from lnkmem.core import memtrim, procs
+from lnkmem.memory.config import AgentConfig, FolderRefused, open_folder, same_folder
 from lnkmem.index import indexer
 from lnkmem.index.store import Store
-from lnkmem.notes import LocalNotes
+from lnkmem.memory.notes import LocalNotes
 
 from collections import OrderedDict
 
@@ -43,16 +43,16 @@ REWATCH_S = 30.0  # and watching tried again after this long
 WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
-class NotesPlace:
+class NotesPlace(PlaceBase):
     """The notes as a place holding one file, ref `notes` (wherever they live)."""
 
     def __init__(self, notes):
         self.notes = notes
-        self.skipped = 0
+        self.local = notes.local
 
     def list(self, prefix: str = "") -> list[Entry]:
         e = self.notes.entry()
-        return [Entry("", e.size, e.version)] if e else []
+        return [type(e)("", e.size, e.version)] if e else []  # (a local file's entry stays one)
 
     def read(self, path: str = "") -> tuple[bytes, str]:
         return self.notes.read_bytes()
@@ -108,7 +108,7 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
     places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
     if cfg.store_driver:  # §3.5: its conversations from the driver alone, through the engine's own copy
-        from lnkmem.bridges import driver
+        from lnkmem.memory import store_driver as driver
         places["chats"] = driver.conversations(cfg, os.path.join(cfg.state, "conversations"))
     elif cfg.agent:
         places["chats"] = LocalPlace(chats_dir)
@@ -158,7 +158,7 @@ class Memory:
         self._embed_wake = threading.Event()
         self._qcache: "OrderedDict[str, object]" = OrderedDict()
         if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
-            from lnkmem.embed import Embedder
+            from lnkmem.memory.embed import Embedder
             from lnkmem.index.vectors import VectorIndex
             url, model, headers = self.layout.embed
             try:
@@ -169,7 +169,7 @@ class Memory:
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
         if self.layout.replica is not None and self.layout.writes:
-            from lnkmem.sync import StateFile, WriteBack
+            from lnkmem.replica.sync import StateFile, WriteBack
             self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy,
                                        on_state=StateFile(os.path.dirname(self.layout.index_path)))
 
@@ -191,8 +191,7 @@ class Memory:
             else:
                 self.watch_settled.set()
             for place in self.places.values():  # a source kept by a loop of its own (a store driver, §3.5)
-                if hasattr(place, "serve"):
-                    place.serve(self)
+                place.serve(self)
         return self
 
     closing = False  # stop() began: an LMDB error from here on is the close's, not damage
@@ -200,8 +199,7 @@ class Memory:
     def stop(self) -> None:
         self.closing = True
         for place in self.places.values():
-            if hasattr(place, "serve"):
-                place.stop()
+            place.stop()
         if self.writeback is not None and self.store is not None:
             err = self.writeback.stop()
             if err:
@@ -327,7 +325,7 @@ class Memory:
             pass
 
     def _run(self) -> None:
-        from lnkmem import changes  # (asyncio through mcp: not for `index`, which never runs this)
+        from lnkmem.memory import changes
         try:
             self.store = self.open_store()
             self.fresh = self.store.snapshot.live == 0
@@ -406,7 +404,7 @@ class Memory:
                     for cands in told.values():
                         refs.update(cands)
                     failed = None
-                    looked = changes.coalesce(refs, [s for s, p in self.places.items() if isinstance(p, LocalPlace)])
+                    looked = changes.coalesce(refs, [s for s, p in self.places.items() if p.local])
                     for r in looked:
                         try:  # one source failing (its bridge down) does not hold back the others
                             self.refresh(r)
@@ -445,7 +443,7 @@ class Memory:
 
     def _attach(self) -> Optional[str]:
         """Make the cache one version of the copy before indexing the sources (§7.2)."""
-        from lnkmem.sync import attach
+        from lnkmem.replica.sync import attach
         self.last_check = time.monotonic()
         try:
             width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
@@ -467,7 +465,7 @@ class Memory:
     def _recheck_loop(self) -> None:
         """While serving, ask for the copy's version again now and then (§7.2 rev. 2):
         an unchanged copy costs one 304; a newer one is loaded."""
-        from lnkmem.sync import recheck
+        from lnkmem.replica.sync import recheck
         every = recheck()
         while not self._stop.wait(max(every - (time.monotonic() - self.last_check), 0.05)):
             if time.monotonic() - self.last_check >= every:
@@ -477,7 +475,7 @@ class Memory:
     def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is
         older than the re-check interval, and wait (a while) for a newer version."""
-        from lnkmem.sync import recheck
+        from lnkmem.replica.sync import recheck
         if self.layout.replica is None or self.layout.writes or not self.ready.is_set():
             return
         if time.monotonic() - self.last_check < recheck():
@@ -558,7 +556,7 @@ class Memory:
             log.debug("heap trimmed: %d -> %d MiB not backed by a file", (anon or 0) >> 20, self._anon_floor >> 20)
 
     def changed_path(self, path: str, done) -> None:
-        """A `changed` control's path as Link names it (§5.6, lnkmem.changes);
+        """A `changed` control's path as Link names it (§5.6, lnkmem.memory.changes);
         ``done.set()`` is called once it is in the index (no thread waits for it)."""
         chats = self.places.get("chats")
         if hasattr(chats, "before_change") and path.split("/", 1)[0] == "chats":
@@ -581,13 +579,13 @@ class Memory:
     def conversations(self) -> Optional[str]:
         """A store driver's state for a search (§4.1 rev. 3): "refreshing",
         "unavailable: <why>", or None (no driver, or all is well)."""
-        status = getattr(self.places.get("chats"), "status", None)
-        return status() if status is not None else None
+        chats = self.places.get("chats")
+        return chats.status() if chats is not None else None
 
     def conversations_idle(self) -> bool:
         """No store driver listing under way (a search waits for one, at most 2 s)."""
-        idle = getattr(self.places.get("chats"), "idle", None)
-        return idle is None or idle.is_set()
+        chats = self.places.get("chats")
+        return chats is None or chats.listing_idle()
 
     @property
     def indexing(self) -> Optional[tuple[int, int]]:
@@ -620,7 +618,7 @@ class Memory:
 
     def _embed_pending(self) -> None:
         """Wait for a wake-up, then embed every live passage that has no vector."""
-        from lnkmem.embed import EmbeddingUnavailable
+        from lnkmem.memory.embed import EmbeddingUnavailable
         self._embed_wake.wait(timeout=5)
         self._embed_wake.clear()
         while not self._stop.is_set():
@@ -643,7 +641,7 @@ class Memory:
             self.vindex.add([pids[i] for i in keep], vecs[keep])
 
     def query_vector(self, query: str):
-        from lnkmem.embed import EmbeddingUnavailable
+        from lnkmem.memory.embed import EmbeddingUnavailable
         v = self._qcache.get(query)
         if v is not None:
             self._qcache.move_to_end(query)
@@ -705,7 +703,7 @@ class Memory:
         roots = []
         for source in ("chats", "skills", "home"):
             place = self.places.get(source)
-            if isinstance(place, LocalPlace):
+            if place is not None and place.local:
                 roots.append((place.root, source))
         return roots
 
@@ -728,7 +726,7 @@ class Memory:
                 if rel == ".":
                     return source
                 parts = rel.split(os.sep)
-                ignorer = getattr(self.places.get(source), "ignore", None)
+                ignorer = self.places[source].ignore
                 if ignorer is not None and parts[-1] in IGNORE_FILES:  # its folder's listing changes
                     folder = "/".join(parts[:-1])
                     return f"{source}/{folder}" if folder else source
@@ -763,7 +761,7 @@ class Memory:
                 paths.append(d)
         if not paths:
             return
-        from watchfiles._rust_notify import WatchfilesRustInternalError
+        from watchfiles._rust_notify import WatchfilesRustInternalError  # noqa: PLC2701 (watchfiles exports no public name for it)
         told = retry = False
         rewatch = REWATCH_S
         while not self._stop.is_set():
@@ -801,13 +799,13 @@ class Memory:
         for source, place in self.places.items():
             if self._stop.is_set():
                 return
-            if isinstance(place, LocalPlace) or isinstance(getattr(place, "notes", None), LocalNotes):
+            if place.local:
                 self.changed(source, wait=wait, timeout=60)
 
     def _inotify_loop(self, paths: list[str], retry: bool = False) -> None:
         """Watch with inotify directly (bytes names), until stopped. ``retry``: watching
         again after a time unwatched (what changed meanwhile is looked for)."""
-        from lnkmem.inotify import Inotify
+        from lnkmem.memory.inotify import Inotify
         ino = Inotify()
         try:
             for p in paths:
@@ -839,7 +837,7 @@ class Memory:
             ino.close()
 
     def _watch_loop(self, paths: list[str], retry: bool = False) -> None:
-        from watchfiles._rust_notify import RustNotify
+        from watchfiles._rust_notify import RustNotify  # noqa: PLC2701 (watchfiles exports no public name for it)
         caught_up = False
         t0 = time.monotonic()
         with RustNotify(paths, False, False, 300, True, True) as watcher:

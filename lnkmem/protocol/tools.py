@@ -1,6 +1,6 @@
 """The four tools (§4.1-§4.4): their definitions and what they do.
 
-Each tool takes validated arguments (``lnkmem.wire``) and a :class:`Memory`,
+Each tool takes validated arguments (``lnkmem.core.wire``) and a :class:`Memory`,
 and returns ``(text, structured)``: the text a model reads, within the token
 budget, and the same facts as JSON. Refusals raise :class:`ToolError`.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lnkmem import budget
+from lnkmem.protocol import budget
 from lnkmem.bridges.place import MAX_FILE, Forbidden, NotFound, check_relpath
-from lnkmem.engine import Memory
-from lnkmem.errors import ToolError
+from lnkmem.memory.memory import Memory
+from lnkmem.core.errors import ToolError
 from lnkmem.index import analyze, chats, documents
 from lnkmem.index.indexer import split_ref
-from lnkmem.threads import notes_refusal
-from lnkmem.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
+from lnkmem.memory.threads import notes_refusal
+from lnkmem.core.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
                          RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)
 
 OPEN_WAIT_S = 10.0
@@ -74,7 +74,8 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         if not sources:
             sources = ["__none__"]
     hits: list[Hit] = []
-    ignorer = getattr(memory.places.get("home"), "ignore", None)
+    home = memory.places.get("home")
+    ignorer = home.ignore if home is not None else None
     memo: dict = {}
     want = args.limit
     ranked = "words"
@@ -159,7 +160,7 @@ def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
     name = path.rsplit("/", 1)[-1]
     big = None
     try:
-        if (source != "notes" and hasattr(place, "read_lines") and not documents.is_document(path)
+        if (source != "notes" and place.local and not documents.is_document(path)
                 and not (source == "chats" and name.endswith(".jsonl"))):
             e = place.stat(path)
             if e is not None and e.size > MAX_FILE:  # not indexed, but served: streamed, line by line
@@ -191,7 +192,7 @@ def read(memory: Memory, args: ReadArgs) -> tuple[str, dict]:
         shown = (first, min(last, max(total, 1)))
     else:
         if documents.is_document(path) and source == "home":
-            converted = documents.convert(data, name, memory.tmpdir, getattr(place, "resolve", lambda p: None)(path))
+            converted = documents.convert(data, name, memory.tmpdir, None)
             if converted is None:
                 raise ToolError(f"ref: {args.ref!r} is a document that cannot be converted to text here")
             text = converted

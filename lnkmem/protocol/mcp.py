@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import weakref
 from concurrent.futures import Executor
 from typing import Any, Awaitable, Callable, Optional
 
 import msgspec
 
-from lnkmem import __version__, budget, tooldefs
-from lnkmem.errors import ToolError
-from lnkmem.wire import convert
+from lnkmem import __version__
+from lnkmem.protocol import budget, tooldefs
+from lnkmem.core.aio import LoopSignal, until
+from lnkmem.core.errors import ToolError
+from lnkmem.core.wire import convert
 
 log = logging.getLogger("lnkmem")
 
@@ -85,39 +86,6 @@ def result_line(id_, result: dict) -> bytes:
 
 def _valid_id(x) -> bool:
     return (isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)))
-
-
-class LoopSignal:
-    """A ``set()`` callable from any thread (the index thread, say) that resolves
-    a future on the loop: a coroutine waits on it, and no thread is held."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.future = loop.create_future()
-
-    def _resolve(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-    def set(self) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._resolve)
-        except RuntimeError:  # the loop has ended: no one waits any more
-            pass
-
-
-async def until(pred: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``pred`` on the loop (no thread held) until true or ``timeout``."""
-    if pred():
-        return True
-    deadline = time.monotonic() + timeout
-    step = 0.002
-    while time.monotonic() < deadline:
-        await asyncio.sleep(min(step, max(0.0, deadline - time.monotonic())))
-        if pred():
-            return True
-        step = min(step * 2, 0.05)
-    return pred()
 
 
 # one memory's share of the pool, and its `remember` calls one at a time, across sessions
@@ -509,7 +477,7 @@ def fit(text: str, room: int) -> str:
 
 
 def _run_tool(memory, name: str, args, thread: Optional[str], room: Optional[int] = None) -> dict:
-    from lnkmem import tools  # the index and its numpy: imported on the first call, not at start
+    from lnkmem.protocol import tools  # the index and its numpy: imported on the first call, not at start
     try:
         text, structured = tools.call(memory, name, args, thread, wait=False)
     except ToolError as e:

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from lnkmem.people import _agent_of, _config, _isatty, _plural, building_pid, emit, visible
+from lnkmem.cli.common import agent_of, building_pid, emit, is_terminal, open_config, plural, visible
 
 DEFAULT_SKIPS = ["node_modules/", "__pycache__/", ".git/", "virtual environments (a folder holding pyvenv.cfg)",
                  "hidden files and folders"]
@@ -81,8 +81,8 @@ def _rfc3339(t: float) -> str:
 
 
 def gather_status(cfg) -> dict:
-    from lnkmem.engine import local_layout
-    from lnkmem.errors import DamagedIndex
+    from lnkmem.memory.memory import local_layout
+    from lnkmem.core.errors import DamagedIndex
     from lnkmem.index import indexer
     from lnkmem.index.store import SOURCES, Store
     index_path = os.path.join(cfg.state, "index")
@@ -91,7 +91,7 @@ def gather_status(cfg) -> dict:
     out: dict = {"folder": cfg.folder, "state": cfg.state, "agent": cfg.agent, "indexed": False,
                  "building": {"pid": pid} if pid else None}
     layout = local_layout(cfg, create=False)
-    from lnkmem.notes_cmd import listing
+    from lnkmem.cli.notes_history import listing
     out["notes_history"] = listing(cfg.state)  # §2.2 rev. 3: the notes' kept versions
     out["sources"] = {s: {"files": 0, "passages": 0, "bytes": 0} for s in SOURCES if s in layout.places}
     out.update(files=0, passages=0, by_kind={}, index_bytes=0, last_change=None, pending=None, damaged=None)
@@ -139,7 +139,7 @@ def gather_status(cfg) -> dict:
 
 def _writeback(state: str) -> Optional[dict]:
     """The write-back's state of this agent's bound cache (`serve-many` writes it), or None."""
-    from lnkmem.sync import StateFile
+    from lnkmem.replica.sync import StateFile
     return StateFile(os.path.join(state, "bound")).read()
 
 
@@ -162,10 +162,10 @@ def render_status(st: dict) -> str:
     elif not st["indexed"]:
         lines.append("index   not built yet (run: lnk-lnkmem index ...)")
     else:
-        lines.append(f"index   {_plural(st['files'], 'file')}, {_plural(st['passages'], 'passage')}, "
+        lines.append(f"index   {plural(st['files'], 'file')}, {plural(st['passages'], 'passage')}, "
                      f"{_human(st['index_bytes'])} on disk, last changed {st['last_change']}")
         for s, v in st["sources"].items():
-            lines.append(f"  {s:<7} {_plural(v['files'], 'file')}, {_plural(v['passages'], 'passage')}, {_human(v['bytes'])} of text")
+            lines.append(f"  {s:<7} {plural(v['files'], 'file')}, {plural(v['passages'], 'passage')}, {_human(v['bytes'])} of text")
         kinds = st.get("by_kind") or {}
         if kinds:
             lines.append("  " + ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items())) + " (indexed by name or not at all)")
@@ -179,12 +179,12 @@ def render_status(st: dict) -> str:
     if m["name"] or m["vectors_of"]:
         served = "served" if m["served"] else "not served now ($LNK_MEMORY_MODEL is empty)"
         lines.append(f"model   {m['name'] or m['vectors_of']} ({served}); {m['embedded']:,} of "
-                     f"{_plural(st['passages'], 'passage')} embedded")
+                     f"{plural(st['passages'], 'passage')} embedded")
     else:
         lines.append("model   none: ranked by words only")
     kept = st.get("notes_history") or []
     if kept:
-        lines.append(f"notes   {_plural(len(kept), 'earlier version')} kept (newest {kept[0]['at']}, {kept[0]['why']}); "
+        lines.append(f"notes   {plural(len(kept), 'earlier version')} kept (newest {kept[0]['at']}, {kept[0]['why']}); "
                      f"list, print or restore: lnk-lnkmem notes-history {st['state']}")
     else:
         lines.append("notes   no earlier versions kept")
@@ -207,11 +207,11 @@ def render_status(st: dict) -> str:
 
 
 def cmd_status(args) -> int:
-    cfg = _config(args.folder, args.state, _agent_of(args), create_state=False)
+    cfg = open_config(args.folder, args.state, agent_of(args), create_state=False)
     st = gather_status(cfg)
     if args.json:
         emit(json.dumps(st, ensure_ascii=False) + "\n")
     else:  # names from Home shown, never obeyed, on a terminal
         text = render_status(st)
-        emit(visible(text) if _isatty(sys.stdout) else text)
+        emit(visible(text) if is_terminal(sys.stdout) else text)
     return 0

@@ -44,7 +44,8 @@ import time
 from typing import Callable, Mapping, NamedTuple, Optional
 
 from lnkmem.bridges.local import LocalPlace
-from lnkmem.bridges.place import Entry
+from lnkmem.bridges.place import Entry, PlaceBase
+from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
 
@@ -66,21 +67,15 @@ class DriverFailed(Exception):
     """The driver could not answer: why, in a line (no secret: its own stderr)."""
 
 
-def _seconds(name: str, default: float) -> float:
-    try:
-        v = float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-    return v if v > 0 else default
-
-
 def interval() -> float:
-    return _seconds("LNKMEM_DRIVER_S", INTERVAL_S)
+    v = knobs().driver_s
+    return INTERVAL_S if v is None else v
 
 
 def timeout() -> float:
     """A call's limit; LNKMEM_DRIVER_TIMEOUT_S lowers it for tests."""
-    return _seconds("LNKMEM_DRIVER_TIMEOUT_S", TIMEOUT_S)
+    v = knobs().driver_timeout_s
+    return TIMEOUT_S if v is None else v
 
 
 def driver_env(agent_env: Mapping[str, str], owner: str = "") -> dict[str, str]:
@@ -363,7 +358,7 @@ class CopyFolder:
             os.close(fd)
 
 
-class DriverConversations:
+class DriverConversations(PlaceBase):
     """The `chats` source of an agent whose conversations a store driver keeps:
     read from the engine's own copy, which a loop of its own keeps (§3.5)."""
 
@@ -391,10 +386,7 @@ class DriverConversations:
     # --- the place the index reads: the copy ---------------------------------------
 
     def list(self, prefix: str = "", share: bool = False) -> list[Entry]:
-        from lnkmem.index.indexer import file_time
-        out = []
-        for e in self.place.list(prefix):
-            out.append(e._replace(modified=file_time(self.place, e, e.version)))
+        out = self.place.list(prefix)  # local files' entries: their times read from their versions
         self.skipped = self.place.skipped
         return out
 
@@ -434,6 +426,9 @@ class DriverConversations:
 
     def _run(self, args: list[str]) -> bytes:
         return run(self.program, args, self.env, running=self._running)
+
+    def listing_idle(self) -> bool:
+        return self.idle.is_set()
 
     def status(self) -> Optional[str]:
         """For a search (§4.1): "refreshing", "unavailable: <why>", or None."""

@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from lnkmem.procs import cores
+from lnkmem.core.procs import cores
 
 # run with -I -S: no site, no environment, nothing imported but os and sys
 _WALK = """

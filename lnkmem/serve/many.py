@@ -23,29 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lnkmem import changes
-from lnkmem.config import AgentConfig, check_id, from_serve_argv
-from lnkmem.errors import UsageError
-from lnkmem.mcp import OUT_HIGH, Session, pump
-from lnkmem.wire import ID_RE, FirstLine, Ok, Refusal, decode, encode
+from lnkmem.memory import changes
+from lnkmem.serve.control import tell_changed
+from lnkmem.memory.config import AgentConfig, check_id, from_serve_argv
+from lnkmem.core.errors import UsageError
+from lnkmem.core.knobs import knobs
+from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
+from lnkmem.core.wire import ID_RE, FirstLine, Ok, Refusal, decode, encode
 
 log = logging.getLogger("lnkmem")
 
 FIRST_LINE_MAX = 1024 * 1024
 READ_CHUNK = 1 << 16
-
-
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise UsageError(f"{name}: not a number of seconds: {raw!r}") from None
-    if not v >= 0:
-        raise UsageError(f"{name}: must be zero or more seconds")
-    return v
 
 
 # --- the start: flags, agents, folder and socket ------------------------------------
@@ -136,7 +125,7 @@ def parse_agents(text: str) -> AgentsTable:
 
 
 def parse_options(args) -> Options:
-    from lnkmem.spec import parse_spec
+    from lnkmem.memory.spec import parse_spec
     parse_spec(os.environ.get("LNK_MEMORY_SPEC"))  # §1.4 rev. 3: like every subcommand (exit 2)
     if not os.path.isabs(args.socket) and not args.socket:
         raise UsageError("socket: an empty path")
@@ -154,7 +143,7 @@ def parse_options(args) -> Options:
         embed=args.embed, embed_url=args.embed_url,
         peer_uid=_uid(args.peer) if args.peer else None, gid=_gid(args.group) if args.group else None,
         files_bridge=args.files_bridge, storage_bridge=args.storage_bridge, bridges=args.bridges,
-        linger=_seconds("LNKMEM_LINGER_S", 2.0), first_line_s=_seconds("LNKMEM_FIRST_LINE_S", 10.0),
+        linger=knobs().linger_s, first_line_s=knobs().first_line_s,
     )
 
 
@@ -243,7 +232,7 @@ class Service:
         self.connections: set = set()  # (task, writer) of each connection being served
         self.linger_handle: Optional[asyncio.TimerHandle] = None
         self.allowed = {os.geteuid()} | ({opts.peer_uid} if opts.peer_uid is not None else set())
-        from lnkmem.bound import Bindings
+        from lnkmem.serve.bound import Bindings
         self.bindings = Bindings(self)
 
     def refusal(self, agent: str) -> Optional[str]:
@@ -270,7 +259,7 @@ class Service:
     def memory(self, agent: str):
         m = self.memories.get(agent)
         if m is None:
-            from lnkmem.engine import Memory
+            from lnkmem.memory.memory import Memory
             m = self.memories[agent] = Memory(self.opts.agents[agent]).start()
         return m
 
@@ -443,7 +432,7 @@ class Service:
             if memory.refused:
                 self.memories.pop(c.agent, None)
                 return f"agent {c.agent} is not served: {memory.refused}"
-            done = await changes.tell(memory, path)
+            done = await tell_changed(memory, path)
             return None if done else "the change is still being indexed"
         b = first.flush if kind == "flush" else first.end
         if not self.bindings.holds(b.owner, b.agent):
@@ -483,11 +472,11 @@ async def _reply(writer: asyncio.StreamWriter, msg) -> None:
 
 def serve_many(args) -> int:
     opts = parse_options(args)
-    from lnkmem.serve import undumpable
+    from lnkmem.serve.stdio import undumpable
     undumpable()  # §5.1: binding keys live in this process
     # (the allocator was tuned at start, cli.main: many agents' threads share two arenas)
-    import lnkmem.engine  # noqa: F401  (the index's imports now, not in the first Hello)
-    import lnkmem.tools  # noqa: F401
+    import lnkmem.memory.memory  # noqa: F401  (the index's imports now, not in the first Hello)
+    import lnkmem.protocol.tools  # noqa: F401
     prepare_folder(os.path.dirname(opts.socket), opts.gid)
     try:
         sock = bind_socket(opts.socket, opts.gid)

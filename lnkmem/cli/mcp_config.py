@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Optional
 
-from lnkmem.errors import UsageError
-from lnkmem.people import _apart, check_folder, check_state, emit
+from lnkmem.core.errors import UsageError
+from lnkmem.cli.common import check_apart, check_folder, check_state, emit, program_path
 
 CLIENTS = ("claude", "cursor", "vscode", "json")
 
@@ -53,15 +53,14 @@ def cmd_mcp_config(args) -> int:
     client = where.pop(0) if len(where) == 2 else "json"
     if client not in CLIENTS:
         raise UsageError(f"mcp-config: unknown client {client!r} (choose from {', '.join(CLIENTS)})")
-    from lnkmem.wire import ID_RE
+    from lnkmem.core.wire import ID_RE
     if not ID_RE.match(args.name) or args.name.endswith("\n"):
         raise UsageError(f"--name: {args.name!r} is not a plain name (letters, digits, '.', '_', '-')")
     folder = check_folder("folder", where[0])
     agent = check_folder("agent folder", args.agent) if args.agent is not None else None
     state = os.path.abspath(args.state) if args.state else default_state(folder, agent)
-    _apart(folder, state, agent)
+    check_apart(folder, state, agent)
     check_state(state, create=False)
-    from lnkmem.cli import program_path
     text, hint = mcp_config_text(client, args.name, server_entry(program_path(), folder, state, agent))
     emit(text)
     if sys.stderr.isatty():

@@ -13,14 +13,12 @@ a thousand files of a few folders cost a listing of those folders.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Iterable
 
 from lnkmem.bridges.place import Forbidden, check_relpath
-from lnkmem.mcp import LoopSignal
+from lnkmem.core.wire import SOURCES
 
 NOTES_PATH = "memory/notes.md"
-SOURCES = ("home", "chats", "skills", "notes")
 # this many changed refs in one folder: the folder is listed once instead. Behind a bridge a
 # file is looked at by listing its folder anyway; a local folder is walked, so more are needed.
 GROUP_AT, GROUP_AT_LOCAL = 2, 32
@@ -82,16 +80,3 @@ def coalesce(refs: Iterable[str], local: Iterable[str] = ()) -> list[str]:
 def known(store, ref: str) -> bool:
     """Whether the index holds ``ref`` or anything below it."""
     return any(r == ref or r.startswith(ref + "/") for r in store.file_versions(ref))
-
-
-async def tell(memory, path: str, timeout: float = 30.0) -> bool:
-    """Tell ``memory`` of a changed path; True once it is in the index, False
-    after ``timeout`` (it is still indexed, later). Every control waiting at
-    once is in the index thread's queue at once, so a burst is one pass."""
-    done = LoopSignal(asyncio.get_running_loop())
-    memory.changed_path(path, done)
-    try:
-        await asyncio.wait_for(asyncio.shield(done.future), timeout)
-        return True
-    except asyncio.TimeoutError:
-        return False

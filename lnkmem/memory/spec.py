@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from lnkmem.errors import UsageError
-from lnkmem.wire import Spec, decode
+from lnkmem.core.errors import UsageError
+from lnkmem.core.wire import Spec, decode
 
 _UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*$")

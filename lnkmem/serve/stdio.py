@@ -13,8 +13,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from lnkmem.config import AgentConfig
-from lnkmem.mcp import OUT_HIGH, Session, pump
+from lnkmem.memory.config import AgentConfig
+from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
 
 log = logging.getLogger("lnkmem")
 
@@ -46,7 +46,7 @@ class _Later:
     def build(self) -> None:
         time.sleep(START_DELAY_S)  # let `initialize` be answered first
         try:
-            from lnkmem.engine import Memory
+            from lnkmem.memory.memory import Memory
             self.memory = Memory(self.cfg)
         finally:
             self.built.set()

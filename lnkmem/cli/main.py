@@ -15,9 +15,10 @@ from typing import NoReturn, Optional
 
 sys.dont_write_bytecode = True  # §2.2: no __pycache__ anywhere
 
-from lnkmem.errors import UsageError  # noqa: E402
+from lnkmem.cli.common import PROG, program_path  # noqa: E402
+from lnkmem.core import knobs  # noqa: E402
+from lnkmem.core.errors import UsageError  # noqa: E402
 
-PROG = "lnk-lnkmem"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,29 +27,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{cmd + ': ' if cmd else ''}{message} (see {self.prog} --help)")
 
 
-def program_path() -> str:
-    """The absolute path of this very program (what Link's sandbox reads)."""
-    me = sys.argv[0]
-    if os.path.basename(me) == PROG and os.path.exists(me):
-        return os.path.abspath(me)
-    beside = os.path.join(os.path.dirname(sys.executable), PROG)
-    if os.path.exists(beside):
-        return os.path.abspath(beside)
-    found = shutil.which(PROG)
-    if found:
-        return os.path.abspath(found)
-    raise UsageError(f"cannot find the {PROG} program (is the package installed?)")
-
-
 def _parser() -> _Parser:
-    from lnkmem import __version__, cli_people
+    from lnkmem import __version__
+    from lnkmem.cli import people_commands as cli_people
     p = _Parser(prog=PROG, description="lnkmem: a memory engine for Link agents (an MCP server)",
                 epilog="Run `lnk-lnkmem COMMAND --help` for a command's arguments and an example.")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
     cli_people.add_parsers(sub)  # index, search, status, mcp-config, help: for people
     sub.add_parser("install", help="make the engine ready in $HOME")
-    from lnkmem.config import add_serve_flags
+    from lnkmem.memory.config import add_serve_flags
     for name, helptext in (("command", "print the Serve JSON for an agent"),
                            ("serve", "serve MCP over stdio")):
         s = sub.add_parser(name, help=helptext, allow_abbrev=False)
@@ -74,14 +62,14 @@ def _parser() -> _Parser:
 
 
 def _config(args, need_folder: bool = True):
-    from lnkmem.config import from_args
+    from lnkmem.memory.config import from_args
     return from_args(args.folder, args.state, args.agent, os.environ, need_folder=need_folder,
                      spec=getattr(args, "spec", None), notes=getattr(args, "notes", None),
                      from_flag=getattr(args, "from_", False), store_driver=getattr(args, "store_driver", None))
 
 
 def cmd_install(args) -> int:
-    from lnkmem.spec import parse_spec
+    from lnkmem.memory.spec import parse_spec
     parse_spec(os.environ.get("LNK_MEMORY_SPEC"))  # §1.1: like every command (exit 2)
     home = os.environ.get("HOME")
     if not home:
@@ -103,7 +91,7 @@ def cmd_install(args) -> int:
 
 
 def cmd_command(args) -> int:
-    from lnkmem.wire import Serve, encode
+    from lnkmem.core.wire import Serve, encode
     cfg = _config(args)
     # §1.2 rev. 2: argv alone carries everything the agent is served with
     argv = [program_path(), "serve", cfg.folder, cfg.state] + ([cfg.agent] if cfg.agent else []) + cfg.serve_flags()
@@ -116,12 +104,12 @@ def cmd_command(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from lnkmem.serve import serve_stdio
+    from lnkmem.serve.stdio import serve_stdio
     return serve_stdio(_config(args))
 
 
 def cmd_serve_many(args) -> int:
-    from lnkmem.many import serve_many
+    from lnkmem.serve.many import serve_many
     return serve_many(args)
 
 
@@ -131,27 +119,21 @@ COMMANDS = {"install": cmd_install, "command": cmd_command, "serve": cmd_serve, 
 def main(argv: Optional[list[str]] = None) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("lnkmem: %(levelname)s: %(message)s"))
-    level = os.environ.get("LNKMEM_LOG", "WARNING").upper() or "WARNING"
-    batch = os.environ.get("LNKMEM_BATCH_FILES", "4000")
-    worker = os.environ.get("LNKMEM_WORKER", "")
-    ahead = os.environ.get("LNKMEM_READAHEAD", "")
-    for bad, why in ((level not in ("DEBUG", "INFO", "WARNING", "ERROR"), "LNKMEM_LOG: expected debug, info, warning or error"),
-                     (not (batch.isdigit() and int(batch) > 0), "LNKMEM_BATCH_FILES: expected a whole number above 0"),
-                     (worker not in ("", "0", "1"), "LNKMEM_WORKER: expected 0 (never) or 1 (always)"),
-                     (ahead not in ("", "0", "1"), "LNKMEM_READAHEAD: expected 0 (off) or 1 (on)")):
-        if bad:  # read at import time by the modules that use them: checked here, once
-            print(f"{PROG}: {why}", file=sys.stderr)
-            return 2
+    try:
+        level = knobs.check().log  # every LNKMEM_* knob, checked here, once
+    except knobs.KnobError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
     for name in ("lnkmem", "httpx", "httpcore") if level == "DEBUG" else ("lnkmem",):
         log = logging.getLogger(name)
         log.addHandler(handler)
         log.setLevel(level)
     import faulthandler
     import signal
-    from lnkmem import memtrim
+    from lnkmem.core import memtrim
     memtrim.tune()  # before any thread: malloc arenas capped
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # a stack dump for people, on demand
-    signal.signal(signal.SIGIO, signal.SIG_IGN)  # the notes' lease breaks (lnkmem.notes) end nothing
+    signal.signal(signal.SIGIO, signal.SIG_IGN)  # the notes' lease breaks (lnkmem.memory.notes) end nothing
     try:
         parser = _parser()
         if not (sys.argv[1:] if argv is None else argv):  # no arguments: the usage, as an error
@@ -159,9 +141,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 2
         args = parser.parse_args(argv)
         if args.cmd == "help":
-            from lnkmem.cli_people import cmd_help
+            from lnkmem.cli.people_commands import cmd_help
             return cmd_help(args, parser)
-        from lnkmem import cli_people
+        from lnkmem.cli import people_commands as cli_people
         if args.cmd in cli_people.COMMANDS:
             return cli_people.run(args.cmd, args)
         return COMMANDS[args.cmd](args)

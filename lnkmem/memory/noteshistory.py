@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from lnkmem.core.knobs import knobs
+
 FOLDER = "notes-history"
 WHY = {
     "replaced": "replaced by remember",
@@ -37,17 +39,12 @@ WHY = {
 
 def keep_count() -> int:
     """How many versions are kept (``LNKMEM_NOTES_KEEP``, default 50)."""
-    return _knob("LNKMEM_NOTES_KEEP", 50)
+    return knobs().notes_keep
 
 
 def keep_bytes() -> int:
     """How many bytes the kept versions take at most together (``LNKMEM_NOTES_KEEP_BYTES``, 16 MiB)."""
-    return _knob("LNKMEM_NOTES_KEEP_BYTES", 16 << 20)
-
-
-def _knob(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+    return knobs().notes_keep_bytes
 
 
 @dataclass(frozen=True)

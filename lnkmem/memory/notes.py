@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from lnkmem.errors import ToolError
+from lnkmem.core.errors import ToolError
+from lnkmem.core.knobs import knobs
 
 
 def _norm(line: str) -> str:
@@ -95,12 +96,7 @@ RENAME_EXCHANGE = 2  # renameat2(2)
 def wait_s() -> float:
     """How long `remember` waits for a notes file held open for writing to be closed,
     and for an emptied or much shorter one to be written (``LNKMEM_NOTES_WAIT_S``, 15 s)."""
-    raw = os.environ.get("LNKMEM_NOTES_WAIT_S", "")
-    try:
-        v = float(raw) if raw else 15.0
-    except ValueError:
-        v = 15.0
-    return v if v >= 0 else 15.0
+    return knobs().notes_wait_s
 
 
 def _ident(s: os.stat_result) -> tuple:
@@ -111,7 +107,7 @@ class LocalNotes:
     """The notes file on this machine.
 
     Its folder and ``<state>`` are opened once (below the agent folder, one
-    component at a time, never through a link: :func:`lnkmem.config.open_folder`)
+    component at a time, never through a link: :func:`lnkmem.memory.config.open_folder`)
     and every later step works beside those descriptors, so a folder swapped for
     a link afterwards changes nothing.
 
@@ -126,16 +122,18 @@ class LocalNotes:
     its edit carried over to the new one.
 
     Nothing lost by design (§2.2 rev. 3): the text a change replaces, and the
-    text it writes, are kept in ``<state>`` (:mod:`lnkmem.noteshistory`); a
+    text it writes, are kept in ``<state>`` (:mod:`lnkmem.memory.noteshistory`); a
     change waits (:func:`wait_s`) for a file someone holds open for writing to
     be closed, and for an emptied or much shorter file that changed within that
     time to be written; the rename is an exchange, so a file renamed over the
     notes between the re-check and the replace is read, kept and merged.
     """
 
+    local = True  # a file on this machine (watched)
+
     def __init__(self, path: str, state: str, agent: Optional[str] = None, create: bool = True,
                  state_fd: Optional[int] = None):
-        from lnkmem.config import open_folder
+        from lnkmem.memory.config import open_folder
         self.path = path
         self.state = state
         self.agent = agent
@@ -152,13 +150,13 @@ class LocalNotes:
     # --- the folders ---------------------------------------------------------------
 
     def state_fd(self) -> int:
-        from lnkmem.config import open_folder
+        from lnkmem.memory.config import open_folder
         if self._state_fd is None:
             self._state_fd = open_folder(self.state, self.agent, create=True, mode=0o700)
         return self._state_fd
 
     def history(self):
-        from lnkmem.noteshistory import History
+        from lnkmem.memory.noteshistory import History
         if self._history is None:
             self._history = History(self.state_fd())
         return self._history
@@ -359,12 +357,11 @@ class LocalNotes:
 
     def entry(self):
         """The notes as an index entry; None when missing, a link, or too large (not indexed)."""
-        from lnkmem.bridges.local import version_of
-        from lnkmem.bridges.place import Entry
+        from lnkmem.bridges.local_entry import LocalEntry, version_of
         st = self._lstat()
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > NOTES_MAX:
             return None
-        return Entry("", st.st_size, version_of(st))
+        return LocalEntry("", st.st_size, version_of(st))
 
     def read_bytes(self) -> tuple[bytes, str]:
         from lnkmem.bridges.local import version_of
@@ -703,6 +700,7 @@ class BridgeNotes:
     once lose neither.
     """
 
+    local = False
     NAME = "notes.md"
 
     def __init__(self, collection, state: Optional[str] = None):
@@ -714,8 +712,8 @@ class BridgeNotes:
         """Keep the text a change is about to replace (written and synced before the write)."""
         if self.state is None or not data:
             return
-        from lnkmem.config import open_folder
-        from lnkmem.noteshistory import History
+        from lnkmem.memory.config import open_folder
+        from lnkmem.memory.noteshistory import History
         if self._history is None:
             fd = open_folder(self.state, None, create=True, mode=0o700)
             try:

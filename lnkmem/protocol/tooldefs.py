@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from lnkmem.wire import SOURCES, ListArgs, ReadArgs, RememberArgs, SearchArgs
+from lnkmem.core.wire import SOURCES, ListArgs, ReadArgs, RememberArgs, SearchArgs
 
 _HINTS_READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
 _REF = {"type": "string", "minLength": 1, "maxLength": 4096}

@@ -11,6 +11,8 @@ import signal
 import struct
 from typing import Callable, Optional
 
+from lnkmem.core.knobs import knobs
+
 
 def alive(pid: int) -> bool:
     """True while ``pid`` names a process, ours or another user's (EPERM: it exists)."""
@@ -35,7 +37,7 @@ def second_core(large: Callable[[], bool], cores_of: Callable[[], int] = cores) 
     """Whether work is shared with a second process (a build's worker, a merge's helper,
     a large listing's child): ``LNKMEM_WORKER`` ``0`` never, ``1`` always (tests), else
     when there are two cores and the work is ``large()``."""
-    how = os.environ.get("LNKMEM_WORKER", "")
+    how = knobs().worker
     if how == "0":
         return False
     return how == "1" or (cores_of() >= 2 and large())

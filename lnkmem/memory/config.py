@@ -17,9 +17,9 @@ import stat
 from dataclasses import dataclass, field
 from typing import Mapping, NoReturn, Optional, Sequence
 
-from lnkmem.errors import UsageError
-from lnkmem.spec import notes_limit, parse_spec
-from lnkmem.wire import ID_RE, Spec, encode
+from lnkmem.core.errors import UsageError
+from lnkmem.memory.spec import notes_limit, parse_spec
+from lnkmem.core.wire import ID_RE, Spec, encode
 
 PROG = "lnk-lnkmem"
 

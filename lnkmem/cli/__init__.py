@@ -1,0 +1,1 @@
+"""The `lnk-lnkmem` program: its subcommands for Link and for people."""

@@ -1,0 +1,1 @@
+"""JSON-RPC/MCP for one session and the four tools over a memory."""

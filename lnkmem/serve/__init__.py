@@ -1,0 +1,1 @@
+"""Transports of sessions: stdio, serve-many's socket, Bound and team bindings."""

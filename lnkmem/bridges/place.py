@@ -94,6 +94,7 @@ class PlaceBase:
     skipped = 0
     skipped_by: Mapping[str, int] = MappingProxyType({})
     ignore: Any = None
+    moved: Optional[int] = None  # bytes moved through it so far (a bridge's: progress, for waiters)
 
     def serve(self, memory) -> None:
         pass

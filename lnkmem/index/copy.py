@@ -44,7 +44,6 @@ back in this one.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import time
 import zlib
@@ -53,6 +52,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import msgspec
 import numpy as np
 
+from lnkmem.core.knobs import knobs
 from lnkmem.index import postings, textpack
 from lnkmem.index.store import (KEY_MAX, LOADING, FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k,
                                 file_entry, file_key, file_value)
@@ -84,9 +84,7 @@ _OLD_NAME = re.compile(r"(seg|table|vec)-[0-9a-f]{40}\.bin")
 def part_bytes() -> int:
     """The bytes a write-back puts in one file of the copy, aimed at (`LNKMEM_COPY_PART`,
     for tests; never over :data:`MAX_BLOB`)."""
-    raw = os.environ.get("LNKMEM_COPY_PART", "")
-    v = int(raw) if raw.isdigit() and int(raw) > 0 else PART_BYTES
-    return min(v, MAX_BLOB // 2)
+    return min(knobs().copy_part or PART_BYTES, MAX_BLOB // 2)
 
 
 def is_copy_file(name: str) -> bool:

@@ -22,36 +22,28 @@ from typing import Callable, Optional
 
 from lnkmem.bridges.http import BridgeDown, TooLarge
 from lnkmem.bridges.place import Conflict, Forbidden, NotFound
+from lnkmem.core.knobs import knobs
 from lnkmem.index import copy as copyfmt
 from lnkmem.index.store import Store
 
 log = logging.getLogger("lnkmem")
 
 
-def _knob(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    try:
-        v = float(raw) if raw else default
-    except ValueError:
-        v = default
-    return max(v, 0.0) if v == v else default
-
-
 def interval() -> float:
     """§2.6 `LNKMEM_WRITEBACK_S`: the write-back interval (60 s)."""
-    return _knob("LNKMEM_WRITEBACK_S", 60.0)
+    return knobs().writeback_s
 
 
 def quiet() -> float:
     """§7.3 debounce: how long the index must be quiet before a write-back (5 s;
     `LNKMEM_QUIET_S` for tests)."""
-    return _knob("LNKMEM_QUIET_S", 5.0)
+    return knobs().quiet_s
 
 
 def recheck() -> float:
     """§7.2: how often the copy's version is asked for again while serving (30 s;
     `LNKMEM_RECHECK_S` for tests)."""
-    return _knob("LNKMEM_RECHECK_S", 30.0)
+    return knobs().recheck_s
 
 
 class Replica:
@@ -372,7 +364,7 @@ class WriteBack:
 
     def _moved(self) -> Optional[int]:
         """Bytes the copy's place has moved so far (None: it does not say)."""
-        return getattr(getattr(self.replica, "place", None), "moved", None)
+        return self.replica.place.moved
 
     def stop(self, timeout: float = 60.0) -> Optional[str]:
         err = self.flush(timeout)

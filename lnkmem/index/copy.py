@@ -405,8 +405,10 @@ class Export:
                 while pages * FILES_A_PAGE < files:
                     pages *= 2
             by_page: list[list] = [[] for _ in range(pages)]
-            for ref, rec in store.file_items(txn):  # a long ref's record keyed by its digest
+            for i, (ref, rec) in enumerate(store.file_items(txn)):  # a long ref's record keyed by its digest
                 by_page[page_of(ref, pages)].append((ref, rec))
+                if i % 8192 == 8191:
+                    store.let_go()  # the map's pages the walk read (10x: 120 MiB by its end)
             for i in range(pages):
                 name, blob = self._out("page", _Page(by_page[i]))
                 by_page[i] = None  # type: ignore[call-overload]

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from fakes.harness import FakeServer
 
@@ -81,3 +85,40 @@ class Bridges:
     def stop(self) -> None:
         self.files.stop()
         self.storage.stop()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the fake bridges hold when a test starts. A test module sets ``BRIDGES =
+    Layout(...)`` and takes the ``bridges`` fixture (tests/conftest.py), which starts them
+    laid out so and stops them after the test."""
+
+    bindings: Optional[dict] = None  # None: agent a1 of owner o1, with KEY
+    teams: Optional[dict] = None
+    homes: dict = field(default_factory=dict)  # agent -> {path in its Home: text}
+    conversations: dict = field(default_factory=dict)  # name -> text, in agent a1's store
+    team_files: dict = field(default_factory=dict)  # team -> {path in its folder: text}
+    walkable: bool = False  # under a folder other uids may walk (pytest's tmp_path is 0700)
+
+    @contextmanager
+    def started(self, tmp_path: Path) -> Iterator[Bridges]:
+        base = Path(tempfile.mkdtemp(prefix="lnkmem-sec-")) if self.walkable else tmp_path
+        if self.walkable:
+            os.chmod(base, 0o755)
+        b = Bridges(base / "link", bindings=self.bindings, teams=self.teams)
+        try:
+            for agent, files in self.homes.items():
+                for rel, text in files.items():
+                    b.write_home(rel, text, agent=agent)
+            for name, text in self.conversations.items():
+                (b.store("conversations") / name).write_text(text)
+            for team, files in self.team_files.items():
+                for rel, text in files.items():
+                    p = b.team_folder(team) / rel
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    p.write_text(text)
+            yield b
+        finally:
+            b.stop()
+            if self.walkable:
+                shutil.rmtree(base, ignore_errors=True)

@@ -9,23 +9,17 @@ import zlib
 from pathlib import Path
 
 import msgspec
-import pytest
 
 from fakes.harness import FakeServer
-from tests.bridges import KEY, OTHER_KEY, Bridges
+from tests.bridges import KEY, OTHER_KEY, Layout
 from tests.helpers import Home, Many, agent_entry, until
 
 FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link")
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    b.write_home("docs/other.md", "Penguins prefer the south.\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
-    yield b
-    b.stop()
+BRIDGES = Layout(homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n",
+                                "docs/other.md": "Penguins prefer the south.\n"}},
+                  conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
 def serve(bridges, tmp_path, name="m", agents=None, env=None, extra=()):

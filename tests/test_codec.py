@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from lnkmem.index import copy as copyfmt
 from lnkmem.index import postings, textpack
 from lnkmem.index.store import Store
-from tests.helpers import Home, ROOT, run_cli
+from tests.helpers import Home, ROOT, index_home, run_cli
 
 # --- postings ---------------------------------------------------------------------------
 
@@ -406,8 +406,7 @@ def test_index_on_disk_within_1_2x_its_text(tmp_path):
     keys for the terms they share (1.24x); smaller, the terms' keys weigh more; at
     29 MB it is 1.14x, at 115 MB (scale 1, as built) 0.98x (docs/BENCHMARKS.md)."""
     h = _corpus(tmp_path, 0.03)
-    r = run_cli("index", *h.args(), timeout=120)
-    assert r.returncode == 0, r.stderr
+    index_home(h, timeout=120)
     st_ = Store.open(str(h.state / "index"))
     assert st_.merge(sorted(st_.snapshot.segs))
     st_.close(compact=True)

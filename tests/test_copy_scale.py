@@ -29,7 +29,7 @@ from lnkmem.index import copy as copyfmt
 from lnkmem.index.search import bm25
 from lnkmem.index.store import Store
 from lnkmem.sync import Replica, WriteBack
-from tests.bridges import KEY, Bridges
+from tests.bridges import KEY, Bridges, Layout
 from tests.helpers import Home, until
 from tests.test_copy_verify import check_copy, copy_dir, copy_files, hits, manifest, named_files, serve
 
@@ -38,12 +38,8 @@ WORDS = ("narwhal walrus penguin orca seal krill plankton kelp reef tide current
          "harbor beacon anchor rope sail keel mast hull deck cabin galley chart compass").split()
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link", bindings={"a1": {"owner": "o1", "key": KEY}})
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
-    yield b
-    b.stop()
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
 def text(i: int, paragraphs: int = 3) -> str:

@@ -23,21 +23,17 @@ import pytest
 from lnkmem.bridges.place import NotFound
 from lnkmem.index import copy as copyfmt
 from lnkmem.index import textpack
-from tests.bridges import KEY, OTHER_KEY, Bridges
+from tests.bridges import KEY, OTHER_KEY, Bridges, Layout
 from tests.helpers import Home, Many, until
 
 FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
 OF = "agent o1/a1"
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link", bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o1", "key": OTHER_KEY}})
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    b.write_home("docs/other.md", "Penguins prefer the south.\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
-    yield b
-    b.stop()
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o1", "key": OTHER_KEY}},
+                 homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n",
+                               "docs/other.md": "Penguins prefer the south.\n"}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
 def serve(bridges, tmp_path, name, env=None) -> Many:
@@ -312,7 +308,7 @@ def test_another_agents_copy_is_never_served(bridges, tmp_path):
 
 # --- in-process: vectors (the copy fuzzer is in tests/test_fuzz.py) -------------------
 
-def _store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
+def store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
     """A copy made by the real indexer and export, with vectors of ``dim``."""
     import numpy as np
     from lnkmem.config import from_args
@@ -335,7 +331,7 @@ def _store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
 
 
 def test_vectors_of_another_width(tmp_path):
-    files = _store_copy(tmp_path / "a", {f"f{i}.md": f"word{i} text\n" for i in range(5)}, OF)
+    files = store_copy(tmp_path / "a", {f"f{i}.md": f"word{i} text\n" for i in range(5)}, OF)
     check_copy(files)
     m = copyfmt.decode_manifest(files["manifest.json"])
     vec = unpack(files[m.vectors[0]])

@@ -5,28 +5,22 @@ they do for a local Home. Real `lnk-lnkmem`, real fake bridges (fakes/)."""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.bridges import Bridges
+from tests.bridges import Layout
 from tests.helpers import Many, until
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link")
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    b.write_home("docs/draft.tmp", "narwhal draft, ignored by pattern\n")
-    b.write_home("build/out.md", "narwhal build output, ignored folder\n")
-    b.write_home("node_modules/pkg/readme.md", "narwhal package, skipped by default\n")
-    b.write_home("venv/pyvenv.cfg", "home = /usr/bin\n")
-    b.write_home("venv/lib/site.md", "narwhal inside a virtual environment\n")
-    b.write_home("notes/keep.md", "narwhal notes kept\n")
-    b.write_home("notes/secret.md", "narwhal secret, ignored below notes/\n")
-    b.write_home(".gitignore", "*.tmp\nbuild/\n")
-    b.write_home("notes/.lnkmemignore", "secret.md\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "hello"}\n')
-    yield b
-    b.stop()
+BRIDGES = Layout(homes={"a1": {
+    "docs/plan.md": "The narwhal migration plan.\n",
+    "docs/draft.tmp": "narwhal draft, ignored by pattern\n",
+    "build/out.md": "narwhal build output, ignored folder\n",
+    "node_modules/pkg/readme.md": "narwhal package, skipped by default\n",
+    "venv/pyvenv.cfg": "home = /usr/bin\n",
+    "venv/lib/site.md": "narwhal inside a virtual environment\n",
+    "notes/keep.md": "narwhal notes kept\n",
+    "notes/secret.md": "narwhal secret, ignored below notes/\n",
+    ".gitignore": "*.tmp\nbuild/\n",
+    "notes/.lnkmemignore": "secret.md\n",
+}}, conversations={"t1.jsonl": '{"role": "user", "text": "hello"}\n'})
 
 
 def serve(bridges, tmp_path):

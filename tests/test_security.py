@@ -9,15 +9,12 @@ nothing written outside <state>, the notes and the copy.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,8 +22,8 @@ import pytest
 
 from fakes.harness import FakeServer
 from lnkmem.bridges.http import proof
-from tests.bridges import KEY, OTHER_KEY, Bridges
-from tests.helpers import PROGRAM, Home, Many, Server, agent_entry, base_env, refs, until
+from tests.bridges import KEY, OTHER_KEY, Layout
+from tests.helpers import PROGRAM, Home, Many, Server, agent_entry, base_env, refs, tree_digest, until
 
 SECRET = "SECRETTOKEN-7f3a"
 
@@ -138,16 +135,9 @@ except (BrokenPipeError, ConnectionResetError):
 """
 
 
-@pytest.fixture
-def bridges():
-    base = Path(tempfile.mkdtemp(prefix="lnkmem-sec-"))  # a path another uid may walk
-    os.chmod(base, 0o755)
-    b = Bridges(base / "link", bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY}})
-    b.write_home("docs/plan.md", "The cormorant dives.\n")
-    b.write_home("docs/plan.md", "The cormorant dives.\n", agent="a2")
-    yield b
-    b.stop()
-    shutil.rmtree(base, ignore_errors=True)
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY}},
+                 homes={"a1": {"docs/plan.md": "The cormorant dives.\n"}, "a2": {"docs/plan.md": "The cormorant dives.\n"}},
+                 walkable=True)  # a path another uid may walk
 
 
 def _many(bridges, name: str, extra=(), agents=None, env=None) -> Many:
@@ -249,20 +239,6 @@ def test_remember_only_in_the_owners_threads(bridges):
 
 # --- secrets never shown, nothing written where it should not be -----------------------------
 
-def _tree(root: Path, skip: tuple = ()) -> dict:
-    out = {}
-    for dirpath, dirnames, files in os.walk(root):
-        d = Path(dirpath)
-        if any(d == s or s in d.parents for s in skip):
-            continue
-        for n in files + dirnames:
-            p = d / n
-            if any(p == s or s in p.parents for s in skip):
-                continue
-            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else "dir"
-    return out
-
-
 def test_secrets_never_shown_and_nothing_written_elsewhere(bridges):
     secrets = [KEY, KEY.upper(), OTHER_KEY] + [proof(k, p, o, a) for k, o, a in ((KEY, "o1", "a1"), (OTHER_KEY, "o2", "a2"))
                                                for p in ("files", "storage", "embedding")]
@@ -280,7 +256,7 @@ def test_secrets_never_shown_and_nothing_written_elsewhere(bridges):
     env = {"LNKMEM_LOG": "debug", "HOME": str(fake_home), "LNKMEM_WRITEBACK_S": "0.2"}
     links = (base / "files", base / "storage", base / "run", base / "files.log", base / "storage.log")  # Link's own
     skip = links + (base / "s", base / "cache-s", h.state, h.notes, base / "e")
-    before = _tree(base, skip=skip)
+    before = tree_digest(base, skip=skip)
     answers = []
     try:
         m = _many(bridges, "s", ["--embed", "fake-mini", "--embed-url", model.listen], agents=agents, env=env)
@@ -326,7 +302,7 @@ def test_secrets_never_shown_and_nothing_written_elsewhere(bridges):
     for s in secrets:
         assert [where for where, b in blobs.items() if s in b] == []
     # written: only <state>, the notes, the cache and the copy (and Link's own bridges and logs)
-    after = _tree(base, skip=skip)
+    after = tree_digest(base, skip=skip)
     assert after == before
     assert list(fake_home.iterdir()) == []  # nothing in $HOME
     assert h.notes.read_text() == "- local note\n- a local note\n"

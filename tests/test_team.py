@@ -3,27 +3,18 @@
 import json
 import time
 
-import pytest
-
-from tests.bridges import KEY, OTHER_KEY, Bridges
+from tests.bridges import KEY, OTHER_KEY, Layout
 from tests.helpers import Many, until
 
 FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link",
-                bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY},
-                          "a3": {"owner": "o3", "key": "c3" * 32}},
-                teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew", "a2": "o1/crew", "a3": "crew"},
-                              "grants": {"a1": "all", "a2": "all", "a3": "part"}}})
-    folder = b.team_folder("t1")
-    (folder / "memory").mkdir()
-    (folder / "memory" / "charter.md").write_text("The crew charters a schooner every July.\n")
-    (folder / "outside.md").write_text("schooner gossip outside memory/\n")
-    yield b
-    b.stop()
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY},
+                           "a3": {"owner": "o3", "key": "c3" * 32}},
+                 teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew", "a2": "o1/crew", "a3": "crew"},
+                               "grants": {"a1": "all", "a2": "all", "a3": "part"}}},
+                 team_files={"t1": {"memory/charter.md": "The crew charters a schooner every July.\n",
+                                    "outside.md": "schooner gossip outside memory/\n"}})
 
 
 def line(b, agent, owner, key, named, writes):

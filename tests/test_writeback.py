@@ -19,18 +19,13 @@ import pytest
 from lnkmem.bridges.http import BridgeClient, BridgeDown
 from lnkmem.bridges.place import Conflict
 from lnkmem.bridges.remote import Collection
-from tests.bridges import KEY, Bridges
+from tests.bridges import KEY, Layout
 from tests.helpers import Many, refs, until
 
 FLUSH = {"flush": {"owner": "o1", "agent": "a1"}}
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link")
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    yield b
-    b.stop()
+BRIDGES = Layout(homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n"}})
 
 
 def client(bridges, timeout: float = 30.0, patience: float = 30.0) -> BridgeClient:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.bridges import KEY, Bridges
+from tests.bridges import KEY, Bridges, Layout
 from tests.helpers import PROGRAM, Home, Many, Server, base_env, run_cli, until
 
 BIG = " ".join(f"budget{i} harbour words to fill the answer" for i in range(400)) + "\n"
@@ -253,15 +253,10 @@ def test_an_id_with_a_trailing_newline_is_refused_everywhere(tmp_path):
 FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link", teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew"}, "grants": {"a1": "all"}}})
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do walruses sleep"}\n')
-    (b.team_folder("t1") / "memory").mkdir()
-    (b.team_folder("t1") / "memory" / "charter.md").write_text("The crew charters a schooner.\n")
-    yield b
-    b.stop()
+BRIDGES = Layout(teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew"}, "grants": {"a1": "all"}}},
+                 homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n"}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do walruses sleep"}\n'},
+                 team_files={"t1": {"memory/charter.md": "The crew charters a schooner.\n"}})
 
 
 def _many(bridges, tmp_path, agents=None, name="m", env=None):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 from lnkmem.index import copy as copyfmt
 from lnkmem.index import postings, textpack
 from lnkmem.index.store import Store
-from tests.helpers import Home, ROOT, index_home, run_cli
+from tests.helpers import Home, index_home, run_cli
 
 # --- postings ---------------------------------------------------------------------------
 
@@ -366,11 +365,7 @@ def test_a_zstd_bomb_passage_is_refused_within_its_limit_or_the_passage_bound():
 
 
 def _corpus(base: Path, scale: float = 0.01) -> Home:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import corpus
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from bench import corpus
     corpus.generate(str(base / "c"), scale, 3, log=lambda m: None)
     h = Home(base)
     os.rmdir(h.folder)

@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,9 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kills_module():
+    """bench/kills.py, loaded as it runs as a script: bench/ on the path (for bench/common.py)."""
     spec = importlib.util.spec_from_file_location("lnkmem_bench_kills", ROOT / "bench" / "kills.py")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
     return mod
 
 

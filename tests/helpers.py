@@ -374,7 +374,8 @@ def tree_digest(*roots, skip=()) -> dict:
                     continue
                 if p.is_symlink():
                     to = Path(os.path.realpath(p))
-                    out[str(p)] = "link:" + os.readlink(p) + (":" + sha(to) if to.is_file() and not skipped(to, skip_real) else "")
+                    led_to = ":" + sha(to) if to.is_file() and not skipped(to, skip_real) else ""
+                    out[str(p)] = "link:" + os.readlink(p) + led_to
                 elif p.is_file():
                     out[str(p)] = sha(p)
                 else:

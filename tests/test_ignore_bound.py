@@ -6,7 +6,7 @@ they do for a local Home. Real `lnk-lnkmem`, real fake bridges (fakes/)."""
 from __future__ import annotations
 
 from tests.bridges import Layout
-from tests.helpers import Many, until
+from tests.helpers import until
 
 
 BRIDGES = Layout(homes={"a1": {
@@ -23,11 +23,6 @@ BRIDGES = Layout(homes={"a1": {
 }}, conversations={"t1.jsonl": '{"role": "user", "text": "hello"}\n'})
 
 
-def serve(bridges, tmp_path):
-    return Many(tmp_path / "m" / "mem.sock", {}, bridges.flags() + ["--cache", str(tmp_path / "cache")],
-                env={"LNKMEM_WRITEBACK_S": "0.3"})
-
-
 def refs(c, query, **kw) -> list[str]:
     return [h["ref"] for h in c.search(query, **kw)["structuredContent"]["hits"]]
 
@@ -37,7 +32,7 @@ def listed(c, ref) -> list[str]:
 
 
 def test_bound_home_honours_ignore_files_read_through_the_bridge(bridges, tmp_path):
-    with serve(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in refs(c, "narwhal"), timeout=20)
         assert sorted(refs(c, "narwhal", limit=20)) == ["home/docs/plan.md", "home/notes/keep.md"]

@@ -23,7 +23,7 @@ import pytest
 from fakes.harness import FakeServer
 from lnkmem.bridges.http import proof
 from tests.bridges import KEY, OTHER_KEY, Layout
-from tests.helpers import PROGRAM, Home, Many, Server, agent_entry, base_env, refs, tree_digest, until
+from tests.helpers import PROGRAM, Home, Server, agent_entry, base_env, refs, tree_digest, until
 
 SECRET = "SECRETTOKEN-7f3a"
 
@@ -140,20 +140,13 @@ BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o
                  walkable=True)  # a path another uid may walk
 
 
-def _many(bridges, name: str, extra=(), agents=None, env=None) -> Many:
-    e = {"LNKMEM_WRITEBACK_S": "0.3"}
-    e.update(env or {})
-    return Many(bridges.base / name / "m.sock", agents if agents is not None else {},
-                bridges.flags() + ["--cache", str(bridges.base / f"cache-{name}")] + list(extra), env=e)
-
-
 def _binds(server: FakeServer) -> list:
     return [e for e in server.log() if e["path"] == "/v1/bind"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
 def test_a_peer_of_another_uid_never_reaches_a_bridge(bridges):
-    with _many(bridges, "p", ["--group", "65534"]) as m:
+    with bridges.serve_many(bridges.base, "p", extra=["--group", "65534"]) as m:
         out = subprocess.run([sys.executable, "-c", PEER, str(m.socket), "65534", "65534", json.dumps(bridges.bound())],
                              capture_output=True, timeout=20, env=base_env())
         assert out.stdout.decode().strip() == "CLOSED", out
@@ -167,7 +160,7 @@ def test_foreign_bridges_and_proofs(bridges):
     (bdir / "a2").mkdir(parents=True)
     os.symlink(bridges.base / "foreign" / "s.sock", bdir / "a2" / "storage.sock")  # a2's own, not a1's
     try:
-        with _many(bridges, "f", ["--bridges", str(bdir)]) as m:
+        with bridges.serve_many(bridges.base, "f", extra=["--bridges", str(bdir)]) as m:
             def first(line):
                 with m.connect(timeout=30) as c:
                     r = c.first(line)
@@ -216,7 +209,7 @@ def test_remember_only_in_the_owners_threads(bridges):
     agents = {"a1": agent_entry(h, env={"LNK_MEMORY_FROM": "1", "LNK_OWNER": "o1"})}
     strangers = ["agent-a2", "team-t1", "task-42", "stranger", "o2", "o1x", "O1", "o1\u200b", "\uff4f1", " o1",
                  "agent-o1", "team-o1/x", "task-o1"]
-    with _many(bridges, "r", agents=agents) as m:
+    with bridges.serve_many(bridges.base, "r", agents=agents) as m:
         with m.hello("a1") as c:  # a Hello session: the local notes
             for t in strangers:
                 r = c.call("remember", {"add": f"from {t}"}, thread=t)
@@ -259,7 +252,8 @@ def test_secrets_never_shown_and_nothing_written_elsewhere(bridges):
     before = tree_digest(base, skip=skip)
     answers = []
     try:
-        m = _many(bridges, "s", ["--embed", "fake-mini", "--embed-url", model.listen], agents=agents, env=env)
+        m = bridges.serve_many(bridges.base, "s", agents=agents, env=env,
+                               extra=["--embed", "fake-mini", "--embed-url", model.listen])
         try:
             procs = [f"/proc/{m.proc.pid}/cmdline", f"/proc/{m.proc.pid}/environ"]
             with m.connect(timeout=30) as c:

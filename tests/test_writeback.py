@@ -122,9 +122,7 @@ def test_a_change_whose_answer_was_lost_is_checked_not_sent_again_blindly(bridge
 # --- the write-back loop in a real serve-many ------------------------------------------------
 
 def serve(bridges, tmp_path, name="m", env=None) -> Many:
-    e = {"LNKMEM_WRITEBACK_S": "0.3", "LNKMEM_QUIET_S": "0.2"}
-    e.update(env or {})
-    return Many(tmp_path / name / "mem.sock", {}, bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")], env=e)
+    return bridges.serve_many(tmp_path, name, env={"LNKMEM_QUIET_S": "0.2", **(env or {})})
 
 
 def shown(tmp_path, name="m") -> dict:

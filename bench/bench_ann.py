@@ -38,9 +38,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench import common  # noqa: E402
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
 from lnkmem.index.store import quantize_rows  # noqa: E402
 from lnkmem.index.vectors import VectorIndex  # noqa: E402
 
@@ -53,11 +51,6 @@ TARGET_MS = 15.0
 
 def log(msg: str) -> None:
     print(f"[bench_ann] {msg}", file=sys.stderr, flush=True)
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def load(cache: str, rng) -> tuple[np.ndarray, np.ndarray, str]:
@@ -140,11 +133,11 @@ def bench_size(n: int, vecs: np.ndarray, qs: np.ndarray, libs: list[str], rng) -
 
 
 def _measure(build, add, search, save, qs, truth) -> dict:
-    m0 = rss()
+    m0 = common.proc_memory().get("VmRSS", 0) * 1024
     t = time.perf_counter()
     build()
     t_build = time.perf_counter() - t
-    grow = rss() - m0
+    grow = common.proc_memory().get("VmRSS", 0) * 1024 - m0
     t = time.perf_counter()
     add()
     t_add = time.perf_counter() - t

@@ -54,11 +54,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-import common  # noqa: E402
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+from common import HERE, ROOT  # noqa: E402
 from bench_many import Corpus, loadavg, log, machine, record  # noqa: E402
 from tests.bridges import KEY, OTHER_KEY, Bridges  # noqa: E402
 from tests.helpers import Many  # noqa: E402
@@ -308,48 +305,6 @@ SCALE_ENV = {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "3600"}
 CHANGED = 30
 
 
-class RssSampler:
-    """VmRSS of one process every 50 ms, on a thread; ``peak()`` since the last ``mark()``."""
-
-    def __init__(self, pid: int):
-        import threading
-        self.pid = pid
-        self.top = 0
-        self.now = 0
-        self._stop = False
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _read(self) -> int:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
-
-    def _run(self) -> None:
-        while not self._stop:
-            v = self._read()
-            self.now = v
-            self.top = max(self.top, v)
-            time.sleep(0.05)
-
-    def mark(self) -> int:
-        """Start a new window; RSS now."""
-        self.now = self._read()
-        self.top = self.now
-        return self.now
-
-    def peak(self) -> int:
-        return max(self.top, self._read())
-
-    def stop(self) -> None:
-        self._stop = True
-
-
 def place_corpus(scale: float, br: Bridges) -> dict:
     """bench/corpus.py's Home at ``scale`` (made once, kept in bench/out/) placed in the
     fake bridges (copied: the bench changes files): home/ as a1's Home, agent/chats/ as its conversations."""
@@ -373,7 +328,7 @@ def scale_run(base: Path, br: Bridges, cache: Path, name: str):
     if m.proc.poll() is not None:
         raise RuntimeError(f"serve-many did not start: {m.stderr()[-2000:]}")
     time.sleep(0.5)
-    return m, RssSampler(m.proc.pid)
+    return m, common.MemorySampler(m.proc.pid, every=0.05)
 
 
 def ready(m, br: Bridges) -> tuple:
@@ -417,15 +372,15 @@ def bench_scale(scale: float) -> dict:
         log(f"scale {scale:g}: {r['files']} files, {r['home_bytes'] / 1e6:.1f} MB")
         # re-indexing from the sources: no copy, an empty cache
         m, rss = scale_run(base, br, base / "cache-a", "a")
-        r["reindex_rss_before"] = rss.mark()
+        r["reindex_rss_before"] = rss.mark().get("VmRSS", 0) * 1024
         r["reindex_s"], c = ready(m, br)
-        r["reindex_rss"] = rss.peak()
+        r["reindex_rss"] = rss.peak("VmRSS") * 1024
         log(f"  re-index {r['reindex_s']:.1f} s, peak RSS {r['reindex_rss'] / 2**20:.0f} MiB")
         # the first write-back
         br.storage.request("DELETE", "/_log")
-        r["wb_rss_before"] = rss.mark()
+        r["wb_rss_before"] = rss.mark().get("VmRSS", 0) * 1024
         r["wb_s"] = control(m, flush)
-        r["wb_rss"] = rss.peak()
+        r["wb_rss"] = rss.peak("VmRSS") * 1024
         p = copy_puts(br)
         r["wb_bytes"] = sum(e["size"] for e in p)
         r["wb_largest"] = max(e["size"] for e in p)
@@ -458,9 +413,9 @@ def bench_scale(scale: float) -> dict:
         br.storage.request("DELETE", "/_log")
         br.files.request("DELETE", "/_log")
         m, rss = scale_run(base, br, base / "cache-b", "b")
-        r["cold_rss_before"] = rss.mark()
+        r["cold_rss_before"] = rss.mark().get("VmRSS", 0) * 1024
         r["cold_s"], c = ready(m, br)
-        r["cold_rss"] = rss.peak()
+        r["cold_rss"] = rss.peak("VmRSS") * 1024
         r["cold_gets"] = sum(1 for e in br.storage.log() if e["method"] == "GET" and "/lnkmem/" in e["path"])
         r["cold_reads"] = sum(1 for e in br.files.log() if "/v1/read" in e["path"])  # sources read again: 0
         log(f"  cold load {r['cold_s']:.1f} s, peak RSS {r['cold_rss'] / 2**20:.0f} MiB")

@@ -35,15 +35,12 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
-import threading
 import time
 from datetime import datetime, timezone
 from typing import Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-import common  # noqa: E402
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+from common import ROOT  # noqa: E402
 import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
 
@@ -90,36 +87,6 @@ def clean_env() -> dict:
 # --- running the program -------------------------------------------------------
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """The memory lines of /proc/<pid>/status, in KiB."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("Vm", "Rss")):
-                    k, v = line.split(":", 1)
-                    out[k] = int(v.split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-class Poller(threading.Thread):
-    """The largest RssAnon and RssFile of a process, sampled every 20 ms."""
-
-    def __init__(self, pid: int):
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.stop = threading.Event()
-        self.anon = self.file = 0
-
-    def run(self) -> None:
-        while not self.stop.wait(0.02):
-            st = proc_status(self.pid)
-            self.anon = max(self.anon, st.get("RssAnon", 0))
-            self.file = max(self.file, st.get("RssFile", 0) + st.get("RssShmem", 0))
-
-
 def run_timed(argv: list[str], env: dict, errpath: str) -> tuple[float, int, dict, str]:
     """(wall seconds, exit code, memory in KiB, stderr) of one child run.
 
@@ -129,15 +96,14 @@ def run_timed(argv: list[str], env: dict, errpath: str) -> tuple[float, int, dic
     with open(errpath, "wb") as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        poll = Poller(p.pid)
-        poll.start()
+        poll = common.MemorySampler(p.pid, every=0.02)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
-        poll.stop.set()
+        poll.stop()
     p.returncode = os.waitstatus_to_exitcode(status)
     with open(errpath, errors="replace") as f:
         text = f.read()
-    return wall, p.returncode, {"peak": ru.ru_maxrss, "anon": poll.anon, "file": poll.file}, text
+    return wall, p.returncode, {"peak": ru.ru_maxrss, "anon": poll.peak("RssAnon"), "file": poll.peak("RssFile+RssShmem")}, text
 
 
 def opened_files(argv: list[str], env: dict, roots: tuple[str, ...], logpath: str) -> Optional[int]:
@@ -203,7 +169,7 @@ class Client:
                 return msg, time.perf_counter() - t0
 
     def memory(self) -> dict[str, int]:
-        return proc_status(self.p.pid)
+        return common.proc_memory(self.p.pid)
 
     def close(self, timeout: float = 30.0) -> None:
         try:

@@ -43,11 +43,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-import common  # noqa: E402
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+from common import HERE, ROOT  # noqa: E402
 import corpus  # noqa: E402
 from common import machine, pct  # noqa: E402
 from tests.helpers import Home, Many, SocketClient, agent_entry  # noqa: E402
@@ -77,17 +74,6 @@ def loadavg() -> float:
             return float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return float("nan")
-
-
-def proc_status(pid: int) -> dict:
-    """The memory lines of /proc/<pid>/status, in KiB."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("Vm", "Rss")):
-                k, v = line.split(":", 1)
-                out[k] = int(v.split()[0])
-    return out
 
 
 # --- generated Homes -------------------------------------------------------------
@@ -345,7 +331,7 @@ def rss_run(base: Path, homes: dict, agents: dict, label: str) -> tuple:
             open_.append(c)
             if i == 0 or i == len(names) - 1:
                 time.sleep(1.0)
-                rows.append(proc_status(pid))
+                rows.append(common.proc_memory(pid))
         secs = time.monotonic() - t0
         for c in open_:
             c.close()

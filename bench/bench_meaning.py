@@ -75,11 +75,8 @@ import numpy as np
 # cache's key) are the same from run to run (two processes share a build by timing)
 os.environ.setdefault("LNKMEM_WORKER", "0")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-import common  # noqa: E402
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+from common import HERE, ROOT  # noqa: E402
 import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402

@@ -36,42 +36,14 @@ import statistics
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+from common import HERE  # noqa: E402
 import bench_local as bl  # noqa: E402
 import corpus  # noqa: E402
 from bench_scale import WORDS, log, one_update, run_child, timed_index_run  # noqa: E402
 
 MiB = 1 << 20
 CHANGES = 10
-
-
-def _vm() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS", "VmHWM", "RssAnon", "RssFile")):
-                k, v = line.split(":", 1)
-                out[k] = int(v.split()[0]) // 1024
-    return out
-
-
-class Sampler(threading.Thread):
-    """The highest RssAnon seen, every 20 ms."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak_anon = _vm().get("RssAnon", 0)
-        self.halt = threading.Event()
-
-    def run(self):
-        while not self.halt.wait(0.02):
-            self.peak_anon = max(self.peak_anon, _vm().get("RssAnon", 0))
-
-    def stop(self) -> int:
-        self.halt.set()
-        self.join()
-        return max(self.peak_anon, _vm().get("RssAnon", 0))
 
 
 def _answer(d: dict) -> None:
@@ -84,14 +56,14 @@ def w_merge(a: dict) -> None:
     segs = sorted(st.segment_sizes())
     data = os.path.join(a["state"], "index", "data.mdb")
     size0 = os.path.getsize(data)
-    vm0 = _vm()
-    s = Sampler()
-    s.start()
+    vm0 = common.proc_memory_mib()
+    s = common.MemorySampler(every=0.02)
     t0 = time.perf_counter()
     st.merge(segs)
     took = time.perf_counter() - t0
-    anon = s.stop()
-    vm1 = _vm()
+    anon = s.peak("RssAnon") // 1024
+    s.stop()
+    vm1 = common.proc_memory_mib()
     left = len(st.segment_sizes())
     st.close()
     _answer({"segments": len(segs), "left": left, "merge_s": took, "before": vm0, "after": vm1,

@@ -42,11 +42,8 @@ import shutil
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-import common  # noqa: E402
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+from common import HERE  # noqa: E402
 import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402

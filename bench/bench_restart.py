@@ -14,7 +14,6 @@ program its own copy: their seals differ), ``CHANGES`` how many one-file changes
   The changed files are put back and the index brought back in step at the end.
 """
 import json, os, random, statistics, subprocess, sys, time
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_local as bl
 
 base = sys.argv[1]

@@ -58,11 +58,8 @@ import time
 from datetime import datetime, timezone
 from typing import Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-import common  # noqa: E402
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+from common import HERE, ROOT  # noqa: E402
 import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
 
@@ -157,7 +154,7 @@ def worker(kind: str, **kw) -> list[str]:
 def answer(d: dict) -> None:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     # VmHWM, not ru_maxrss: after vfork + exec, ru_maxrss starts at the bench process's own peak
-    d["maxrss_kib"] = _hwm_kib("self") or ru.ru_maxrss
+    d["maxrss_kib"] = common.proc_memory().get("VmHWM", 0) or ru.ru_maxrss
     d.setdefault("cpu_s", ru.ru_utime + ru.ru_stime)
     print(json.dumps(d), flush=True)
 
@@ -188,17 +185,6 @@ def timed_index_run(argv: list[str], env: dict) -> tuple[float, int, int, str, f
     return wall, p.returncode, peak, (err[0] if err else b"").decode(errors="replace"), ru.ru_utime + ru.ru_stime
 
 
-def _hwm_kib(pid) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
 def _tree_hwm_kib(pid: int) -> int:
     """The largest VmHWM of ``pid`` and its children (0 once it is gone)."""
     kids = []
@@ -207,7 +193,7 @@ def _tree_hwm_kib(pid: int) -> int:
             kids = f.read().split()
     except OSError:
         pass
-    return max([_hwm_kib(pid)] + [_hwm_kib(k) for k in kids])
+    return max([common.proc_memory(pid).get("VmHWM", 0)] + [common.proc_memory(k).get("VmHWM", 0) for k in kids])
 
 
 # --- workers (each in its own process) ---------------------------------------------------
@@ -393,7 +379,7 @@ def w_vectors(a: dict) -> None:
     from lnkmem.index.store import Store
     from lnkmem.index.vectors import VectorIndex
     st = Store.open(a["index"])
-    base = _hwm_kib("self") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = common.proc_memory().get("VmHWM", 0) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     if a["how"] == "float32":  # the former load: every row joined, then widened
         pids, rows = [], []
@@ -459,16 +445,6 @@ def w_vectors_make(a: dict) -> None:
     answer({"n": len(pids)})
 
 
-def _vm() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS", "VmHWM", "RssAnon", "RssFile")):
-                k, v = line.split(":", 1)
-                out[k] = int(v.split()[0]) // 1024
-    return out
-
-
 def w_profile(a: dict) -> None:
     """Where a full index spends its time (cProfile) or its memory (tracemalloc per phase),
     or where one-file updates spend their time (cProfile), on a built index."""
@@ -493,14 +469,14 @@ def w_profile(a: dict) -> None:
         def wrap(name, fn):
             def inner(self, *args, **kw):
                 before = tracemalloc.get_traced_memory()
-                phases.append(("between", before[1] / MiB, before[0] / MiB, _vm()))  # peak since the last phase
+                phases.append(("between", before[1] / MiB, before[0] / MiB, common.proc_memory_mib()))  # peak since the last phase
                 tracemalloc.reset_peak()
                 t = time.perf_counter()
                 try:
                     return fn(self, *args, **kw)
                 finally:
                     cur, peak = tracemalloc.get_traced_memory()
-                    phases.append((name, peak / MiB, cur / MiB, _vm(), time.perf_counter() - t))
+                    phases.append((name, peak / MiB, cur / MiB, common.proc_memory_mib(), time.perf_counter() - t))
                     tracemalloc.reset_peak()
             return inner
         S._commit = wrap("commit (one transaction)", S._commit)
@@ -519,7 +495,7 @@ def w_profile(a: dict) -> None:
         snap = tracemalloc.take_snapshot()
         res["final_traced_mib"] = sum(st.size for st in snap.statistics("filename")) / MiB
         tracemalloc.stop()
-        res["vm"] = _vm()
+        res["vm"] = common.proc_memory_mib()
         answer(res)
         return
     else:  # updates on a built index
@@ -556,7 +532,7 @@ def w_profile(a: dict) -> None:
         buf = io.StringIO()
         pstats.Stats(pr, stream=buf).strip_dirs().sort_stats(key).print_stats(a.get("top", 30))
         res[key] = buf.getvalue()
-    res["vm"] = _vm()
+    res["vm"] = common.proc_memory_mib()
     answer(res)
 
 

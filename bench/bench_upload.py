@@ -25,11 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
 from common import load_note, machine, write_section  # noqa: E402
+
+ROOT = Path(common.ROOT)
 
 from fakes.harness import FakeServer  # noqa: E402
 from lnkmem.bridges.http import CHUNK, BridgeClient, auth_header  # noqa: E402

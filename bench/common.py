@@ -1,5 +1,12 @@
-"""What the benchmarks share: percentiles, the machine's description, and
-writing one benchmark's section of docs/BENCHMARKS.md."""
+"""What the benchmarks share: the path, a process's memory and a sampler of it,
+percentiles, the machine's description, and writing one benchmark's section of
+docs/BENCHMARKS.md.
+
+The path: a script run as ``python bench/x.py`` has bench/ on its path; importing this
+module (first, before lnkmem, fakes or tests) puts the repository's root on it, after
+PYTHONPATH's folders (a tree chosen there for a before/after run wins) and before
+site-packages, so the script imports this tree's lnkmem and the test harness (fakes/,
+tests/). It is the one place the benchmarks set their path."""
 
 from __future__ import annotations
 
@@ -7,10 +14,19 @@ import json
 import math
 import os
 import platform
+import sys
+import threading
 import time
 from typing import Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))  # bench/
+ROOT = os.path.dirname(HERE)
+_CHOSEN = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+if ROOT not in sys.path:
+    _at = 1  # after the script's own folder
+    while _at < len(sys.path) and os.path.abspath(sys.path[_at]) in _CHOSEN:
+        _at += 1
+    sys.path.insert(_at, ROOT)
 DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
 INTRO = ("# Benchmarks\n\n"
          "Measured figures for lnkmem, each produced by a script under `bench/` and recorded here by it\n"
@@ -98,3 +114,75 @@ def load_note() -> str:
             return f"; load average {f.read().split()[0]} at start"
     except OSError:
         return ""
+
+
+# --- a process's memory ------------------------------------------------------------------
+
+
+def proc_memory(pid="self") -> dict[str, int]:
+    """The memory lines of ``/proc/<pid>/status`` (VmRSS, VmHWM, RssAnon, RssFile,
+    RssShmem, ...), in KiB; empty once the process is gone."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("Vm", "Rss")):
+                    k, v = line.split(":", 1)
+                    out[k] = int(v.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def proc_memory_mib(pid="self", lines=("VmRSS", "VmHWM", "RssAnon", "RssFile")) -> dict[str, int]:
+    """``lines`` of ``proc_memory``, in MiB (rounded down)."""
+    m = proc_memory(pid)
+    return {k: m[k] // 1024 for k in lines if k in m}
+
+
+class MemorySampler:
+    """One process's memory lines (``proc_memory``) read every ``every`` seconds on a
+    thread: ``now`` the latest reading, ``peak(line)`` the largest since the start or the
+    last ``mark()``, in KiB. ``"RssFile+RssShmem"`` is tracked too: the file pages a
+    process maps, those of files on tmpfs included."""
+
+    def __init__(self, pid="self", every: float = 0.05):
+        self.pid, self.every = pid, every
+        self.now: dict[str, int] = {}
+        self.top: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._read()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> dict[str, int]:
+        m = proc_memory(self.pid)
+        if m:
+            m["RssFile+RssShmem"] = m.get("RssFile", 0) + m.get("RssShmem", 0)
+        with self._lock:
+            if m:
+                self.now = m
+            for k, v in m.items():
+                self.top[k] = max(self.top.get(k, 0), v)
+        return m
+
+    def _run(self) -> None:
+        while not self._halt.wait(self.every):
+            self._read()
+
+    def mark(self) -> dict[str, int]:
+        """Start a new window; the memory lines now."""
+        with self._lock:
+            self.top = {}
+        return self._read()
+
+    def peak(self, line: str = "VmRSS") -> int:
+        """The largest ``line`` seen in this window, a reading now included (KiB)."""
+        self._read()
+        with self._lock:
+            return self.top.get(line, 0)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join()

@@ -68,9 +68,10 @@ import time
 import zlib
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+
+HERE = Path(common.HERE)
+ROOT = Path(common.ROOT)
 
 import msgspec  # noqa: E402
 

@@ -47,9 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
+
+HERE = Path(common.HERE)
+ROOT = Path(common.ROOT)
 
 
 from tests.bridges import Bridges  # noqa: E402
@@ -241,12 +242,11 @@ class Soak:
 
     async def sampler(self, pid: int, end: float, t0: float) -> None:
         while time.monotonic() < end + 1:
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        self.rss.append((round(time.monotonic() - t0, 1), round(int(line.split()[1]) / 1024, 1)))
-            except OSError:
+            m = common.proc_memory(pid)
+            if not m:
                 return
+            if "VmRSS" in m:
+                self.rss.append((round(time.monotonic() - t0, 1), round(m["VmRSS"] / 1024, 1)))
             await asyncio.sleep(5)
 
     # --- the checks -----------------------------------------------------------------

@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
+
+import msgspec
 
 from fakes.harness import FakeServer
+from tests.helpers import Many
 
 KEY = "a1" * 32
 OTHER_KEY = "b2" * 32
+FAST_WRITEBACK = {"LNKMEM_WRITEBACK_S": "0.3"}  # a copy written back soon after a change
 
 
 class Bridges:
@@ -78,6 +87,70 @@ class Bridges:
     def flags(self) -> list[str]:
         return ["--files-bridge", str(self.files_sock), "--storage-bridge", str(self.storage_sock)]
 
+    def serve_many(self, base: Path, name: str = "m", *, agents: Optional[dict] = None,
+                   env: Optional[dict] = None, extra=()) -> Many:
+        """A `serve-many` of these bridges listening at ``base/name/mem.sock``, its cache in
+        ``base/cache-<name>``, the write-back FAST_WRITEBACK's (``env`` adds or overrides),
+        serving ``agents`` (none when not given), with ``extra`` flags."""
+        return Many(base / name / "mem.sock", agents if agents is not None else {},
+                    self.flags() + ["--cache", str(base / f"cache-{name}")] + list(extra),
+                    env={**FAST_WRITEBACK, **(env or {})})
+
+    def copy_dir(self, agent: str = "a1") -> Path:
+        """Where ``agent``'s index copy is kept in the storage bridge."""
+        return self.store("memory", agent) / "lnkmem"
+
+    def copy_files(self, agent: str = "a1") -> dict:
+        """Every file of ``agent``'s copy: name -> bytes (empty when there is none)."""
+        d = self.copy_dir(agent)
+        return {p.name: p.read_bytes() for p in d.iterdir()} if d.exists() else {}
+
+    def copy_refs(self, agent: str = "a1") -> set:
+        """The refs the copy's file table holds (read straight from the copy's files, every
+        file its manifest names present)."""
+        files = self.copy_files(agent)
+        m = json.loads(files["manifest.json"])
+        named = [n for seg in m["segments"] for n in seg] + m["pages"] + m["vectors"] + [m["head"]]
+        assert all(name in files for name in named + ([m["dict"]] if m.get("dict") else []))
+        return {ref for name in m["pages"] for ref, _ in msgspec.msgpack.decode(zlib.decompress(files[name]))[0]}
+
     def stop(self) -> None:
         self.files.stop()
         self.storage.stop()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the fake bridges hold when a test starts. A test module sets ``BRIDGES =
+    Layout(...)`` and takes the ``bridges`` fixture (tests/conftest.py), which starts them
+    laid out so and stops them after the test."""
+
+    bindings: Optional[dict] = None  # None: agent a1 of owner o1, with KEY
+    teams: Optional[dict] = None
+    homes: dict = field(default_factory=dict)  # agent -> {path in its Home: text}
+    conversations: dict = field(default_factory=dict)  # name -> text, in agent a1's store
+    team_files: dict = field(default_factory=dict)  # team -> {path in its folder: text}
+    walkable: bool = False  # under a folder other uids may walk (pytest's tmp_path is 0700)
+
+    @contextmanager
+    def started(self, tmp_path: Path) -> Iterator[Bridges]:
+        base = Path(tempfile.mkdtemp(prefix="lnkmem-sec-")) if self.walkable else tmp_path
+        if self.walkable:
+            os.chmod(base, 0o755)
+        b = Bridges(base / "link", bindings=self.bindings, teams=self.teams)
+        try:
+            for agent, files in self.homes.items():
+                for rel, text in files.items():
+                    b.write_home(rel, text, agent=agent)
+            for name, text in self.conversations.items():
+                (b.store("conversations") / name).write_text(text)
+            for team, files in self.team_files.items():
+                for rel, text in files.items():
+                    p = b.team_folder(team) / rel
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    p.write_text(text)
+            yield b
+        finally:
+            b.stop()
+            if self.walkable:
+                shutil.rmtree(base, ignore_errors=True)

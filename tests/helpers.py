@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("home", "chats", "skills", "notes")  # what a ref begins with
 BIN = Path(sys.executable).parent
 PROGRAM = str(BIN / "lnk-lnkmem")
 
@@ -23,6 +25,14 @@ def run_cli(*args: str, env: Optional[dict] = None, timeout: float = 60, input: 
     e.update(env or {})
     return subprocess.run([PROGRAM, *args], capture_output=True, env=e, timeout=timeout,
                           input=input if input is not None else b"")
+
+
+def index_home(home: "Home", env: Optional[dict] = None, state: Optional[Path] = None, timeout: float = 60) -> str:
+    """`lnk-lnkmem index` over a Home (into ``state`` when given, else the Home's own);
+    it must succeed. Returns what it printed on stderr (its summary and its log)."""
+    r = run_cli("index", str(home.folder), str(state or home.state), str(home.agent), env=env, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stderr.decode()
 
 
 def base_env() -> dict:
@@ -335,3 +345,74 @@ def random_file(rng, ref: str, version: str, vocab: list, n=None, words=(1, 10),
         ps.append(Passage(ref, i + 1, i + 1, " ".join(drawn)))
         counts.append((c, len(drawn)))
     return NewFile(ref, version, 10, "text", ps, counts)
+
+
+def tree_digest(*roots, skip=()) -> dict:
+    """Every path under ``roots`` (but those under ``skip``) with what it is: a regular
+    file's SHA-256, a link's target (and the SHA-256 of the file it leads to, where
+    that file is not under ``skip``), "dir", or "other"; two digests are equal only if
+    nothing under the roots was written, removed, renamed or made."""
+    skip = tuple(Path(s) for s in skip)
+    skip_real = tuple(Path(os.path.realpath(s)) for s in skip)
+
+    def skipped(p: Path, among: tuple = skip) -> bool:
+        return any(p == s or s in p.parents for s in among)
+
+    def sha(p) -> str:
+        with open(p, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    out: dict = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            d = Path(dirpath)
+            if skipped(d):
+                continue
+            for n in filenames + dirnames:
+                p = d / n
+                if skipped(p):
+                    continue
+                if p.is_symlink():
+                    to = Path(os.path.realpath(p))
+                    led_to = ":" + sha(to) if to.is_file() and not skipped(to, skip_real) else ""
+                    out[str(p)] = "link:" + os.readlink(p) + led_to
+                elif p.is_file():
+                    out[str(p)] = sha(p)
+                else:
+                    out[str(p)] = "dir" if p.is_dir() else "other"
+    return out
+
+
+class RandomText:
+    """Files of random words for tests that drive the store directly: each passage of
+    ``words`` (a range) drawn from ``vocab`` (by ``weights`` when given), ``passages``
+    passages a file (1-6 when not given)."""
+
+    def __init__(self, vocab: list, words=(1, 10), weights=None, passages: Optional[int] = None):
+        self.vocab, self.words, self.weights, self.passages = vocab, words, weights, passages
+
+    def file(self, rng, ref: str, version: str = "v1", n: Optional[int] = None):
+        return random_file(rng, ref, version, self.vocab, n or self.passages, self.words, self.weights)
+
+
+def assert_same_snapshot(a, b) -> None:
+    """Two snapshots equal in everything a search or a commit reads: which ids are live
+    and in which segment; for ids in a segment their length, source and ref; the sums."""
+    import numpy as np
+    assert a.gen == b.gen
+    assert a.live == b.live
+    assert a.total_len == b.total_len
+    assert a.avgdl == b.avgdl
+    assert a.segs == b.segs
+    n = max(len(a.alive), len(b.alive))
+
+    def pad(x, fill):
+        return np.concatenate((x, np.full(n - len(x), fill, x.dtype)))
+
+    for name, fill in (("alive", False), ("seg_of", -1)):
+        assert np.array_equal(pad(getattr(a, name), fill), pad(getattr(b, name), fill)), name
+    held = np.flatnonzero(pad(b.seg_of, -1) >= 0)
+    assert held.max(initial=0) < min(len(a.alive), len(b.alive))
+    for name in ("doclen", "src"):
+        assert np.array_equal(getattr(a, name)[held], getattr(b, name)[held]), name
+    assert [a.refs[i] for i in a.refid[held]] == [b.refs[i] for i in b.refid[held]]

@@ -5,54 +5,20 @@ import os
 import signal
 import threading
 import time
-import zlib
 from pathlib import Path
 
-import msgspec
-import pytest
 
 from fakes.harness import FakeServer
-from tests.bridges import KEY, OTHER_KEY, Bridges
+from tests.bridges import FAST_WRITEBACK, KEY, OTHER_KEY, Layout
 from tests.helpers import Home, Many, agent_entry, until
 
-FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
-
-
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link")
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    b.write_home("docs/other.md", "Penguins prefer the south.\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
-    yield b
-    b.stop()
-
-
-def serve(bridges, tmp_path, name="m", agents=None, env=None, extra=()):
-    e = dict(FAST)
-    e.update(env or {})
-    return Many(tmp_path / name / "mem.sock", agents, bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}"),
-                                                                         "--embed", "none", "--embed-url", ""] [:4 if agents is None else 2] + list(extra), env=e) if False else \
-        Many(tmp_path / name / "mem.sock", agents if agents is not None else {},
-             bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")] + list(extra), env=e)
+BRIDGES = Layout(homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n",
+                               "docs/other.md": "Penguins prefer the south.\n"}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
 def indexed(c, query, ref, timeout=20):
     return until(lambda: ref in [h["ref"] for h in c.search(query)["structuredContent"]["hits"]], timeout=timeout)
-
-
-def copy_files(bridges) -> dict:
-    d = bridges.store("memory") / "lnkmem"
-    return {p.name: p.read_bytes() for p in d.iterdir()} if d.exists() else {}
-
-
-def copy_refs(bridges) -> set:
-    """The refs the copy's file table holds (read straight from the copy's files)."""
-    files = copy_files(bridges)
-    m = json.loads(files["manifest.json"])
-    named = [n for seg in m["segments"] for n in seg] + m["pages"] + m["vectors"] + [m["head"]]
-    assert all(name in files for name in named + ([m["dict"]] if m.get("dict") else []))
-    return {ref for name in m["pages"] for ref, _ in msgspec.msgpack.decode(zlib.decompress(files[name]))[0]}
 
 
 def log(server: FakeServer) -> list:
@@ -60,7 +26,7 @@ def log(server: FakeServer) -> list:
 
 
 def test_bound_session_reads_through_bridges_and_creates_the_copy(bridges, tmp_path):
-    with serve(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
         hits = c.search("narwhals sleep")["structuredContent"]["hits"]
@@ -68,8 +34,8 @@ def test_bound_session_reads_through_bridges_and_creates_the_copy(bridges, tmp_p
         assert c.call("read", {"ref": "home/docs/other.md"})["structuredContent"]["text"] == "Penguins prefer the south."
         assert [e["ref"] for e in c.call("list", {"ref": "home/docs"})["structuredContent"]["entries"]] == \
             ["home/docs/other.md", "home/docs/plan.md"]
-        assert until(lambda: "manifest.json" in copy_files(bridges), timeout=10)
-        assert copy_refs(bridges) >= {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"}
+        assert until(lambda: "manifest.json" in bridges.copy_files(), timeout=10)
+        assert bridges.copy_refs() >= {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"}
         # nothing but the copy and notes was written through the bridges
         for e in log(bridges.storage) + log(bridges.files):
             if e["method"] in ("PUT", "DELETE"):
@@ -78,7 +44,7 @@ def test_bound_session_reads_through_bridges_and_creates_the_copy(bridges, tmp_p
 
 
 def test_notes_written_through_conditionally_and_concurrently(bridges, tmp_path):
-    with serve(bridges, tmp_path, "x") as m1, serve(bridges, tmp_path, "y") as m2:
+    with bridges.serve_many(tmp_path, "x") as m1, bridges.serve_many(tmp_path, "y") as m2:
         c1, c2 = m1.connect(), m2.connect()
         assert c1.first(bridges.bound()) == {"ok": True} and c2.first(bridges.bound()) == {"ok": True}
         errors, want = [], []
@@ -131,7 +97,7 @@ def test_bound_notes_keep_the_text_remember_replaces(bridges, tmp_path):
 
 
 def test_no_remember_without_bound_notes(bridges, tmp_path):
-    with serve(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound(notes=None)) == {"ok": True}
         names = [t["name"] for t in c.request("tools/list")["result"]["tools"]]
         assert "remember" not in names
@@ -141,7 +107,7 @@ def test_foreign_bridge_is_never_contacted(bridges, tmp_path):
     foreign = FakeServer.start("fakes.storage_bridge", "--unix", tmp_path / "foreign.sock", "--root",
                                tmp_path / "froot", "--config", bridges.config)
     try:
-        with serve(bridges, tmp_path) as m, m.connect() as c:
+        with bridges.serve_many(tmp_path) as m, m.connect() as c:
             line = bridges.bound()
             line["bound"]["storage"]["socket"] = str(tmp_path / "foreign.sock")
             r = c.first(line)
@@ -154,7 +120,7 @@ def test_foreign_bridge_is_never_contacted(bridges, tmp_path):
 
 
 def test_refused_key_and_bridge_down(bridges, tmp_path):
-    with serve(bridges, tmp_path) as m:
+    with bridges.serve_many(tmp_path) as m:
         with m.connect() as c:
             r = c.first(bridges.bound(key=OTHER_KEY))
             assert "refused" in r["error"] and OTHER_KEY not in r["error"]
@@ -174,7 +140,7 @@ def test_refused_key_and_bridge_down(bridges, tmp_path):
 
 
 def test_bound_line_refusals(bridges, tmp_path):
-    with serve(bridges, tmp_path) as m:
+    with bridges.serve_many(tmp_path) as m:
         for line, words in [
             (bridges.bound(files=False, places=("conversations",)), "Home is not known here"),  # rev. 2: served when in <agents>
             (bridges.bound(storage=False, index="home", files=False), "needs the files bridge"),
@@ -184,19 +150,19 @@ def test_bound_line_refusals(bridges, tmp_path):
             with m.connect() as c:
                 r = c.first(line)
                 assert words in r["error"], r
-    with Many(tmp_path / "nc" / "m.sock", {}, bridges.flags(), env=FAST) as m, m.connect() as c:
+    with Many(tmp_path / "nc" / "m.sock", {}, bridges.flags(), env=FAST_WRITEBACK) as m, m.connect() as c:
         assert "--cache" in c.first(bridges.bound())["error"]
 
 
 def test_cache_reused_at_the_same_version_and_dropped_at_another(bridges, tmp_path):
-    with serve(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    version = json.loads(copy_files(bridges)["manifest.json"])
+    version = json.loads(bridges.copy_files()["manifest.json"])
     bridges.storage.request("DELETE", "/_log")
-    with serve(bridges, tmp_path) as m, m.connect() as c:  # same cache, same copy: reused
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:  # same cache, same copy: reused
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
         entries = log(bridges.storage)
@@ -205,15 +171,15 @@ def test_cache_reused_at_the_same_version_and_dropped_at_another(bridges, tmp_pa
         assert not any("/seg-" in e["path"] and e["method"] == "GET" for e in entries)
     # another engine (another cache) changes the copy
     bridges.write_home("docs/new.md", "Walruses arrive.\n")
-    with serve(bridges, tmp_path, "other") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "other") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "walruses", "home/docs/new.md")
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    assert json.loads(copy_files(bridges)["manifest.json"]) != version
+    assert json.loads(bridges.copy_files()["manifest.json"]) != version
     bridges.storage.request("DELETE", "/_log")
     os.unlink(bridges.home() / "docs" / "new.md")  # the sources moved on too
-    with serve(bridges, tmp_path) as m, m.connect() as c:  # the first cache is stale: dropped, loaded
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:  # the first cache is stale: dropped, loaded
         assert c.first(bridges.bound()) == {"ok": True}
         until(lambda: "indexing" not in c.search("x")["structuredContent"], timeout=20)
         entries = log(bridges.storage)
@@ -224,7 +190,7 @@ def test_cache_reused_at_the_same_version_and_dropped_at_another(bridges, tmp_pa
 
 
 def test_write_back_frequency(bridges, tmp_path):
-    with serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "1"}) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "1"}) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
         time.sleep(1.5)
@@ -242,11 +208,11 @@ def test_write_back_frequency(bridges, tmp_path):
         assert 3 <= len(puts) <= span / 1.0 + 1
         gaps = [b - a for a, b in zip(puts, puts[1:])]
         assert min(gaps) >= 0.9
-        assert "home/live/15.md" in copy_refs(bridges)
+        assert "home/live/15.md" in bridges.copy_refs()
 
 
 def test_flush_end_and_controls(bridges, tmp_path):
-    with serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"}) as m:
+    with bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"}) as m:
         c = m.connect()
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
@@ -256,7 +222,7 @@ def test_flush_end_and_controls(bridges, tmp_path):
         assert indexed(c, "belugas", "home/docs/late.md", timeout=1)
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-        assert "home/docs/late.md" in copy_refs(bridges)  # acknowledged before the ok
+        assert "home/docs/late.md" in bridges.copy_refs()  # acknowledged before the ok
         with m.connect() as ctl:
             assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         assert c.closed()  # the binding's sessions are closed
@@ -267,18 +233,18 @@ def test_flush_end_and_controls(bridges, tmp_path):
 
 
 def test_sigterm_writes_back(bridges, tmp_path):
-    m = serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"})
+    m = bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"})
     c = m.connect()
     assert c.first(bridges.bound()) == {"ok": True}
     assert indexed(c, "narwhal", "home/docs/plan.md")
     assert m.stop(signal.SIGTERM) == 0
-    assert "home/docs/plan.md" in copy_refs(bridges)
+    assert "home/docs/plan.md" in bridges.copy_refs()
     assert not m.socket.exists()
 
 
 def test_two_engines_race_and_converge(bridges, tmp_path):
     env = {"LNKMEM_WRITEBACK_S": "0.2"}
-    with serve(bridges, tmp_path, "p", env=env) as m1, serve(bridges, tmp_path, "q", env=env) as m2:
+    with bridges.serve_many(tmp_path, "p", env=env) as m1, bridges.serve_many(tmp_path, "q", env=env) as m2:
         c1, c2 = m1.connect(), m2.connect()
         assert c1.first(bridges.bound()) == {"ok": True} and c2.first(bridges.bound()) == {"ok": True}
         for i in range(6):
@@ -290,7 +256,7 @@ def test_two_engines_race_and_converge(bridges, tmp_path):
         for m in (m1, m2, m1):
             with m.connect() as ctl:
                 assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-        refs = copy_refs(bridges)
+        refs = bridges.copy_refs()
         assert {f"home/{w}/{i}.md" for w in "pq" for i in range(6)} <= refs
         puts = [e for e in log(bridges.storage) if e["path"].endswith("manifest.json") and e["method"] == "PUT"]
         assert all(e["if_match"] or e["if_none_match"] == "*" for e in puts)
@@ -298,7 +264,7 @@ def test_two_engines_race_and_converge(bridges, tmp_path):
 
 
 def test_503_storm_ridden_out(bridges, tmp_path):
-    with serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"}) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "3600"}) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
         with m.connect() as ctl:  # the first write-back is out of the way
@@ -309,7 +275,7 @@ def test_503_storm_ridden_out(bridges, tmp_path):
         bridges.storage.fault("503", count=10, retry_after=0)
         with m.connect(timeout=60) as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-        assert "home/docs/storm.md" in copy_refs(bridges)
+        assert "home/docs/storm.md" in bridges.copy_refs()
         assert sum(1 for e in log(bridges.storage) if e["status"] == 503) == 10
 
 
@@ -317,7 +283,7 @@ def test_sigkill_during_write_back_leaves_old_or_new(bridges, tmp_path):
     for i in range(40):
         bridges.write_home(f"bulk/{i}.md", f"bulk file {i} " + "filler words " * 200 + "\n")
     for k in range(6):
-        m = serve(bridges, tmp_path, env={"LNKMEM_WRITEBACK_S": "0.05"})
+        m = bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "0.05"})
         c = m.connect()
         assert c.first(bridges.bound()) == {"ok": True}
         bridges.write_home(f"bulk/k{k}.md", f"killer{k} round\n")
@@ -327,15 +293,15 @@ def test_sigkill_during_write_back_leaves_old_or_new(bridges, tmp_path):
         m.proc.send_signal(signal.SIGKILL)
         m.proc.wait()
         c.close()
-        if "manifest.json" in copy_files(bridges):
-            copy_refs(bridges)  # every file the manifest names is there: one whole version
-    with serve(bridges, tmp_path) as m, m.connect() as c:
+        if "manifest.json" in bridges.copy_files():
+            bridges.copy_refs()  # every file the manifest names is there: one whole version
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         for k in range(6):
             assert indexed(c, f"killer{k}", f"home/bulk/k{k}.md")
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    assert {f"home/bulk/k{k}.md" for k in range(6)} <= copy_refs(bridges)
+    assert {f"home/bulk/k{k}.md" for k in range(6)} <= bridges.copy_refs()
 
 
 def test_copy_in_home_and_own_bridges_dir(bridges, tmp_path):
@@ -343,7 +309,8 @@ def test_copy_in_home_and_own_bridges_dir(bridges, tmp_path):
     agent_dir.mkdir(parents=True)
     os.symlink(bridges.storage_sock, agent_dir / "storage.sock")
     with Many(tmp_path / "h" / "m.sock", {}, ["--files-bridge", str(bridges.files_sock), "--bridges",
-                                              str(tmp_path / "bdir"), "--cache", str(tmp_path / "ch")], env=FAST) as m:
+                                              str(tmp_path / "bdir"), "--cache", str(tmp_path / "ch")],
+              env=FAST_WRITEBACK) as m:
         with m.connect() as c:
             line = bridges.bound(index="home")
             line["bound"]["storage"]["socket"] = str(agent_dir / "storage.sock")
@@ -361,7 +328,7 @@ def test_named_agent_caches_in_its_state(bridges, tmp_path):
     h = Home(tmp_path / "local")
     h.write("skills/s/SKILL.md", "walrus skill\n")
     agents = {"a1": agent_entry(h, env={"LNK_OWNER": "o1"})}
-    with Many(tmp_path / "n" / "m.sock", agents, bridges.flags(), env=FAST) as m, m.connect() as c:
+    with Many(tmp_path / "n" / "m.sock", agents, bridges.flags(), env=FAST_WRITEBACK) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")
         assert indexed(c, "walrus", "skills/s/SKILL.md")  # skills stay local
@@ -375,7 +342,7 @@ def test_embedding_header_proves_the_binding(bridges, tmp_path):
                              "--bindings", bfile, "--log", tmp_path / "e.log")
     try:
         flags = ["--embed", "fake-mini", "--embed-url", model.listen]
-        with serve(bridges, tmp_path, extra=flags) as m, m.connect() as c:
+        with bridges.serve_many(tmp_path, extra=flags) as m, m.connect() as c:
             assert c.first(bridges.bound()) == {"ok": True}
             assert until(lambda: c.search("buying an automobile")["structuredContent"]["ranked"] == "meaning+words",
                          timeout=20)
@@ -393,7 +360,7 @@ def test_the_binding_credential_goes_only_to_a_unix_endpoint(bridges, tmp_path):
     try:
         assert model.listen.startswith("http://127.0.0.1:")
         flags = ["--embed", "fake-mini", "--embed-url", model.listen]
-        m = serve(bridges, tmp_path, extra=flags)
+        m = bridges.serve_many(tmp_path, extra=flags)
         with m, m.connect() as c:
             assert c.first(bridges.bound()) == {"ok": True}
             assert until(lambda: c.search("buying an automobile")["structuredContent"]["ranked"] == "meaning+words",
@@ -411,7 +378,7 @@ def test_the_binding_credential_goes_only_to_a_unix_endpoint(bridges, tmp_path):
 def test_the_key_is_never_written_or_logged(bridges, tmp_path):
     from lnkmem.bridges.http import proof
     secrets = [KEY, KEY.upper()] + [proof(KEY, p, "o1", "a1") for p in ("files", "storage", "embedding")]
-    m = serve(bridges, tmp_path, env={"LNKMEM_LOG": "debug"})
+    m = bridges.serve_many(tmp_path, env={"LNKMEM_LOG": "debug"})
     with m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert indexed(c, "narwhal", "home/docs/plan.md")

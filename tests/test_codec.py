@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 from lnkmem.index import copy as copyfmt
 from lnkmem.index import postings, textpack
 from lnkmem.index.store import Store
-from tests.helpers import Home, ROOT, run_cli
+from tests.helpers import Home, index_home, run_cli
 
 # --- postings ---------------------------------------------------------------------------
 
@@ -366,11 +365,7 @@ def test_a_zstd_bomb_passage_is_refused_within_its_limit_or_the_passage_bound():
 
 
 def _corpus(base: Path, scale: float = 0.01) -> Home:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import corpus
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from bench import corpus
     corpus.generate(str(base / "c"), scale, 3, log=lambda m: None)
     h = Home(base)
     os.rmdir(h.folder)
@@ -406,8 +401,7 @@ def test_index_on_disk_within_1_2x_its_text(tmp_path):
     keys for the terms they share (1.24x); smaller, the terms' keys weigh more; at
     29 MB it is 1.14x, at 115 MB (scale 1, as built) 0.98x (docs/BENCHMARKS.md)."""
     h = _corpus(tmp_path, 0.03)
-    r = run_cli("index", *h.args(), timeout=120)
-    assert r.returncode == 0, r.stderr
+    index_home(h, timeout=120)
     st_ = Store.open(str(h.state / "index"))
     assert st_.merge(sorted(st_.snapshot.segs))
     st_.close(compact=True)

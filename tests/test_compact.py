@@ -14,13 +14,12 @@ import lmdb
 
 from lnkmem.index import search
 from lnkmem.index.store import COMPACTING, Batch, Store, compact_file
-from tests.helpers import ROOT, Home, base_env, random_file, run_cli
+from tests.helpers import ROOT, Home, RandomText, base_env, index_home
 
 WORDS = [f"w{i}" for i in range(300)]
 
 
-def _file(rng, ref, n=8):
-    return random_file(rng, ref, "v1", WORDS, n, (5, 30))
+TEXT = RandomText(WORDS, (5, 30), passages=8)
 
 
 def _same(got, want) -> bool:
@@ -36,7 +35,7 @@ def _merged_index(path: str) -> list:
     rng = random.Random(4)
     st = Store.open(path)
     for i in range(10):
-        st.commit(Batch(files=[_file(rng, f"home/d{i}/f{j}.md") for j in range(100)]))
+        st.commit(Batch(files=[TEXT.file(rng, f"home/d{i}/f{j}.md") for j in range(100)]))
     assert st.merge(sorted(st.snapshot.segs))
     assert st.free_share() > 0.2
     queries = [" ".join(rng.sample(WORDS, 3)) for _ in range(10)]
@@ -67,7 +66,7 @@ def test_close_compact_gives_back_the_free_pages_and_keeps_everything(tmp_path):
         assert st.opened_as == "sealed"  # sealed after the compaction: no whole-file check next time
         assert st.free_share() < 0.05
         rng = random.Random(9)  # and it takes writes as before
-        st.commit(Batch(files=[_file(rng, "home/new.md")]))
+        st.commit(Batch(files=[TEXT.file(rng, "home/new.md")]))
         assert search.bm25(st, " ".join(st.passages_of([max(st.snapshot.segs and [1])])[0].text.split()[:2]), 5)
     finally:
         st.close()
@@ -200,8 +199,7 @@ def test_the_index_command_compacts_what_its_build_merged(tmp_path):
     for i in range(640):  # 640 files over 32 commits: the size tiers merge during the build
         h.write(f"notes/n{i:03}.md", "\n\n".join(" ".join(rng.choices(WORDS, k=40)) for _ in range(6)) + "\n")
     env = {"LNKMEM_BATCH_FILES": "20"}
-    r = run_cli("index", *h.args(), timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
+    index_home(h, env, timeout=120)
     st = Store.open(str(h.state / "index"))
     try:
         assert st.free_share() < 0.1
@@ -212,8 +210,7 @@ def test_the_index_command_compacts_what_its_build_merged(tmp_path):
         one = Home(tmp_path / "one")  # the same files in one batch: no merge at all
         for i in range(640):
             one.write(f"notes/n{i:03}.md", (h.folder / "notes" / f"n{i:03}.md").read_text())
-        r = run_cli("index", *one.args(), timeout=120)
-        assert r.returncode == 0, r.stderr
+        index_home(one, timeout=120)
         ref = Store.open(str(one.state / "index"))
         try:
             def answer(store, q):  # (passage ids differ from build to build: refs and lines)
@@ -244,7 +241,7 @@ def test_a_merge_that_leaves_its_segments_to_the_compaction_loses_nothing_either
         st = Store.open(path)
         st.leave_merged = True
         for i in range(6):
-            st.commit(Batch(files=[_file(rng, f"home/d{i}/f{j}.md") for j in range(150)]))
+            st.commit(Batch(files=[TEXT.file(rng, f"home/d{i}/f{j}.md") for j in range(150)]))
         queries = [" ".join(rng.sample(WORDS, 3)) for _ in range(10)]
         want = [search.bm25(st, q, 10) for q in queries]
         assert st.merge(sorted(st.snapshot.segs))

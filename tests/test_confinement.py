@@ -3,30 +3,16 @@ everywhere but `<state>` and the notes' folder, bound as two SEPARATE writable
 mounts (so a rename from one to the other fails with EXDEV), with no network;
 it works and writes nothing else."""
 
-import hashlib
 import os
 import shutil
 import sys
 
 import pytest
 
-from tests.helpers import PROGRAM, ROOT, Server, base_env, refs
+from tests.helpers import PROGRAM, ROOT, Server, base_env, refs, tree_digest
 
 bwrap = shutil.which("bwrap")
 pytestmark = pytest.mark.skipif(bwrap is None and not os.environ.get("CI"), reason="bubblewrap is not installed")
-
-
-def _tree(*roots) -> dict:
-    out = {}
-    for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            for n in filenames + dirnames:
-                p = os.path.join(dirpath, n)
-                if os.path.isfile(p) and not os.path.islink(p):
-                    out[p] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-                else:
-                    out[p] = "dir"
-    return out
 
 
 @pytest.mark.parametrize("worker", ["", "1"], ids=["auto", "worker"])
@@ -37,10 +23,10 @@ def test_serve_confined(home, tmp_path, worker):
     home.chat("o1", [{"role": "user", "text": "lighthouse at dawn"}])
     home.write("skills/s/SKILL.md", "lighthouse skill\n")
     home.notes.write_text("- first note\n")
-    before = _tree(home.folder, home.agent / "chats", home.agent / "skills", ROOT / "lnkmem", sys.prefix)
+    before = tree_digest(home.folder, home.agent / "chats", home.agent / "skills", ROOT / "lnkmem", sys.prefix)
     home.state.mkdir(parents=True, exist_ok=True)
     (home.state.parent / ".notes.md.lnkmem-left-by-a-kill").write_text("half a write")
-    memory_before = _tree(home.state.parent)
+    memory_before = tree_digest(home.state.parent)
     # everything read-only (the program and its venv wherever they are), but the notes' folder
     # and <state>, each its own mount as in Link's sandbox
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
@@ -66,13 +52,13 @@ def test_serve_confined(home, tmp_path, worker):
     assert "Traceback" not in s.stderr.decode(), s.stderr.decode()
     assert "Read-only" not in s.stderr.decode(), s.stderr.decode()
     assert home.notes.read_text() == "- second note\n- third note\n"
-    after = _tree(home.folder, home.agent / "chats", home.agent / "skills", ROOT / "lnkmem", sys.prefix)
+    after = tree_digest(home.folder, home.agent / "chats", home.agent / "skills", ROOT / "lnkmem", sys.prefix)
     assert after == before
     # in the notes' folder nothing but notes.md changed, and no temporary file is left
     # (the one a killed engine left is removed at start)
     written = sorted(p.name for p in home.state.parent.iterdir())
     assert written == ["lnkmem", "notes.md"]
-    memory_after = _tree(home.state.parent)
+    memory_after = tree_digest(home.state.parent)
     changed = {p for p in set(memory_before) | set(memory_after)
                if memory_before.get(p) != memory_after.get(p) and not p.startswith(str(home.state) + os.sep)}
     assert changed == {str(home.notes), str(home.state.parent / ".notes.md.lnkmem-left-by-a-kill")}
@@ -91,7 +77,7 @@ def test_a_merge_shared_with_its_helper_process_works_confined(home, tmp_path):
     home.state.mkdir(parents=True, exist_ok=True)
 
     def outside() -> dict:
-        return {p: h for p, h in _tree(home.folder, home.agent, ROOT / "lnkmem", sys.prefix).items()
+        return {p: h for p, h in tree_digest(home.folder, home.agent, ROOT / "lnkmem", sys.prefix).items()
                 if not p.startswith(str(home.state))}
 
     before = outside()

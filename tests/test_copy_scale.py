@@ -29,21 +29,17 @@ from lnkmem.index import copy as copyfmt
 from lnkmem.index.search import bm25
 from lnkmem.index.store import Store
 from lnkmem.replica.sync import Replica, WriteBack
-from tests.bridges import KEY, Bridges
+from tests.bridges import KEY, Bridges, Layout
 from tests.helpers import Home, until
-from tests.test_copy_verify import check_copy, copy_dir, copy_files, hits, manifest, named_files, serve
+from tests.test_copy_verify import check_copy, hits, manifest, named_files
 
 OF = "agent o1/a1"
 WORDS = ("narwhal walrus penguin orca seal krill plankton kelp reef tide current salt shore "
          "harbor beacon anchor rope sail keel mast hull deck cabin galley chart compass").split()
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link", bindings={"a1": {"owner": "o1", "key": KEY}})
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
-    yield b
-    b.stop()
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
 def text(i: int, paragraphs: int = 3) -> str:
@@ -139,7 +135,7 @@ def test_one_changed_file_sends_one_page_of_the_table(bridges, tmp_path):
     it replaced are deleted."""
     for i in range(600):
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
-    with serve(bridges, tmp_path, "p") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "p") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/notes/f599.md" in hits(c, "uniq599x0"), timeout=60)
         with m.connect() as ctl:
@@ -161,7 +157,7 @@ def test_one_changed_file_sends_one_page_of_the_table(bridges, tmp_path):
     assert sent < table_bytes, (sent, table_bytes)
     after = manifest(bridges)
     assert len(set(after["pages"]) - set(before["pages"])) == 1
-    assert set(copy_files(bridges)) == named_files(after)  # the page and head replaced are gone
+    assert set(bridges.copy_files()) == named_files(after)  # the page and head replaced are gone
 
 
 # --- orphans ----------------------------------------------------------------------------
@@ -199,7 +195,7 @@ def test_the_copy_keeps_its_segments_through_local_merges_and_drops_them_once_de
     # one folder's files gone: the copy segment that held only them is deleted
     n0 = [parts for parts in first["segments"]
           if all(r.startswith("home/n0/") for r in msgspec.msgpack.decode(zlib.decompress(
-              (copy_dir(bridges) / parts[0]).read_bytes()))[2])]
+              (bridges.copy_dir() / parts[0]).read_bytes()))[2])]
     assert n0
     for i in range(8):
         (h.folder / f"n0/f{i}.md").unlink()
@@ -207,8 +203,8 @@ def test_the_copy_keeps_its_segments_through_local_merges_and_drops_them_once_de
     assert wb.write() is True
     after = manifest(bridges)
     assert not any(parts in after["segments"] for parts in n0)
-    assert set(copy_files(bridges)) == named_files(after)
-    assert not set(check_copy(copy_files(bridges)).refs) & {f"home/n0/f{i}.md" for i in range(8)}
+    assert set(bridges.copy_files()) == named_files(after)
+    assert not set(check_copy(bridges.copy_files()).refs) & {f"home/n0/f{i}.md" for i in range(8)}
     # three more folders gone: their segments go, the one left is whole
     for b in range(1, 4):
         for i in range(8):
@@ -216,7 +212,7 @@ def test_the_copy_keeps_its_segments_through_local_merges_and_drops_them_once_de
     mem.refresh_all()
     assert wb.write() is True
     assert len(manifest(bridges)["segments"]) == 1
-    assert set(copy_files(bridges)) == named_files(manifest(bridges))
+    assert set(bridges.copy_files()) == named_files(manifest(bridges))
     # most of what the copy holds dead: written anew whole, nothing of the old files left
     before = named_files(manifest(bridges))
     for i in range(6):
@@ -225,9 +221,9 @@ def test_the_copy_keeps_its_segments_through_local_merges_and_drops_them_once_de
     assert wb.write() is True
     last = manifest(bridges)
     assert not {n for n in named_files(last) & before if n.startswith("seg-")}
-    assert set(copy_files(bridges)) == named_files(last)
+    assert set(bridges.copy_files()) == named_files(last)
     dst = Store(str(tmp_path / "cache"))
-    copyfmt.load(dst, check_copy(copy_files(bridges)), "v")
+    copyfmt.load(dst, check_copy(bridges.copy_files()), "v")
     assert dst.all_files() == st.all_files()
     assert bm25(dst, "uniq47x0", 5) == bm25(st, "uniq47x0", 5) and bm25(dst, "uniq47x0", 5)
     dst.close()
@@ -242,7 +238,7 @@ def test_files_of_a_killed_write_back_are_deleted_at_the_next(bridges, tmp_path)
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
     bridges.storage.request("POST", "/_fault", json.dumps(
         {"mode": "slow", "delay": 1.0, "path": "/v1/c/memory/lnkmem/page-"}).encode())
-    m = serve(bridges, tmp_path, "k")
+    m = bridges.serve_many(tmp_path, "k")
     try:
         with m.connect() as c:
             assert c.first(bridges.bound()) == {"ok": True}
@@ -253,19 +249,19 @@ def test_files_of_a_killed_write_back_are_deleted_at_the_next(bridges, tmp_path)
         m.__exit__(None, None, None)
     bridges.storage.request("POST", "/_fault", json.dumps({"mode": "ok"}).encode())
     sent = {e["path"].rsplit("/", 1)[1] for e in puts(bridges, "page-")}
-    named_then = named_files(manifest(bridges)) if "manifest.json" in copy_files(bridges) else set()
+    named_then = named_files(manifest(bridges)) if "manifest.json" in bridges.copy_files() else set()
     assert sent - named_then  # pages no manifest names
     for i in range(0, 400, 7):  # every page changes
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1) + "\nmore about lighthouses\n")
-    with serve(bridges, tmp_path, "k") as m2, m2.connect() as c:
+    with bridges.serve_many(tmp_path, "k") as m2, m2.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/notes/f007.md" in hits(c, "lighthouses"), timeout=60)
         with m2.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
     after = manifest(bridges)
     assert sent - set(after["pages"]), "the pages sent before the kill were all sent again"
-    assert set(copy_files(bridges)) == named_files(after)
-    check_copy(copy_files(bridges))
+    assert set(bridges.copy_files()) == named_files(after)
+    check_copy(bridges.copy_files())
 
 
 @pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
@@ -278,7 +274,7 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     import time
     for i in range(200):
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
-    with serve(bridges, tmp_path, "k") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "k") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/notes/f007.md" in hits(c, "uniq7x0"), timeout=60)
         with m.connect() as ctl:
@@ -290,7 +286,7 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     def held() -> bool:
         return json.loads(bridges.storage.request("GET", "/_fault")[2])["mode"] == "ok"
 
-    m = serve(bridges, tmp_path, "k", {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "3600"})
+    m = bridges.serve_many(tmp_path, "k", env={"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "3600"})
     try:
         with m.connect() as c:
             assert c.first(bridges.bound()) == {"ok": True}
@@ -312,22 +308,22 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     bridges.write_home("notes/f001.md", text(1, 1) + "\nand a word of harbours\n")  # a write-back, not only a sweep
     landed = named_files(manifest(bridges))
     assert landed != first and first - landed  # the dead writer's version, some files of the first gone from it
-    assert first - landed <= set(copy_files(bridges))  # ... but still in the bucket
-    with serve(bridges, tmp_path, "k") as m2, m2.connect() as c:
+    assert first - landed <= set(bridges.copy_files())  # ... but still in the bucket
+    with bridges.serve_many(tmp_path, "k") as m2, m2.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/notes/f005.md" in hits(c, "lighthouses"), timeout=60)
         assert until(lambda: "home/notes/f001.md" in hits(c, "harbours"), timeout=60)
         with m2.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    assert set(copy_files(bridges)) == named_files(manifest(bridges))
-    check_copy(copy_files(bridges))
+    assert set(bridges.copy_files()) == named_files(manifest(bridges))
+    check_copy(bridges.copy_files())
 
 
 # --- bounds and the previous format ------------------------------------------------------
 
 def test_a_file_named_over_the_bound_is_refused_before_it_is_fetched(bridges, tmp_path):
     bridges.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    with serve(bridges, tmp_path, "make") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "make") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         with m.connect() as ctl:
@@ -335,24 +331,24 @@ def test_a_file_named_over_the_bound_is_refused_before_it_is_fetched(bridges, tm
     big = f"seg-{'0' * 40}-{300_000_000}.bin"  # 300 MB, by its name
     man = manifest(bridges)
     man["segments"].append([big])
-    (copy_dir(bridges) / "manifest.json").write_bytes(json.dumps(man).encode())
-    (copy_dir(bridges) / big).write_bytes(b"x")  # what a GET would get (never asked for)
+    (bridges.copy_dir() / "manifest.json").write_bytes(json.dumps(man).encode())
+    (bridges.copy_dir() / big).write_bytes(b"x")  # what a GET would get (never asked for)
     bridges.storage.request("DELETE", "/_log")
-    with serve(bridges, tmp_path, "t") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "t") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
     assert not [e for e in bridges.storage.log() if e["method"] == "GET" and big in e["path"]]
     after = manifest(bridges)
-    assert big not in named_files(after) and set(copy_files(bridges)) == named_files(after)
-    check_copy(copy_files(bridges))
+    assert big not in named_files(after) and set(bridges.copy_files()) == named_files(after)
+    check_copy(bridges.copy_files())
 
 
 def _as_previous_format(bridges) -> dict:
     """The copy in the bucket rewritten as lnkmem-copy-3 (one file a segment, one table)."""
-    d = copy_dir(bridges)
-    files = copy_files(bridges)
+    d = bridges.copy_dir()
+    files = bridges.copy_files()
     m = json.loads(files["manifest.json"])
 
     def put(obj) -> bytes:
@@ -392,7 +388,7 @@ def _as_previous_format(bridges) -> dict:
 def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(bridges, tmp_path):
     bridges.write_home("docs/plan.md", "The narwhal migration plan.\n")
     bridges.write_home("docs/other.md", "Penguins prefer the south.\n")
-    with serve(bridges, tmp_path, "make") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "make") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         with m.connect() as ctl:
@@ -400,7 +396,7 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
     old = _as_previous_format(bridges)
     bridges.storage.request("DELETE", "/_log")
     bridges.files.request("DELETE", "/_log")
-    with serve(bridges, tmp_path, "t") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "t") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         with m.connect() as ctl:
@@ -412,8 +408,8 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
     assert reads == [], reads  # loaded, not indexed again from the sources
     after = manifest(bridges)
     assert after["format"] == copyfmt.FORMAT
-    assert set(copy_files(bridges)) == named_files(after)  # nothing of the old format is left
-    assert {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"} <= set(check_copy(copy_files(bridges)).refs)
+    assert set(bridges.copy_files()) == named_files(after)  # nothing of the old format is left
+    assert {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"} <= set(check_copy(bridges.copy_files()).refs)
 
 
 @pytest.mark.parametrize("batch", [copyfmt.CHECK_POSTINGS, 3])

@@ -23,36 +23,16 @@ import pytest
 from lnkmem.bridges.place import NotFound
 from lnkmem.index import copy as copyfmt
 from lnkmem.index import textpack
-from tests.bridges import KEY, OTHER_KEY, Bridges
-from tests.helpers import Home, Many, until
+from tests.bridges import KEY, OTHER_KEY, Bridges, Layout
+from tests.helpers import Home, until
 
-FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
 OF = "agent o1/a1"
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link", bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o1", "key": OTHER_KEY}})
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    b.write_home("docs/other.md", "Penguins prefer the south.\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
-    yield b
-    b.stop()
-
-
-def serve(bridges, tmp_path, name, env=None) -> Many:
-    e = dict(FAST)
-    e.update(env or {})
-    return Many(tmp_path / name / "mem.sock", {}, bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")], env=e)
-
-
-def copy_dir(bridges, agent="a1") -> Path:
-    return bridges.store("memory", agent) / "lnkmem"
-
-
-def copy_files(bridges, agent="a1") -> dict:
-    d = copy_dir(bridges, agent)
-    return {p.name: p.read_bytes() for p in d.iterdir()} if d.exists() else {}
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o1", "key": OTHER_KEY}},
+                 homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n",
+                               "docs/other.md": "Penguins prefer the south.\n"}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
 def check_copy(files: dict, of: str = OF) -> copyfmt.Verified:
@@ -74,26 +54,26 @@ def put(bridges, kind: str, obj, agent="a1", raw: bytes = None) -> str:
     """Write one content-addressed file into the copy; its name."""
     blob = raw if raw is not None else zlib.compress(msgspec.msgpack.encode(obj), 3)
     name = copyfmt._name(kind, blob)
-    (copy_dir(bridges, agent) / name).write_bytes(blob)
+    (bridges.copy_dir(agent) / name).write_bytes(blob)
     return name
 
 
 def set_manifest(bridges, m: dict, agent="a1") -> None:
-    (copy_dir(bridges, agent) / "manifest.json").write_bytes(json.dumps(m).encode())
+    (bridges.copy_dir(agent) / "manifest.json").write_bytes(json.dumps(m).encode())
 
 
 def manifest(bridges, agent="a1") -> dict:
-    return json.loads((copy_dir(bridges, agent) / "manifest.json").read_bytes())
+    return json.loads((bridges.copy_dir(agent) / "manifest.json").read_bytes())
 
 
 def make_copy(bridges, tmp_path, agent="a1", key=KEY) -> None:
     """A valid copy, made by the engine itself."""
-    with serve(bridges, tmp_path, f"make-{agent}") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, f"make-{agent}") as m, m.connect() as c:
         assert c.first(bridges.bound(agent=agent, key=key)) == {"ok": True}
         assert until(lambda: c.search("narwhal")["structuredContent"]["hits"], timeout=20)
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": agent}}) == {"ok": True}
-    check_copy(copy_files(bridges, agent), f"agent o1/{agent}")
+    check_copy(bridges.copy_files(agent), f"agent o1/{agent}")
 
 
 def hits(c, q: str) -> list:
@@ -107,7 +87,7 @@ def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: 
     """A fresh engine serves the sources, never the damaged copy, and replaces the
     copy at its next write-back, conditionally on the version it saw."""
     bridges.storage.request("DELETE", "/_log")
-    with serve(bridges, tmp_path, name, env) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, name, env=env) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         for q, ref in forbidden:
@@ -117,7 +97,7 @@ def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: 
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         assert time.monotonic() - t0 < 10
         assert m.proc.poll() is None
-    v = check_copy(copy_files(bridges))  # the copy is whole again
+    v = check_copy(bridges.copy_files())  # the copy is whole again
     assert set(v.refs) >= {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"}
     puts = [e for e in bridges.storage.log() if e["method"] == "PUT" and e["path"].endswith("manifest.json")]
     assert puts and puts[0]["status"] == 200, puts
@@ -134,7 +114,7 @@ def named_files(m: dict) -> set:
 
 def version_of(bridges) -> str:
     import hashlib
-    return hashlib.sha256((copy_dir(bridges) / "manifest.json").read_bytes()).hexdigest()[:32]
+    return hashlib.sha256((bridges.copy_dir() / "manifest.json").read_bytes()).hexdigest()[:32]
 
 
 # --- each case of issue 11's copy paragraph ---------------------------------------------
@@ -142,12 +122,12 @@ def version_of(bridges) -> str:
 def test_table_naming_a_passage_beyond_next_pid_is_never_loaded(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    head = unpack(copy_files(bridges)[m["head"]])
+    head = unpack(bridges.copy_files()[m["head"]])
     head[1] = 1  # next_pid below the ids the segments use
     m["head"] = put(bridges, "head", head)
     set_manifest(bridges, m)
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
-    with serve(bridges, tmp_path, "t") as s, s.connect() as c:  # and a restart opens the cache
+    with bridges.serve_many(tmp_path, "t") as s, s.connect() as c:  # and a restart opens the cache
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
 
@@ -155,10 +135,10 @@ def test_table_naming_a_passage_beyond_next_pid_is_never_loaded(bridges, tmp_pat
 def test_lengths_that_disagree_and_negative_ids(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    seg = unpack(copy_files(bridges)[m["segments"][0][0]])
+    seg = unpack(bridges.copy_files()[m["segments"][0][0]])
     seg[1] = seg[1][:-4]  # one length fewer than passages
     m["segments"][0][0] = put(bridges, "seg", seg)
-    head = unpack(copy_files(bridges)[m["head"]])
+    head = unpack(bridges.copy_files()[m["head"]])
     head[1] = -5
     m["head"] = put(bridges, "head", head)
     set_manifest(bridges, m)
@@ -168,11 +148,11 @@ def test_lengths_that_disagree_and_negative_ids(bridges, tmp_path):
 def test_huge_next_pid_never_sizes_memory(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    head = unpack(copy_files(bridges)[m["head"]])
+    head = unpack(bridges.copy_files()[m["head"]])
     head[1] = 300_000_000
     m["head"] = put(bridges, "head", head)
     set_manifest(bridges, m)
-    with serve(bridges, tmp_path, "t") as s, s.connect() as c:
+    with bridges.serve_many(tmp_path, "t") as s, s.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         peak = int(open(f"/proc/{s.proc.pid}/status").read().split("VmHWM:")[1].split()[0])  # KiB
@@ -180,7 +160,7 @@ def test_huge_next_pid_never_sizes_memory(bridges, tmp_path):
         with s.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
     m = manifest(bridges)
-    assert unpack(copy_files(bridges)[m["head"]])[1] < 1000  # written back with ids that fit its passages
+    assert unpack(bridges.copy_files()[m["head"]])[1] < 1000  # written back with ids that fit its passages
 
 
 def test_zip_bomb_segment(bridges, tmp_path):
@@ -191,7 +171,7 @@ def test_zip_bomb_segment(bridges, tmp_path):
     bomb = b"".join(z.compress(zero) for _ in range(300)) + z.flush()  # 300 MB in ~300 KB
     m["segments"].append([put(bridges, "seg", None, raw=bomb)])
     set_manifest(bridges, m)
-    with serve(bridges, tmp_path, "t") as s, s.connect() as c:
+    with bridges.serve_many(tmp_path, "t") as s, s.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         t0 = time.monotonic()
@@ -201,7 +181,7 @@ def test_zip_bomb_segment(bridges, tmp_path):
         assert peak < 250 * 1024, peak
         with s.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    check_copy(copy_files(bridges))
+    check_copy(bridges.copy_files())
 
 
 @pytest.mark.parametrize("damage", ["truncated segment", "manifest not JSON", "missing file"])
@@ -209,21 +189,21 @@ def test_unreadable_copy_blocks_nothing(bridges, tmp_path, damage):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
     if damage == "truncated segment":
-        blob = copy_files(bridges)[m["segments"][0][0]]
-        os.unlink(copy_dir(bridges) / m["segments"][0][0])
+        blob = bridges.copy_files()[m["segments"][0][0]]
+        os.unlink(bridges.copy_dir() / m["segments"][0][0])
         m["segments"][0][0] = put(bridges, "seg", None, raw=blob[: len(blob) // 2])
         set_manifest(bridges, m)
     elif damage == "manifest not JSON":
-        (copy_dir(bridges) / "manifest.json").write_bytes(b"{not json")
+        (bridges.copy_dir() / "manifest.json").write_bytes(b"{not json")
     else:
-        os.unlink(copy_dir(bridges) / m["segments"][0][0])
+        os.unlink(bridges.copy_dir() / m["segments"][0][0])
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
 
 
 def test_refs_leaving_their_source_are_never_served(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    files = copy_files(bridges)
+    files = bridges.copy_files()
     bad = "home/../../../../etc/passwd"
     zdict = msgspec.msgpack.decode(zlib.decompress(files[m["dict"]])) if m.get("dict") else None  # (textpack)
 
@@ -248,14 +228,14 @@ def test_refs_leaving_their_source_are_never_served(bridges, tmp_path):
 def test_rewritten_segment_is_never_served(bridges, tmp_path):
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
-    files = copy_files(bridges)
+    files = bridges.copy_files()
     for name in (n for parts in m["segments"] for n in parts):
         seg = unpack(files[name])
         seg[5] = [p.replace(b"narwhal", b"forgery") for p in seg[5]]
         seg[3] = [b"forgeri" if t == b"narwhal" else t for t in seg[3]]
-        (copy_dir(bridges) / name).write_bytes(zlib.compress(msgspec.msgpack.encode(seg)))  # same name
+        (bridges.copy_dir() / name).write_bytes(zlib.compress(msgspec.msgpack.encode(seg)))  # same name
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))
-    with serve(bridges, tmp_path, "t2") as s, s.connect() as c:
+    with bridges.serve_many(tmp_path, "t2") as s, s.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
         assert hits(c, "forgery") == []
@@ -268,7 +248,7 @@ def test_a_copy_file_over_the_answer_limit_is_a_damaged_copy_and_its_files_go(br
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
     big = m["segments"][0][0]
-    (copy_dir(bridges) / big).write_bytes(os.urandom(300_000))  # over the limit set below
+    (bridges.copy_dir() / big).write_bytes(os.urandom(300_000))  # over the limit set below
     extra = put(bridges, "seg", [b"", b"", [], [], [], []])  # named by the damaged version only
     m["segments"].append([extra])
     set_manifest(bridges, m)
@@ -276,24 +256,24 @@ def test_a_copy_file_over_the_answer_limit_is_a_damaged_copy_and_its_files_go(br
                                      env={"LNKMEM_MAX_BODY": "200000"})
     after = manifest(bridges)
     named = named_files(after)
-    assert set(copy_files(bridges)) == named  # nothing of the damaged version is left beside it
+    assert set(bridges.copy_files()) == named  # nothing of the damaged version is left beside it
     assert extra not in named
     if big in named:  # the same segment made again: the huge file was overwritten with its true content
-        assert len((copy_dir(bridges) / big).read_bytes()) < 200_000
+        assert len((bridges.copy_dir() / big).read_bytes()) < 200_000
 
 
 def test_a_copy_never_holds_more_than_the_sources_it_was_made_from(bridges, tmp_path):
     """A file gone from Home while no engine ran: the copy loaded at the next start still names
     it, but the copy written back after re-indexing does not (and neither do searches)."""
     make_copy(bridges, tmp_path)
-    assert "home/docs/other.md" in check_copy(copy_files(bridges)).refs
+    assert "home/docs/other.md" in check_copy(bridges.copy_files()).refs
     (bridges.home() / "docs" / "other.md").unlink()
-    with serve(bridges, tmp_path, "gone") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "gone") as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: hits(c, "penguins") == [], timeout=20)
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-    held = set(check_copy(copy_files(bridges)).refs)
+    held = set(check_copy(bridges.copy_files()).refs)
     assert "home/docs/other.md" not in held and "home/docs/plan.md" in held, held
 
 
@@ -302,17 +282,17 @@ def test_another_agents_copy_is_never_served(bridges, tmp_path):
     bridges.write_home("docs/plan.md", "The narwhal migration plan.\n", agent="a2")
     make_copy(bridges, tmp_path, agent="a2", key=OTHER_KEY)
     make_copy(bridges, tmp_path)
-    for p in copy_dir(bridges).iterdir():  # a2's copy placed in a1's collection
+    for p in bridges.copy_dir().iterdir():  # a2's copy placed in a1's collection
         p.unlink()
-    for p in copy_dir(bridges, "a2").iterdir():
-        (copy_dir(bridges) / p.name).write_bytes(p.read_bytes())
+    for p in bridges.copy_dir("a2").iterdir():
+        (bridges.copy_dir() / p.name).write_bytes(p.read_bytes())
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges),
                                      forbidden=[("zucchini", "chats/p.jsonl")])
 
 
 # --- in-process: vectors (the copy fuzzer is in tests/test_fuzz.py) -------------------
 
-def _store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
+def store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
     """A copy made by the real indexer and export, with vectors of ``dim``."""
     import numpy as np
     from lnkmem.memory.config import from_args
@@ -335,7 +315,7 @@ def _store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
 
 
 def test_vectors_of_another_width(tmp_path):
-    files = _store_copy(tmp_path / "a", {f"f{i}.md": f"word{i} text\n" for i in range(5)}, OF)
+    files = store_copy(tmp_path / "a", {f"f{i}.md": f"word{i} text\n" for i in range(5)}, OF)
     check_copy(files)
     m = copyfmt.decode_manifest(files["manifest.json"])
     vec = unpack(files[m.vectors[0]])
@@ -372,7 +352,7 @@ def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
     the quiet time: one write-back after the burst, holding them all (not one for
     the first file and one for the rest)."""
     make_copy(bridges, tmp_path)  # the copy exists: the engine below starts clean
-    with serve(bridges, tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "40", "LNKMEM_QUIET_S": "4"}) as m, \
+    with bridges.serve_many(tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "40", "LNKMEM_QUIET_S": "4"}) as m, \
             m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
@@ -388,14 +368,14 @@ def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
         time.sleep(1)
         puts = manifest_puts(bridges)
         assert len(puts) == 1, [p["time"] for p in puts]
-        v = check_copy(copy_files(bridges))
+        v = check_copy(bridges.copy_files())
         refs = set(v.refs)
         assert all(f"home/burst/b{k}/f{i}.md" in refs for k in range(10) for i in range(100))
 
 
 def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
     env = {"LNKMEM_RECHECK_S": "0.5"}
-    with serve(bridges, tmp_path, "a", env=env) as a, a.connect() as ca:
+    with bridges.serve_many(tmp_path, "a", env=env) as a, a.connect() as ca:
         assert ca.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(ca, "narwhal"), timeout=20)
         with a.connect() as ctl:
@@ -406,7 +386,7 @@ def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
         assert len(looks) >= 2 and all(e["if_none_match"] and e["status"] == 304 for e in looks), looks
         # another engine indexes a new file and writes the copy; nobody tells the first one
         bridges.write_home("docs/new.md", "Walruses arrive at dawn.\n")
-        with serve(bridges, tmp_path, "b") as b, b.connect() as cb:
+        with bridges.serve_many(tmp_path, "b") as b, b.connect() as cb:
             assert cb.first(bridges.bound()) == {"ok": True}
             assert until(lambda: "home/docs/new.md" in hits(cb, "walruses"), timeout=20)
             with b.connect() as ctl:
@@ -427,7 +407,7 @@ def test_a_team_reader_looks_at_the_copy_again_before_a_search(tmp_path):
             first["team"] = {"id": "t1", "named": named, "writes": writes}
             return first
         env = {"LNKMEM_RECHECK_S": "1"}
-        with serve(b, tmp_path, "w", env=env) as mw, serve(b, tmp_path, "r", env=env) as mr, \
+        with b.serve_many(tmp_path, "w", env=env) as mw, b.serve_many(tmp_path, "r", env=env) as mr, \
                 mw.connect() as w, mr.connect() as r:
             assert w.first(line("a1", "o1", KEY, "crew", True)) == {"ok": True}
             assert until(lambda: hits(w, "schooner") == ["home/charter.md"], timeout=15)

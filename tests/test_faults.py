@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,16 +23,21 @@ from pathlib import Path
 import pytest
 
 from fakes.harness import FakeServer
-from tests.bridges import Bridges
+from tests.bridges import Layout
 from tests.helpers import Home, Many, Server, agent_entry, refs, until
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kills_module():
+    """bench/kills.py, loaded as it runs as a script: bench/ on the path (for bench/common.py)."""
     spec = importlib.util.spec_from_file_location("lnkmem_bench_kills", ROOT / "bench" / "kills.py")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
     return mod
 
 
@@ -66,13 +72,8 @@ def test_a_note_landing_after_the_kill_is_not_a_stray_line(tmp_path):
 
 # --- bridges misbehaving while a bound session serves ----------------------------------------
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link")
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do narwhals sleep"}\n')
-    yield b
-    b.stop()
+BRIDGES = Layout(homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n"}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
 def _copy_refs(bridges) -> set:

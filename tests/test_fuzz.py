@@ -12,7 +12,6 @@ multiplies the example counts for a longer run (docs/RELIABILITY.md).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -31,7 +30,7 @@ from fakes.harness import FakeServer
 from lnkmem.memory import notes as notes_mod
 from lnkmem.core.errors import ToolError, UsageError
 from lnkmem.memory.threads import notes_refusal
-from tests.helpers import Home, Many, Server, agent_entry, base_env, refs, run_cli, until
+from tests.helpers import Home, Many, Server, agent_entry, base_env, refs, run_cli, tree_digest, until
 
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 
@@ -169,18 +168,6 @@ def _check_answers(line: bytes, got: list[dict]) -> None:
             assert text.strip() and "internal error" not in text, (line[:200], res)
 
 
-def _tree(*roots: Path) -> dict:
-    out = {}
-    for root in roots:
-        for dirpath, dirnames, files in os.walk(root):
-            for n in files:
-                p = Path(dirpath) / n
-                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "other"
-            for n in dirnames:
-                out[str(Path(dirpath) / n)] = "dir"
-    return out
-
-
 @pytest.fixture
 def served(home):
     home.write("docs/plan.md", "The wombat census starts in March.\n")
@@ -195,7 +182,7 @@ def served(home):
 
 
 def test_mcp_lines_fuzzed_against_serve(served, home):
-    before = _tree(home.folder, home.agent / "chats", home.agent / "skills") | {"notes": home.notes.read_bytes()}
+    before = tree_digest(home.folder, home.agent / "chats", home.agent / "skills") | {"notes": home.notes.read_bytes()}
     wire = Wire(served)
     tried = []
 
@@ -228,7 +215,7 @@ def test_mcp_lines_fuzzed_against_serve(served, home):
     # still alive, still right, nothing changed
     assert served.proc.poll() is None
     assert refs(served.call("search", {"query": "wombat census"}, thread="owner-zq81"))[0] == "home/docs/plan.md"
-    after = _tree(home.folder, home.agent / "chats", home.agent / "skills") | {"notes": home.notes.read_bytes()}
+    after = tree_digest(home.folder, home.agent / "chats", home.agent / "skills") | {"notes": home.notes.read_bytes()}
     assert after == before
     assert sorted(p.name for p in home.notes.parent.iterdir()) == ["lnkmem", "notes.md"]
     print("mcp lines", len(tried))
@@ -290,7 +277,7 @@ def test_first_lines_and_controls_fuzzed_against_serve_many(tmp_path):
     with Many(sock, agents, ["--stay"], env={"LNKMEM_FIRST_LINE_S": "1"}) as m:
         with m.hello("a1") as c:
             until(lambda: "indexing" not in c.search("x")["structuredContent"], timeout=20)
-        before = _tree(h.folder, h.agent / "chats") | {"notes": h.notes.read_bytes()}
+        before = tree_digest(h.folder, h.agent / "chats") | {"notes": h.notes.read_bytes()}
         kinds = {"ok": 0, "error": 0}
 
         @fuzz(250)
@@ -343,7 +330,7 @@ def test_first_lines_and_controls_fuzzed_against_serve_many(tmp_path):
                 c.send_raw(bad)
                 assert c.recv()["error"]["code"] in (-32700, -32600)
             assert c.request("ping")["result"] == {}
-        assert _tree(h.folder, h.agent / "chats") | {"notes": h.notes.read_bytes()} == before
+        assert tree_digest(h.folder, h.agent / "chats") | {"notes": h.notes.read_bytes()} == before
 
 
 # --- $LNK_MEMORY_SPEC, Agents, sizes: in-process and through the program ------------------
@@ -742,9 +729,9 @@ def test_copy_files_fuzzed(tmp_path):
     from lnkmem.index import copy as copyfmt
     from lnkmem.index.search import bm25
     from lnkmem.index.store import Store
-    from tests.test_copy_verify import OF, _store_copy, check_copy
-    mine = _store_copy(tmp_path / "a", {f"d/f{i}.md": f"alpha{i} beta gamma {i}\n" * 3 for i in range(12)}, OF)
-    theirs = _store_copy(tmp_path / "b", {"x.md": "private zucchini\n"}, "agent o1/a2")
+    from tests.test_copy_verify import OF, check_copy, store_copy
+    mine = store_copy(tmp_path / "a", {f"d/f{i}.md": f"alpha{i} beta gamma {i}\n" * 3 for i in range(12)}, OF)
+    theirs = store_copy(tmp_path / "b", {"x.md": "private zucchini\n"}, "agent o1/a2")
     rng = random.Random(11)
     names = [n for n in mine if n != "manifest.json"]
     outcomes = {"damaged": 0, "loaded": 0}

@@ -5,33 +5,22 @@ they do for a local Home. Real `lnk-lnkmem`, real fake bridges (fakes/)."""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.bridges import Bridges
-from tests.helpers import Many, until
+from tests.bridges import Layout
+from tests.helpers import until
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link")
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    b.write_home("docs/draft.tmp", "narwhal draft, ignored by pattern\n")
-    b.write_home("build/out.md", "narwhal build output, ignored folder\n")
-    b.write_home("node_modules/pkg/readme.md", "narwhal package, skipped by default\n")
-    b.write_home("venv/pyvenv.cfg", "home = /usr/bin\n")
-    b.write_home("venv/lib/site.md", "narwhal inside a virtual environment\n")
-    b.write_home("notes/keep.md", "narwhal notes kept\n")
-    b.write_home("notes/secret.md", "narwhal secret, ignored below notes/\n")
-    b.write_home(".gitignore", "*.tmp\nbuild/\n")
-    b.write_home("notes/.lnkmemignore", "secret.md\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "hello"}\n')
-    yield b
-    b.stop()
-
-
-def serve(bridges, tmp_path):
-    return Many(tmp_path / "m" / "mem.sock", {}, bridges.flags() + ["--cache", str(tmp_path / "cache")],
-                env={"LNKMEM_WRITEBACK_S": "0.3"})
+BRIDGES = Layout(homes={"a1": {
+    "docs/plan.md": "The narwhal migration plan.\n",
+    "docs/draft.tmp": "narwhal draft, ignored by pattern\n",
+    "build/out.md": "narwhal build output, ignored folder\n",
+    "node_modules/pkg/readme.md": "narwhal package, skipped by default\n",
+    "venv/pyvenv.cfg": "home = /usr/bin\n",
+    "venv/lib/site.md": "narwhal inside a virtual environment\n",
+    "notes/keep.md": "narwhal notes kept\n",
+    "notes/secret.md": "narwhal secret, ignored below notes/\n",
+    ".gitignore": "*.tmp\nbuild/\n",
+    "notes/.lnkmemignore": "secret.md\n",
+}}, conversations={"t1.jsonl": '{"role": "user", "text": "hello"}\n'})
 
 
 def refs(c, query, **kw) -> list[str]:
@@ -43,7 +32,7 @@ def listed(c, ref) -> list[str]:
 
 
 def test_bound_home_honours_ignore_files_read_through_the_bridge(bridges, tmp_path):
-    with serve(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in refs(c, "narwhal"), timeout=20)
         assert sorted(refs(c, "narwhal", limit=20)) == ["home/docs/plan.md", "home/notes/keep.md"]

@@ -126,26 +126,20 @@ def test_refs_over_lmdbs_key_limit_are_indexed_searched_read_and_listed(home):
 
 
 def test_a_long_ref_is_written_into_the_copy_and_loaded_from_it(tmp_path):
-    from tests.test_bound import FAST, copy_refs
     b = Bridges(tmp_path / "link")
     try:
         rel = "/".join(["q" * 200, "r" * 200, "s" * 150, "long.md"])  # a ref of ~570 bytes
         b.write_home(rel, "The axolotl lives at the end of a long ref.\n")
         b.write_home("short.md", "The axolotl also lives here.\n")
         ref = "home/" + rel
-        flags = b.flags()
-
-        def many(name):
-            return Many(tmp_path / name / "mem.sock", {}, flags + ["--cache", str(tmp_path / f"cache-{name}")], env=FAST)
-
-        with many("one") as m, m.connect() as c:
+        with b.serve_many(tmp_path, "one") as m, m.connect() as c:
             assert c.first(b.bound()) == {"ok": True}
             assert until(lambda: sorted(refs(c.search("axolotl"))) == sorted([ref, "home/short.md"]), timeout=20)
             with m.connect() as ctl:
                 assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-        assert ref in copy_refs(b)
+        assert ref in b.copy_refs()
         b.storage.request("DELETE", "/_log")
-        with many("two") as m, m.connect() as c:  # another cache: loaded from the copy
+        with b.serve_many(tmp_path, "two") as m, m.connect() as c:  # another cache: loaded from the copy
             assert c.first(b.bound()) == {"ok": True}
             assert until(lambda: sorted(refs(c.search("axolotl"))) == sorted([ref, "home/short.md"]), timeout=20)
             got = b.storage.log()

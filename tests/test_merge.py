@@ -19,15 +19,10 @@ import pytest
 
 from lnkmem.index import postings, search
 from lnkmem.index.store import Batch, NewFile, Passage, Store
-from tests.helpers import ROOT, base_env, random_file
-from tests.test_snapshot import _same
+from tests.helpers import ROOT, SOURCES, RandomText, assert_same_snapshot, base_env, random_file
 
 VOCAB = [f"w{i}" for i in range(60)]
-SOURCES = ("home", "chats", "skills", "notes")
-
-
-def _file(rng, ref, version, n=None):
-    return random_file(rng, ref, version, VOCAB, n, (1, 10))
+TEXT = RandomText(VOCAB, (1, 10))
 
 
 def _postings_match_text(st: Store) -> None:
@@ -63,7 +58,7 @@ def _random_batch(rng, st, refs, version):
             removed.append(rng.choice(sorted(refs)))
         else:
             version[0] += 1
-            files.append(_file(rng, f"{rng.choice(SOURCES)}/f{rng.randint(0, 40)}.md", f"v{version[0]}"))
+            files.append(TEXT.file(rng, f"{rng.choice(SOURCES)}/f{rng.randint(0, 40)}.md", f"v{version[0]}"))
     removed = [r for r in dict.fromkeys(removed) if r not in {f.ref for f in files}]
     files = list({f.ref: f for f in files}.values())
     st.commit(Batch(files=files, removed=removed))
@@ -86,10 +81,10 @@ def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp
         def between():
             nonlocal steps
             steps += 1
-            _same(st.snapshot, st._load())
+            assert_same_snapshot(st.snapshot, st._load())
             if rng.random() < 0.5:
                 _random_batch(rng, st, refs, version)
-                _same(st.snapshot, st._load())
+                assert_same_snapshot(st.snapshot, st._load())
             return False
 
         for step in range(120):
@@ -101,7 +96,7 @@ def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp
                 st.maybe_merge(factor=3)
             else:
                 _random_batch(rng, st, refs, version)
-            _same(st.snapshot, st._load())
+            assert_same_snapshot(st.snapshot, st._load())
             if step % 10 == 0:
                 _postings_match_text(st)
                 q = " ".join(rng.sample(VOCAB, 3))
@@ -124,9 +119,9 @@ def test_a_passage_killed_during_a_merge_stays_dead_marked_and_the_next_merge_dr
     st.STEP_BYTES = 200
     rng = random.Random(2)
     try:
-        st.commit(Batch(files=[_file(rng, "home/a.md", "v1", 5), _file(rng, "home/x.md", "v1", 5)]))
-        st.commit(Batch(files=[_file(rng, "home/b.md", "v1", 5)]))
-        st.commit(Batch(files=[_file(rng, "home/c.md", "v1", 5)]))
+        st.commit(Batch(files=[TEXT.file(rng, "home/a.md", "v1", 5), TEXT.file(rng, "home/x.md", "v1", 5)]))
+        st.commit(Batch(files=[TEXT.file(rng, "home/b.md", "v1", 5)]))
+        st.commit(Batch(files=[TEXT.file(rng, "home/c.md", "v1", 5)]))
         a = st.all_files()["home/a.md"].pids
         st.commit(Batch(removed=["home/a.md"]))  # dead before the merge: dropped by it
         b = st.all_files()["home/b.md"].pids + st.all_files()["home/c.md"].pids
@@ -148,14 +143,14 @@ def test_a_passage_killed_during_a_merge_stays_dead_marked_and_the_next_merge_dr
         with st.env.begin() as txn:
             marks = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=st.dead)}
         assert marks == set(b)
-        _same(snap, st._load())
+        assert_same_snapshot(snap, st._load())
         _postings_match_text(st)
         assert st.merge_plan() == [new]  # more than half of it dead: merged alone
         assert st.maybe_merge()
         with st.env.begin() as txn:
             assert txn.stat(st.dead)["entries"] == 0
         assert (st.snapshot.seg_of[b] == -1).all()
-        _same(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st._load())
         _postings_match_text(st)
     finally:
         st.close()
@@ -243,7 +238,7 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
     path = str(tmp_path / "index")
     st = Store.open(path)
     for i in range(8):
-        st.commit(Batch(files=[_file(rng, f"home/f{i}-{j}.md", "v1", 6) for j in range(6)]))
+        st.commit(Batch(files=[TEXT.file(rng, f"home/f{i}-{j}.md", "v1", 6) for j in range(6)]))
     st.commit(Batch(removed=[f"home/f{i}-0.md" for i in range(8)]))
     queries = [" ".join(rng.sample(VOCAB, 2)) for _ in range(12)]
     want = _answers(st, queries)
@@ -302,7 +297,7 @@ def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_p
     st.STEP_BYTES = 200
     try:
         for i in range(6):
-            st.commit(Batch(files=[_file(rng, f"home/g{i}-{j}.md", "v1", 6) for j in range(8)]))
+            st.commit(Batch(files=[TEXT.file(rng, f"home/g{i}-{j}.md", "v1", 6) for j in range(8)]))
         release = threading.Event()
         steps = []
 
@@ -332,7 +327,7 @@ def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_p
             release.set()
             m.join(30)
         assert len(st.snapshot.segs) == 2  # the merged one and the commit's
-        _same(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st._load())
         _postings_match_text(st)
     finally:
         st.close()
@@ -344,13 +339,13 @@ def test_the_merger_thread_merges_in_the_background_and_stops_with_the_store(tmp
     try:
         st.start_merger()
         for i in range(9):
-            st.commit(Batch(files=[_file(rng, f"home/h{i}.md", "v1", 3)]))
+            st.commit(Batch(files=[TEXT.file(rng, f"home/h{i}.md", "v1", 3)]))
             assert st.maybe_merge() is False  # only wakes the merger
         deadline = time.monotonic() + 20
         while len(st.snapshot.segs) > 8 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(st.snapshot.segs) < 8
-        _same(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st._load())
         st.stop_merger()  # the old segments' postings may be still under deletion: stopped, then swept
         assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
         st.sweep()
@@ -395,7 +390,7 @@ def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
     st = Store.open(path)
     try:
         for i in range(4):
-            st.commit(Batch(files=[_file(rng, f"home/m{i}-{j}.md", "v1", 6) for j in range(60)]))  # more than LMDB's free pages hold
+            st.commit(Batch(files=[TEXT.file(rng, f"home/m{i}-{j}.md", "v1", 6) for j in range(60)]))  # more than LMDB's free pages hold
         queries = [" ".join(rng.sample(VOCAB, 2)) for _ in range(8)]
         want = _answers(st, queries)
         used = (st.env.info()["last_pgno"] + 1) * st.psize
@@ -406,7 +401,7 @@ def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
         assert st.env.info()["map_size"] > used
         assert len(st.snapshot.segs) == 1 and len(steps) > 3
         assert _answers(st, queries) == want
-        _same(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st._load())
         _postings_match_text(st)
     finally:
         st.close()

@@ -15,24 +15,23 @@ import pytest
 from lnkmem.index import postings, search
 from lnkmem.index import query as qlang
 from lnkmem.index.store import Batch, Store
-from tests.helpers import random_file
+from tests.helpers import RandomText, random_file
 
 # a Zipf-like vocabulary: a few words in most passages, many in few
 WORDS = [f"t{i}" for i in range(400)]
 WEIGHTS = [1.0 / (i + 1) ** 1.1 for i in range(len(WORDS))]
 
 
-def _file(rng: random.Random, ref: str, version: str, n: int):
-    return random_file(rng, ref, version, WORDS, n, (3, 40), WEIGHTS)
+TEXT = RandomText(WORDS, (3, 40), WEIGHTS)
 
 
-def _index(path: str, rng: random.Random, merge: bool) -> Store:
+def _store_with_dead_passages(path: str, rng: random.Random, merge: bool) -> Store:
     st = Store.open(path)
     for i in range(6):
         src = "chats" if i % 3 == 2 else "home"
-        st.commit(Batch(files=[_file(rng, f"{src}/d{i}/f{j}.md", "v1", rng.randint(20, 60)) for j in range(25)]))
+        st.commit(Batch(files=[TEXT.file(rng, f"{src}/d{i}/f{j}.md", "v1", rng.randint(20, 60)) for j in range(25)]))
     # dead passages in several segments: files replaced and removed
-    st.commit(Batch(files=[_file(rng, f"home/d{i}/f{j}.md", "v2", 30) for i in (0, 1, 3) for j in range(0, 25, 4)]))
+    st.commit(Batch(files=[TEXT.file(rng, f"home/d{i}/f{j}.md", "v2", 30) for i in (0, 1, 3) for j in range(0, 25, 4)]))
     st.commit(Batch(removed=[f"home/d4/f{j}.md" for j in range(0, 25, 3)]))
     if merge:
         st.merge(sorted(st.snapshot.segs)[:3])
@@ -81,7 +80,7 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge,
     by block (no list decoded whole is kept) or, ``kept``, short ones decoded once and kept
     apart (``Store.looked_up``)."""
     rng = random.Random(11 if merge else 12)
-    st = _index(str(tmp_path / "index"), rng, merge)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
     st.decoded.CACHE_BYTES = 0  # every list read from its bytes: the block lookups run
     if not kept:
         st.looked_up.CACHE_BYTES = 0
@@ -115,7 +114,7 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge,
 def test_a_search_after_others_scores_from_zero(tmp_path):
     """The score arrays kept between searches never carry one search's scores into the next."""
     rng = random.Random(3)
-    st = _index(str(tmp_path / "index"), rng, False)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, False)
     try:
         q = "t0 t1 t200 t300"
         first = search.words(st, q, 10)[0]
@@ -133,7 +132,7 @@ def test_scores_of_given_passages_are_the_words_scores(tmp_path, merge):
     dead one and to an id past the index; prefixes are expanded and exclusions unranked
     as there; every list read from its bytes, so the block lookups run."""
     rng = random.Random(21 if merge else 22)
-    st = _index(str(tmp_path / "index"), rng, merge)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
     st.decoded.CACHE_BYTES = st.looked_up.CACHE_BYTES = 0
     try:
         snap = st.snapshot
@@ -170,7 +169,7 @@ def test_one_word_ranks_its_passages_by_their_scores(tmp_path, merge):
     """A query of one word (ranked from its postings' own scores, no score array) gives
     the best of every passage's BM25 for it, as scores_of gives each one, best first."""
     rng = random.Random(31 if merge else 32)
-    st = _index(str(tmp_path / "index"), rng, merge)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
     try:
         every = np.flatnonzero(st.snapshot.alive)
         for word in ("t0", "t3", "t40", "t120", "t399"):
@@ -194,13 +193,13 @@ def test_a_few_dead_passages_in_a_large_segment_leave_its_lists_packed(tmp_path,
     st = Store.open(str(tmp_path / "index"))
     try:
         for i in range(4):
-            st.commit(Batch(files=[_file(rng, f"home/d{i}/f{j}.md", "v1", 40) for j in range(60)]))
+            st.commit(Batch(files=[TEXT.file(rng, f"home/d{i}/f{j}.md", "v1", 40) for j in range(60)]))
         # the file to be replaced: short passages dense in the common words, which would
         # rank first for them were its dead passages not dropped
         st.commit(Batch(files=[random_file(rng, "home/d0/f3.md", "v1", WORDS[:6], 40, (3, 6))]))
         st.merge(sorted(st.snapshot.segs))
         big = max(st.snapshot.segs)
-        st.commit(Batch(files=[_file(rng, "home/d0/f3.md", "v2", 40)]))  # 40 dead in the big one
+        st.commit(Batch(files=[TEXT.file(rng, "home/d0/f3.md", "v2", 40)]))  # 40 dead in the big one
         st.commit(Batch(removed=["home/d2/f7.md"]))
         snap = st.refresh()
         dead = np.flatnonzero(~snap.alive[1:]) + 1
@@ -236,7 +235,7 @@ def test_one_word_answers_drop_the_dead_alike_before_and_after_the_snapshot_s_fa
     """A one-word search drops dead passages by checking every posting against the live
     ones until a search has found which segments hold dead ones (search._facts), then by
     looking those dead up in each list: both give the same answers, with no dead passage."""
-    st = _index(str(tmp_path / "ix"), random.Random(11), merge)
+    st = _store_with_dead_passages(str(tmp_path / "ix"), random.Random(11), merge)
     try:
         snap = st.refresh()
         probe = WORDS[:20] + WORDS[150:170]
@@ -262,7 +261,7 @@ def test_one_word_block_by_block_answers_as_every_posting(tmp_path, monkeypatch,
     kept maxima, and for other k1 and b."""
     monkeypatch.setattr(search, "LONG_LIST", 64)  # the test's lists are a few thousand long
     rng = random.Random(31 if merge else 32)
-    st = _index(str(tmp_path / "index"), rng, merge)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
     if not cached:
         st.decoded.CACHE_BYTES = 0
     used = _counting(monkeypatch, "blocks") if not cached else []

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
 from lnkmem.index import readahead  # noqa: E402
 
-from tests.helpers import run_cli  # noqa: E402
+from tests.helpers import Home, index_home, run_cli  # noqa: E402
 
 needs_openat2 = pytest.mark.skipif(LocalPlace(".").open_root() is None, reason="no openat2 here: nothing is advised")
 
@@ -126,26 +126,21 @@ def test_one_front_going_up_asks_for_nothing_at_the_far_end(tmp_path, monkeypatc
         ra.stop()
 
 
-def _index(home: Path, agent: Path, state: Path, ahead: str) -> bytes:
+def _built_and_searched(home: Home, state: Path, ahead: str) -> bytes:
     env = {"LNKMEM_READAHEAD": ahead, "LNKMEM_WORKER": "1"}
-    r = run_cli("index", str(home), str(state), str(agent), env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
-    r = run_cli("search", str(home), str(state), "--agent", str(agent), "--json", "harbour lantern", env=env)
+    index_home(home, env, state, timeout=120)
+    r = run_cli("search", str(home.folder), str(state), "--agent", str(home.agent), "--json", "harbour lantern", env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
 def test_a_build_with_readahead_indexes_what_one_without_does(tmp_path):
-    home, agent = tmp_path / "home", tmp_path / "agent"
-    (agent / "chats").mkdir(parents=True)
-    (agent / "memory").mkdir()
+    home = Home(tmp_path)
     for i in range(300):
-        d = home / f"d{i % 7}"
-        d.mkdir(parents=True, exist_ok=True)
         words = "harbour lantern" if i % 37 == 0 else "quiet field"
-        (d / f"n{i}.md").write_text(f"# note {i}\n\nA {words} note, number {i}, about tide {i % 11}.\n")
-    on = _index(home, agent, tmp_path / "s1", "1")
-    off = _index(home, agent, tmp_path / "s0", "0")
+        home.write(f"d{i % 7}/n{i}.md", f"# note {i}\n\nA {words} note, number {i}, about tide {i % 11}.\n")
+    on = _built_and_searched(home, tmp_path / "s1", "1")
+    off = _built_and_searched(home, tmp_path / "s0", "0")
     assert b"harbour" in on and on == off
 
 

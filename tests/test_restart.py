@@ -13,7 +13,7 @@ import time
 import lmdb
 import pytest
 
-from tests.helpers import Home, Server, refs, run_cli, until
+from tests.helpers import Home, Server, index_home, refs, until
 
 CLEAN = "closed cleanly, not checked again"
 CHECKED = "not closed cleanly, so read whole and its tables cross-checked"
@@ -28,12 +28,6 @@ def home(tmp_path):
     return h
 
 
-def _index(home: Home, env=None):
-    r = run_cli("index", *home.args(), env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stderr.decode()
-
-
 def _data(home: Home):
     return home.state / "index" / "data.mdb"
 
@@ -43,9 +37,9 @@ def _seal(home: Home):
 
 
 def test_restart_after_a_clean_close_reads_no_file_and_skips_the_cross_check(home):
-    first = _index(home, INFO)
+    first = index_home(home, INFO)
     assert "indexed 30 files" in first
-    again = _index(home, INFO)
+    again = index_home(home, INFO)
     assert CLEAN in again and CHECKED not in again
     assert "indexed 0 files, 30 unchanged" in again
     with Server.start(home, env=INFO) as s:
@@ -55,11 +49,11 @@ def test_restart_after_a_clean_close_reads_no_file_and_skips_the_cross_check(hom
         s.close()
         assert s.proc.returncode == 0
     assert CLEAN in s.stderr.decode()
-    assert CLEAN in _index(home, INFO)  # serve closed it whole too
+    assert CLEAN in index_home(home, INFO)  # serve closed it whole too
 
 
 def test_restart_after_sigkill_runs_the_cross_check(home):
-    _index(home)
+    index_home(home)
     with Server.start(home, env=INFO) as s:
         s.initialize()
         s.wait_indexed()
@@ -68,41 +62,41 @@ def test_restart_after_sigkill_runs_the_cross_check(home):
         assert until(lambda: "home/notes/late.md" in refs(s.search("late okapi", limit=50)), timeout=20)
         s.proc.send_signal(signal.SIGKILL)
         s.proc.wait(10)
-    out = _index(home, INFO)
+    out = index_home(home, INFO)
     assert CHECKED in out and CLEAN not in out
     assert "indexed 0 files, 31 unchanged" in out  # what the killed process committed is kept
-    assert CLEAN in _index(home, INFO)
+    assert CLEAN in index_home(home, INFO)
 
 
 def test_a_killed_process_after_a_clean_close_of_another_still_means_check(home):
     """Two processes: the seal one writes at its close must not cover what the other
     commits after it (the seal names the last transaction)."""
-    _index(home)
+    index_home(home)
     with Server.start(home, env=INFO) as s:
         s.initialize()
         s.wait_indexed()
-        assert CHECKED in _index(home, INFO)  # a second process: serve holds it open, no seal
-        assert CLEAN in _index(home, INFO)  # that one closed it whole, and serve wrote nothing since
+        assert CHECKED in index_home(home, INFO)  # a second process: serve holds it open, no seal
+        assert CLEAN in index_home(home, INFO)  # that one closed it whole, and serve wrote nothing since
         assert _seal(home).exists()
         home.write("notes/after.md", "An okapi written after the other process closed.\n")
         assert until(lambda: "home/notes/after.md" in refs(s.search("okapi written", limit=50)), timeout=20)
         s.proc.send_signal(signal.SIGKILL)
         s.proc.wait(10)
-    out = _index(home, INFO)
+    out = index_home(home, INFO)
     assert CHECKED in out, out
 
 
 def test_tables_damaged_between_runs_while_sealed_are_still_caught(home):
     """A write to the file after the clean close (here: a file record dropped behind the
     index's back) breaks the seal: the cross-check runs, finds it, and the index is rebuilt."""
-    _index(home)
+    index_home(home)
     assert _seal(home).exists()
     env = lmdb.open(str(home.state / "index"), max_dbs=8, map_size=1 << 30)
     files = env.open_db(b"files")
     with env.begin(write=True) as txn:
         assert txn.delete(b"home/notes/n007.md", db=files)
     env.close()
-    out = _index(home, INFO)
+    out = index_home(home, INFO)
     assert "index was damaged" in out, out  # by the files table's sum (issue 34), else the cross-check
     assert "the files table does not match its sum" in out or "live passages and files disagree" in out, out
     with Server.start(home) as s:
@@ -114,13 +108,13 @@ def test_tables_damaged_between_runs_while_sealed_are_still_caught(home):
 
 def test_a_truncated_file_with_a_forged_seal_is_caught_before_it_is_mapped(home):
     """The pre-map check of the file's own header runs whatever the seal says."""
-    _index(home)
+    index_home(home)
     size = _data(home).stat().st_size
     os.truncate(_data(home), size // 2)
     st = _data(home).stat()
     stamp = _seal(home).read_text().split()
     _seal(home).write_text(" ".join([stamp[0], str(st.st_size), str(st.st_mtime_ns), str(st.st_ino), stamp[4]]))
-    out = _index(home, INFO)
+    out = index_home(home, INFO)
     assert "index was damaged" in out and "indexed 30 files" in out, out
 
 
@@ -139,7 +133,7 @@ def test_serve_memory_does_not_grow_with_each_change(tmp_path):
     h = Home(tmp_path)
     for i in range(300):
         h.write(f"d{i % 10}/f{i:03}.md", f"# Page {i}\n\n" + " ".join(f"w{i}z{j} tapir" for j in range(150)) + "\n")
-    _index(h)
+    index_home(h)
     with Server.start(h) as s:
         s.initialize()
         s.wait_indexed()
@@ -260,11 +254,12 @@ def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
 # --- the snapshot saved at a clean close ---------------------------------------------
 
 def _commits(st, rng, n):
-    from tests.test_snapshot import SOURCES, _file
+    from tests.helpers import SOURCES, RandomText
 
     from lnkmem.index.store import Batch
+    text = RandomText([f"w{i}" for i in range(40)], (1, 8))  # test_snapshot's
     for k in range(n):
-        files = [_file(rng, f"{rng.choice(SOURCES)}/f{rng.randint(0, 40)}.md", f"v{k}-{i}") for i in range(rng.randint(1, 4))]
+        files = [text.file(rng, f"{rng.choice(SOURCES)}/f{rng.randint(0, 40)}.md", f"v{k}-{i}") for i in range(rng.randint(1, 4))]
         files = list({f.ref: f for f in files}.values())
         st.commit(Batch(files=files))
         if k % 7 == 6 and st.snapshot.segs:
@@ -274,13 +269,13 @@ def _commits(st, rng, n):
 def _opens_as(path: str, opened_as: str, source: str) -> None:
     """The index at ``path`` opens as ``opened_as``, its snapshot from ``source`` and the
     tables' own."""
-    from tests.test_snapshot import _same
+    from tests.helpers import assert_same_snapshot
 
     from lnkmem.index.store import Store
     st = Store.open(path)
     try:
         assert (st.opened_as, st.snapshot_from) == (opened_as, source)
-        _same(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st._load(check=True))
     finally:
         st.close()
 
@@ -288,7 +283,7 @@ def _opens_as(path: str, opened_as: str, source: str) -> None:
 def test_a_clean_close_saves_the_snapshot_and_a_restart_reads_it_as_the_tables_would(tmp_path):
     import random
 
-    from tests.test_snapshot import _same
+    from tests.helpers import assert_same_snapshot
 
     from lnkmem.index.store import Store
     rng = random.Random(3)
@@ -299,9 +294,9 @@ def test_a_clean_close_saves_the_snapshot_and_a_restart_reads_it_as_the_tables_w
     st = Store.open(path)
     try:
         assert (st.opened_as, st.snapshot_from) == ("sealed", "saved")
-        _same(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st._load(check=True))
         _commits(st, rng, 10)  # extended from the saved one as from a loaded one
-        _same(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st._load(check=True))
     finally:
         st.close()
 
@@ -381,18 +376,18 @@ def test_a_restart_on_an_unchanged_tree_leaves_the_saved_snapshot_as_it_is(home)
     """Nothing written: the snapshot saved at the last close is still the index's, so
     it is not written again (23 MB at 1.27M passages), and the next open still uses it."""
     from lnkmem.index.store import SNAP
-    _index(home)
+    index_home(home)
     snap = home.state / "index" / SNAP
     before = os.stat(snap)
-    err = _index(home, INFO)
+    err = index_home(home, INFO)
     assert "30 unchanged" in err
     after = os.stat(snap)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert "snapshot as saved" in _index(home, INFO)
+    assert "snapshot as saved" in index_home(home, INFO)
     home.write("notes/n001.md", "The okapi note 1, changed.\n")
-    _index(home)
+    index_home(home)
     assert os.stat(snap).st_ino != before.st_ino  # a change: saved anew
-    assert "snapshot as saved" in _index(home, INFO)
+    assert "snapshot as saved" in index_home(home, INFO)
 
 
 def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
@@ -402,7 +397,7 @@ def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
     snapshot whose body is broken gives way to the tables."""
     import random
 
-    from tests.test_snapshot import _same
+    from tests.helpers import assert_same_snapshot
 
     from lnkmem.index.store import SNAP, Store
     rng = random.Random(5)
@@ -433,7 +428,7 @@ def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
     try:
         assert st._snapshot is None  # the stamp agreed: read when asked
         assert st.snapshot_from == "tables"
-        _same(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st._load(check=True))
         assert st.snapshot.live == live
     finally:
         st.close()
@@ -450,17 +445,17 @@ def test_a_restart_on_an_unchanged_tree_compares_no_file_and_any_change_is_still
     nothing committed since, needs no file compared with the index (at 120k files the
     compare read every file's record: 0.3 s warm, ~8 s right after a build's compaction,
     whose copy bypasses the page cache). Any difference in the listing compares as before."""
-    first = _index(home, INFO)
+    first = index_home(home, INFO)
     assert "indexed 30 files" in first and "home" not in _matched(first)
-    again = _index(home, INFO)
+    again = index_home(home, INFO)
     assert "home" in _matched(again) and "indexed 0 files, 30 unchanged" in again
     home.write("notes/n007.md", "The okapi note 7 says quetzal.\n")
-    err = _index(home, INFO)
+    err = index_home(home, INFO)
     assert "home" not in _matched(err) and "indexed 1 file, 29 unchanged" in err
     (home.folder / "notes" / "n008.md").unlink()
-    err = _index(home, INFO)
+    err = index_home(home, INFO)
     assert "home" not in _matched(err) and "29 unchanged, 1 removed" in err
-    assert "home" in _matched(_index(home, INFO))
+    assert "home" in _matched(index_home(home, INFO))
     # serve's own changes after its first look: closed with no listing noted, so the next
     # index compares (and finds the change already in)
     with Server.start(home, env=INFO) as s:
@@ -470,9 +465,9 @@ def test_a_restart_on_an_unchanged_tree_compares_no_file_and_any_change_is_still
         home.write("notes/n009.md", "The okapi note 9 says axolotl.\n")
         until(lambda: refs(s.search("axolotl")) == ["home/notes/n009.md"], timeout=10)
         s.close()
-    err = _index(home, INFO)
+    err = index_home(home, INFO)
     assert "home" not in _matched(err) and "indexed 0 files, 29 unchanged" in err
-    assert "home" in _matched(_index(home, INFO))
+    assert "home" in _matched(index_home(home, INFO))
     with Server.start(home, env=INFO) as s:  # serve's first look uses it too
         s.initialize()
         s.wait_indexed()

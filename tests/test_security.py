@@ -9,15 +9,12 @@ nothing written outside <state>, the notes and the copy.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,8 +22,8 @@ import pytest
 
 from fakes.harness import FakeServer
 from lnkmem.bridges.http import proof
-from tests.bridges import KEY, OTHER_KEY, Bridges
-from tests.helpers import PROGRAM, Home, Many, Server, agent_entry, base_env, refs, until
+from tests.bridges import KEY, OTHER_KEY, Layout
+from tests.helpers import PROGRAM, Home, Server, agent_entry, base_env, refs, tree_digest, until
 
 SECRET = "SECRETTOKEN-7f3a"
 
@@ -138,23 +135,9 @@ except (BrokenPipeError, ConnectionResetError):
 """
 
 
-@pytest.fixture
-def bridges():
-    base = Path(tempfile.mkdtemp(prefix="lnkmem-sec-"))  # a path another uid may walk
-    os.chmod(base, 0o755)
-    b = Bridges(base / "link", bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY}})
-    b.write_home("docs/plan.md", "The cormorant dives.\n")
-    b.write_home("docs/plan.md", "The cormorant dives.\n", agent="a2")
-    yield b
-    b.stop()
-    shutil.rmtree(base, ignore_errors=True)
-
-
-def _many(bridges, name: str, extra=(), agents=None, env=None) -> Many:
-    e = {"LNKMEM_WRITEBACK_S": "0.3"}
-    e.update(env or {})
-    return Many(bridges.base / name / "m.sock", agents if agents is not None else {},
-                bridges.flags() + ["--cache", str(bridges.base / f"cache-{name}")] + list(extra), env=e)
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY}},
+                 homes={"a1": {"docs/plan.md": "The cormorant dives.\n"}, "a2": {"docs/plan.md": "The cormorant dives.\n"}},
+                 walkable=True)  # a path another uid may walk
 
 
 def _binds(server: FakeServer) -> list:
@@ -163,7 +146,7 @@ def _binds(server: FakeServer) -> list:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
 def test_a_peer_of_another_uid_never_reaches_a_bridge(bridges):
-    with _many(bridges, "p", ["--group", "65534"]) as m:
+    with bridges.serve_many(bridges.base, "p", extra=["--group", "65534"]) as m:
         out = subprocess.run([sys.executable, "-c", PEER, str(m.socket), "65534", "65534", json.dumps(bridges.bound())],
                              capture_output=True, timeout=20, env=base_env())
         assert out.stdout.decode().strip() == "CLOSED", out
@@ -177,7 +160,7 @@ def test_foreign_bridges_and_proofs(bridges):
     (bdir / "a2").mkdir(parents=True)
     os.symlink(bridges.base / "foreign" / "s.sock", bdir / "a2" / "storage.sock")  # a2's own, not a1's
     try:
-        with _many(bridges, "f", ["--bridges", str(bdir)]) as m:
+        with bridges.serve_many(bridges.base, "f", extra=["--bridges", str(bdir)]) as m:
             def first(line):
                 with m.connect(timeout=30) as c:
                     r = c.first(line)
@@ -226,7 +209,7 @@ def test_remember_only_in_the_owners_threads(bridges):
     agents = {"a1": agent_entry(h, env={"LNK_MEMORY_FROM": "1", "LNK_OWNER": "o1"})}
     strangers = ["agent-a2", "team-t1", "task-42", "stranger", "o2", "o1x", "O1", "o1\u200b", "\uff4f1", " o1",
                  "agent-o1", "team-o1/x", "task-o1"]
-    with _many(bridges, "r", agents=agents) as m:
+    with bridges.serve_many(bridges.base, "r", agents=agents) as m:
         with m.hello("a1") as c:  # a Hello session: the local notes
             for t in strangers:
                 r = c.call("remember", {"add": f"from {t}"}, thread=t)
@@ -249,20 +232,6 @@ def test_remember_only_in_the_owners_threads(bridges):
 
 # --- secrets never shown, nothing written where it should not be -----------------------------
 
-def _tree(root: Path, skip: tuple = ()) -> dict:
-    out = {}
-    for dirpath, dirnames, files in os.walk(root):
-        d = Path(dirpath)
-        if any(d == s or s in d.parents for s in skip):
-            continue
-        for n in files + dirnames:
-            p = d / n
-            if any(p == s or s in p.parents for s in skip):
-                continue
-            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else "dir"
-    return out
-
-
 def test_secrets_never_shown_and_nothing_written_elsewhere(bridges):
     secrets = [KEY, KEY.upper(), OTHER_KEY] + [proof(k, p, o, a) for k, o, a in ((KEY, "o1", "a1"), (OTHER_KEY, "o2", "a2"))
                                                for p in ("files", "storage", "embedding")]
@@ -280,10 +249,11 @@ def test_secrets_never_shown_and_nothing_written_elsewhere(bridges):
     env = {"LNKMEM_LOG": "debug", "HOME": str(fake_home), "LNKMEM_WRITEBACK_S": "0.2"}
     links = (base / "files", base / "storage", base / "run", base / "files.log", base / "storage.log")  # Link's own
     skip = links + (base / "s", base / "cache-s", h.state, h.notes, base / "e")
-    before = _tree(base, skip=skip)
+    before = tree_digest(base, skip=skip)
     answers = []
     try:
-        m = _many(bridges, "s", ["--embed", "fake-mini", "--embed-url", model.listen], agents=agents, env=env)
+        m = bridges.serve_many(bridges.base, "s", agents=agents, env=env,
+                               extra=["--embed", "fake-mini", "--embed-url", model.listen])
         try:
             procs = [f"/proc/{m.proc.pid}/cmdline", f"/proc/{m.proc.pid}/environ"]
             with m.connect(timeout=30) as c:
@@ -326,7 +296,7 @@ def test_secrets_never_shown_and_nothing_written_elsewhere(bridges):
     for s in secrets:
         assert [where for where, b in blobs.items() if s in b] == []
     # written: only <state>, the notes, the cache and the copy (and Link's own bridges and logs)
-    after = _tree(base, skip=skip)
+    after = tree_digest(base, skip=skip)
     assert after == before
     assert list(fake_home.iterdir()) == []  # nothing in $HOME
     assert h.notes.read_text() == "- local note\n- a local note\n"

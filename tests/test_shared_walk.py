@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
 
 
-def _tree(root: Path) -> None:
+def _lay_out_sample_tree(root: Path) -> None:
     (root / "top.md").write_text("root file\n")
     for i, name in enumerate(["alpha", "beta", "gamma", "delta", "eps"]):
         for j in range(3):
@@ -55,7 +55,7 @@ def _always_shared(monkeypatch):
 
 
 def test_a_shared_listing_is_the_one_process_listing(tmp_path):
-    _tree(tmp_path)
+    _lay_out_sample_tree(tmp_path)
     one, shared = _both(tmp_path)
     assert shared == one
     paths = [e.path for e in one[0]]
@@ -70,7 +70,7 @@ def test_a_shared_listing_is_the_one_process_listing(tmp_path):
 
 
 def test_a_folder_reached_from_two_of_the_roots_folders_is_listed_once_where_it_comes_first(tmp_path):
-    _tree(tmp_path)
+    _lay_out_sample_tree(tmp_path)
     # a link in one of the root's folders to a folder inside another: whichever the walk
     # meets first lists it, the other is left out (both walks went through it: the shared
     # listing is not trusted and walked again in order)
@@ -85,7 +85,7 @@ def test_a_folder_reached_from_two_of_the_roots_folders_is_listed_once_where_it_
 
 
 def test_a_shared_listing_without_ignore_rules_and_with_few_folders(tmp_path):
-    _tree(tmp_path)
+    _lay_out_sample_tree(tmp_path)
     one, shared = _both(tmp_path, ignore=False)
     assert shared == one
     assert any(p.path.endswith(".log") for p in one[0])

@@ -9,36 +9,10 @@ import numpy as np
 
 from lnkmem.index import search
 from lnkmem.index.store import Batch, Store
-from tests.helpers import random_file
+from tests.helpers import SOURCES, RandomText, assert_same_snapshot, random_file
 
 VOCAB = [f"w{i}" for i in range(40)]
-SOURCES = ("home", "chats", "skills", "notes")
-
-
-def _file(rng, ref, version):
-    return random_file(rng, ref, version, VOCAB, None, (1, 8))
-
-
-def _same(a, b):
-    """Equal in everything a search or a commit reads: which ids are live and in which
-    segment; for ids in a segment their length, source and ref; the sums."""
-    assert a.gen == b.gen
-    assert a.live == b.live
-    assert a.total_len == b.total_len
-    assert a.avgdl == b.avgdl
-    assert a.segs == b.segs
-    n = max(len(a.alive), len(b.alive))
-
-    def pad(x, fill):
-        return np.concatenate((x, np.full(n - len(x), fill, x.dtype)))
-
-    for name, fill in (("alive", False), ("seg_of", -1)):
-        assert np.array_equal(pad(getattr(a, name), fill), pad(getattr(b, name), fill)), name
-    held = np.flatnonzero(pad(b.seg_of, -1) >= 0)
-    assert held.max(initial=0) < min(len(a.alive), len(b.alive))
-    for name in ("doclen", "src"):
-        assert np.array_equal(getattr(a, name)[held], getattr(b, name)[held]), name
-    assert [a.refs[i] for i in a.refid[held]] == [b.refs[i] for i in b.refid[held]]
+TEXT = RandomText(VOCAB, (1, 8))
 
 
 def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_path):
@@ -64,7 +38,7 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                     else:
                         version += 1
                         ref = f"{rng.choice(SOURCES)}/f{rng.randint(0, 60)}.md"
-                        files.append(_file(rng, ref, f"v{version}"))
+                        files.append(TEXT.file(rng, ref, f"v{version}"))
                 # a ref is either rewritten or removed in one batch, as the indexer does
                 removed = [r for r in dict.fromkeys(removed) if r not in {f.ref for f in files}]
                 files = list({f.ref: f for f in files}.values())
@@ -74,7 +48,7 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                 for f in files:
                     refs[f.ref] = 1
             kept = st.snapshot
-            _same(kept, st._load())
+            assert_same_snapshot(kept, st._load())
             assert len(set(kept.refs)) == len(kept.refs)
             shrunk += len(kept.refs) < longest
             longest = len(kept.refs)
@@ -97,19 +71,19 @@ def test_a_search_holding_the_old_snapshot_never_sees_a_reused_id_change(tmp_pat
     keeps that passage's length and ref as they were."""
     st = Store.open(str(tmp_path / "index"))
     try:
-        a = _file(random.Random(1), "home/a.md", "v1")
-        b = _file(random.Random(2), "notes/b.md", "v1")
+        a = TEXT.file(random.Random(1), "home/a.md", "v1")
+        b = TEXT.file(random.Random(2), "notes/b.md", "v1")
         st.commit(Batch(files=[a]))
         st.commit(Batch(files=[b]))
         old = st.snapshot
         pids = np.flatnonzero(old.alive)
         before = (old.doclen[pids].copy(), [old.refs[i] for i in old.refid[pids]], old.src[pids].copy())
-        st.commit(Batch(files=[_file(random.Random(3), "skills/c.md", "v1")], removed=["home/a.md"]))
+        st.commit(Batch(files=[TEXT.file(random.Random(3), "skills/c.md", "v1")], removed=["home/a.md"]))
         assert (old.doclen[pids] == before[0]).all()
         assert [old.refs[i] for i in old.refid[pids]] == before[1]
         assert (old.src[pids] == before[2]).all()
         assert old.alive[pids].all()
-        _same(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st._load())
     finally:
         st.close()
 
@@ -121,11 +95,11 @@ def test_a_search_refreshing_during_a_commit_does_not_count_the_commit_twice(tmp
     st = Store.open(str(tmp_path / "index"))
     try:
         rng = random.Random(5)
-        st.commit(Batch(files=[_file(rng, "home/a.md", "v1"), _file(rng, "home/b.md", "v1")]))
+        st.commit(Batch(files=[TEXT.file(rng, "home/a.md", "v1"), TEXT.file(rng, "home/b.md", "v1")]))
         st.on_alloc = lambda ids: st.refresh()
-        st.commit(Batch(files=[_file(rng, "home/a.md", "v2")], removed=["home/b.md"]))
+        st.commit(Batch(files=[TEXT.file(rng, "home/a.md", "v2")], removed=["home/b.md"]))
         st.on_alloc = None
-        _same(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st._load())
         got, _ = search.words(st, " ".join(VOCAB), 50)
         assert {st.snapshot.refs[st.snapshot.refid[p]] for p, _ in got} == {"home/a.md"}
     finally:
@@ -143,7 +117,7 @@ def test_a_search_on_another_thread_during_a_commit_waits_for_the_commit_s_snaps
     st = Store.open(str(tmp_path / "index"))
     try:
         rng = random.Random(6)
-        st.commit(Batch(files=[_file(rng, f"home/{i}.md", "v1") for i in range(20)]))
+        st.commit(Batch(files=[TEXT.file(rng, f"home/{i}.md", "v1") for i in range(20)]))
         got, threads = [], []
 
         def search_beside(ids):
@@ -153,11 +127,11 @@ def test_a_search_on_another_thread_during_a_commit_waits_for_the_commit_s_snaps
             time.sleep(0.3)  # the search reads the generation while the commit is here
 
         st.on_alloc = search_beside
-        st.commit(Batch(files=[_file(rng, "home/new.md", "v1")]))
+        st.commit(Batch(files=[TEXT.file(rng, "home/new.md", "v1")]))
         st.on_alloc = None
         threads[0].join(10)
         assert len(got) == 1 and got[0] is st.snapshot  # the commit's own, not one read anew
-        _same(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st._load())
     finally:
         st.close()
 
@@ -172,7 +146,7 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
     st = Store.open(str(tmp_path / "index"))
     try:
         for i in range(3):
-            st.commit(Batch(files=[_file(random.Random(i), f"home/f{i}.md", "v1")]))
+            st.commit(Batch(files=[TEXT.file(random.Random(i), f"home/f{i}.md", "v1")]))
         st.commit(Batch(removed=["home/f0.md"]))  # dead passages: the facts name their segment
         old = st.snapshot
         search.words(st, " ".join(VOCAB[:4]), 5)
@@ -181,7 +155,7 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
         assert old.worked_out.get(search.FILE_TIMES) is not None
         gone = weakref.ref(old)
         del old
-        st.commit(Batch(files=[_file(random.Random(9), "home/f9.md", "v1")]))
+        st.commit(Batch(files=[TEXT.file(random.Random(9), "home/f9.md", "v1")]))
         gc.collect()
         assert gone() is None
     finally:

@@ -4,7 +4,6 @@ Hello and Bound, under bubblewrap, and every fault the fake can make."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.bridges import Bridges
-from tests.helpers import PROGRAM, ROOT, Home, Many, Server, base_env, refs, run_cli, until
+from tests.helpers import PROGRAM, ROOT, Home, Many, Server, base_env, refs, run_cli, tree_digest, until
 
 DRIVER = str(ROOT / "fakes" / "bin" / "lnk-store-driver")
 AT1, AT2, AT3 = "2026-05-01T10:00:00Z", "2026-05-01T10:05:00Z", "2026-06-20T08:00:00Z"
@@ -344,16 +343,6 @@ def test_a_bound_agent_reads_the_driver_unless_storage_keeps_its_conversations(t
         bridges.stop()
 
 
-def _tree(*roots) -> dict:
-    out = {}
-    for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            for n in filenames + dirnames:
-                p = os.path.join(dirpath, n)
-                out[p] = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else "dir"
-    return out
-
-
 @pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ.get("CI"), reason="bubblewrap is not installed")
 def test_serve_confined_with_a_store_driver(home, tmp_path, driver):
     """Link's sandbox: everything read-only (the driver's program among it) but `<state>`;
@@ -364,7 +353,7 @@ def test_serve_confined_with_a_store_driver(home, tmp_path, driver):
     home.state.mkdir(parents=True, exist_ok=True)
     watched = (home.folder, home.agent / "chats", home.agent / "skills", driver.store.parent, ROOT / "fakes",
                ROOT / "lnkmem", sys.prefix)
-    before = _tree(*watched)
+    before = tree_digest(*watched)
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--bind", str(home.state), str(home.state),
             "--unshare-net", "--die-with-parent", "--new-session",
@@ -382,7 +371,7 @@ def test_serve_confined_with_a_store_driver(home, tmp_path, driver):
         assert s.close() == 0
     err = s.stderr.decode()
     assert "Traceback" not in err and "Read-only" not in err, err
-    assert _tree(*watched) == before
+    assert tree_digest(*watched) == before
     assert sorted(p.name for p in home.state.parent.iterdir()) == ["lnkmem"]
     assert set(_copies(home)) == {"t1.jsonl", "t1.compact.jsonl", "t2.jsonl"}
 

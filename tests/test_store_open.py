@@ -17,7 +17,7 @@ from tests.helpers import random_file
 WORDS = [f"w{i}" for i in range(30)] + ["pangolin"]
 
 
-def _index(path: str) -> int:
+def _index_forty_files(path: str) -> int:
     rng = random.Random(5)
     st = Store.open(path)
     try:
@@ -38,7 +38,7 @@ def _answers(path: str) -> tuple[int, int]:
 
 def test_an_index_open_in_this_process_is_refused_a_second_time_never_wiped(tmp_path):
     path = str(tmp_path / "index")
-    live = _index(path)
+    live = _index_forty_files(path)
     before = _answers(path)
     assert before[0] == live and before[1] > 0
     st = Store.open(path)
@@ -58,7 +58,7 @@ def test_an_index_that_cannot_be_opened_for_want_of_descriptors_is_kept(tmp_path
     """A process out of file descriptors (many agents in one serve-many, say) gets an
     error for that open; the index on disk stays whole for the next one."""
     path = str(tmp_path / "index")
-    _index(path)
+    _index_forty_files(path)
     before = _answers(path)
     child = textwrap.dedent("""
         import os, resource, sys
@@ -90,7 +90,7 @@ def test_a_fifo_in_place_of_data_mdb_is_damage_never_a_hang(tmp_path):
     """Opening the header check's file never waits on a FIFO: it is no data.mdb, so the
     index is made anew (in a child, so that a hang fails the test instead of holding it)."""
     path = tmp_path / "index"
-    _index(str(path))
+    _index_forty_files(str(path))
     os.unlink(path / "data.mdb")
     os.mkfifo(path / "data.mdb")
     child = "import sys\nfrom lnkmem.index.store import Store\n" \
@@ -107,7 +107,7 @@ def test_a_fifo_in_place_of_data_mdb_is_damage_never_a_hang(tmp_path):
 
 def test_a_folder_in_place_of_data_mdb_is_damage_and_made_anew(tmp_path):
     path = tmp_path / "index"
-    _index(str(path))
+    _index_forty_files(str(path))
     os.unlink(path / "data.mdb")
     (path / "data.mdb").mkdir()
     (path / "data.mdb" / "x").write_text("not an index")

@@ -3,39 +3,21 @@
 import json
 import time
 
-import pytest
+from tests.bridges import KEY, OTHER_KEY, Layout
+from tests.helpers import until
 
-from tests.bridges import KEY, OTHER_KEY, Bridges
-from tests.helpers import Many, until
-
-FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
-
-
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link",
-                bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY},
-                          "a3": {"owner": "o3", "key": "c3" * 32}},
-                teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew", "a2": "o1/crew", "a3": "crew"},
-                              "grants": {"a1": "all", "a2": "all", "a3": "part"}}})
-    folder = b.team_folder("t1")
-    (folder / "memory").mkdir()
-    (folder / "memory" / "charter.md").write_text("The crew charters a schooner every July.\n")
-    (folder / "outside.md").write_text("schooner gossip outside memory/\n")
-    yield b
-    b.stop()
+BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o2", "key": OTHER_KEY},
+                           "a3": {"owner": "o3", "key": "c3" * 32}},
+                 teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew", "a2": "o1/crew", "a3": "crew"},
+                               "grants": {"a1": "all", "a2": "all", "a3": "part"}}},
+                 team_files={"t1": {"memory/charter.md": "The crew charters a schooner every July.\n",
+                                    "outside.md": "schooner gossip outside memory/\n"}})
 
 
 def line(b, agent, owner, key, named, writes):
     first = b.bound(agent=agent, owner=owner, key=key, notes=None)
     first["team"] = {"id": "t1", "named": named, "writes": writes}
     return first
-
-
-def engine(b, tmp_path, name, env=None):
-    e = dict(FAST)
-    e.update(env or {})
-    return Many(tmp_path / name / "m.sock", {}, b.flags() + ["--cache", str(tmp_path / f"c-{name}")], env=e)
 
 
 def refs(c, q):
@@ -48,7 +30,7 @@ def writes_by(b, agent):
 
 
 def test_writer_and_reader_on_one_team(bridges, tmp_path):
-    with engine(bridges, tmp_path, "w") as mw, engine(bridges, tmp_path, "r") as mr:
+    with bridges.serve_many(tmp_path, "w") as mw, bridges.serve_many(tmp_path, "r") as mr:
         w = mw.connect()
         assert w.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
         assert until(lambda: refs(w, "schooner") == ["home/charter.md"], timeout=15)  # memory/ only
@@ -73,7 +55,7 @@ def test_writer_and_reader_on_one_team(bridges, tmp_path):
 
 
 def test_member_granted_part_is_refused_at_first_call(bridges, tmp_path):
-    with engine(bridges, tmp_path, "p") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "p") as m, m.connect() as c:
         assert c.first(line(bridges, "a3", "o3", "c3" * 32, "crew", False)) == {"ok": True}
         for _ in range(2):
             r = c.call("search", {"query": "schooner"})
@@ -85,7 +67,7 @@ def test_member_granted_part_is_refused_at_first_call(bridges, tmp_path):
 
 def test_two_writers_race_and_converge(bridges, tmp_path):
     env = {"LNKMEM_WRITEBACK_S": "0.1"}
-    with engine(bridges, tmp_path, "x", env) as m1, engine(bridges, tmp_path, "y", env) as m2:
+    with bridges.serve_many(tmp_path, "x", env=env) as m1, bridges.serve_many(tmp_path, "y", env=env) as m2:
         c1, c2 = m1.connect(), m2.connect()
         assert c1.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
         assert c2.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", True)) == {"ok": True}
@@ -100,7 +82,7 @@ def test_two_writers_race_and_converge(bridges, tmp_path):
                 assert ctl.first({"flush": {"owner": owner, "agent": agent}}) == {"ok": True}
         c1.close(), c2.close()
     # a fresh reader sees everything both wrote, from the copy
-    with engine(bridges, tmp_path, "z") as m3, m3.connect() as c3:
+    with bridges.serve_many(tmp_path, "z") as m3, m3.connect() as c3:
         assert c3.first(line(bridges, "a1", "o1", KEY, "crew", False)) == {"ok": True}
         for who in "xy":
             for i in range(5):
@@ -111,7 +93,7 @@ def test_two_writers_race_and_converge(bridges, tmp_path):
 
 
 def test_flush_and_end_cascade_to_teams(bridges, tmp_path):
-    with engine(bridges, tmp_path, "f", {"LNKMEM_WRITEBACK_S": "3600"}) as m:
+    with bridges.serve_many(tmp_path, "f", env={"LNKMEM_WRITEBACK_S": "3600"}) as m:
         own = m.connect()
         assert own.first(bridges.bound(notes=None)) == {"ok": True}
         team = m.connect()

@@ -19,18 +19,13 @@ import pytest
 from lnkmem.bridges.http import BridgeClient, BridgeDown
 from lnkmem.bridges.place import Conflict
 from lnkmem.bridges.remote import Collection
-from tests.bridges import KEY, Bridges
+from tests.bridges import KEY, Layout
 from tests.helpers import Many, refs, until
 
 FLUSH = {"flush": {"owner": "o1", "agent": "a1"}}
 
 
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link")
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    yield b
-    b.stop()
+BRIDGES = Layout(homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n"}})
 
 
 def client(bridges, timeout: float = 30.0, patience: float = 30.0) -> BridgeClient:
@@ -127,9 +122,7 @@ def test_a_change_whose_answer_was_lost_is_checked_not_sent_again_blindly(bridge
 # --- the write-back loop in a real serve-many ------------------------------------------------
 
 def serve(bridges, tmp_path, name="m", env=None) -> Many:
-    e = {"LNKMEM_WRITEBACK_S": "0.3", "LNKMEM_QUIET_S": "0.2"}
-    e.update(env or {})
-    return Many(tmp_path / name / "mem.sock", {}, bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")], env=e)
+    return bridges.serve_many(tmp_path, name, env={"LNKMEM_QUIET_S": "0.2", **(env or {})})
 
 
 def shown(tmp_path, name="m") -> dict:

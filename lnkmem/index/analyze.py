@@ -116,7 +116,7 @@ def idents(text: str, inner: bool = False) -> list[str]:
 
 
 # ASCII text (most of what is indexed) is split by byte tables, 3x faster than the
-# Unicode regexes above and the same words and identifiers (tests/test_units.py):
+# Unicode regexes above and the same words and identifiers (tests/test_words.py):
 # the word table keeps letters and digits, lower-cased, and blanks the rest; the
 # token table keeps the connectors too, so a token that is not all letters and
 # digits is where identifiers are.

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.bridges import KEY, Bridges
+from tests.bridges import KEY, Bridges, Layout
 from tests.helpers import PROGRAM, Home, Many, Server, base_env, run_cli, until
 
 BIG = " ".join(f"budget{i} harbour words to fill the answer" for i in range(400)) + "\n"
@@ -250,25 +250,10 @@ def test_an_id_with_a_trailing_newline_is_refused_everywhere(tmp_path):
 
 # --- §5.4 rev. 2: Bound lines as Link sends them ------------------------------------------------
 
-FAST = {"LNKMEM_WRITEBACK_S": "0.3"}
-
-
-@pytest.fixture
-def bridges(tmp_path):
-    b = Bridges(tmp_path / "link", teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew"}, "grants": {"a1": "all"}}})
-    b.write_home("docs/plan.md", "The narwhal migration plan.\n")
-    (b.store("conversations") / "t1.jsonl").write_text('{"role": "user", "text": "where do walruses sleep"}\n')
-    (b.team_folder("t1") / "memory").mkdir()
-    (b.team_folder("t1") / "memory" / "charter.md").write_text("The crew charters a schooner.\n")
-    yield b
-    b.stop()
-
-
-def _many(bridges, tmp_path, agents=None, name="m", env=None):
-    e = dict(FAST)
-    e.update(env or {})
-    return Many(tmp_path / name / "m.sock", agents if agents is not None else {},
-                bridges.flags() + ["--cache", str(tmp_path / f"cache-{name}")], env=e)
+BRIDGES = Layout(teams={"t1": {"folder": "teams/t1", "names": {"a1": "crew"}, "grants": {"a1": "all"}}},
+                 homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n"}},
+                 conversations={"t1.jsonl": '{"role": "user", "text": "where do walruses sleep"}\n'},
+                 team_files={"t1": {"memory/charter.md": "The crew charters a schooner.\n"}})
 
 
 def _hits(c, q):
@@ -276,7 +261,7 @@ def _hits(c, q):
 
 
 def test_unknown_fields_of_bound_storage_and_team_are_ignored(bridges, tmp_path):
-    with _many(bridges, tmp_path) as m:
+    with bridges.serve_many(tmp_path) as m:
         line = bridges.bound()
         line["bound"]["region"] = "eu-west"
         line["bound"]["future"] = {"anything": [1, 2]}
@@ -305,7 +290,7 @@ def test_a_bound_with_memory_and_home_on_the_machine_is_served(bridges, tmp_path
     # storage for the conversations only; no files bridge, no memory place: Home and memory are local
     line = bridges.bound(files=False, places=("conversations",), notes="4 KB")
     for round_ in range(2):
-        with _many(bridges, tmp_path, agents) as m, m.connect() as c:
+        with bridges.serve_many(tmp_path, agents=agents) as m, m.connect() as c:
             assert c.first(line) == {"ok": True}
             assert until(lambda: "home/local.md" in _hits(c, "otter"), timeout=20)
             assert until(lambda: _hits(c, "walruses") == ["chats/t1.jsonl"], timeout=20)
@@ -318,7 +303,7 @@ def test_a_bound_with_memory_and_home_on_the_machine_is_served(bridges, tmp_path
     assert not (bridges.store("memory") / "lnkmem").exists()  # no copy anywhere: the local index is the memory's own
     assert not any(e["method"] in ("PUT", "DELETE") for e in bridges.storage.log() + bridges.files.log())
     # an agent that <agents> does not name, with no files bridge: its Home is not known here
-    with _many(bridges, tmp_path, {}, name="n") as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, "n", agents={}) as m, m.connect() as c:
         r = c.first(line)
         assert "Home" in r["error"] and KEY not in r["error"]
 
@@ -331,7 +316,7 @@ def test_a_second_bound_line_with_other_places_is_refused(bridges, tmp_path):
     h.write("local.md", "The local otter lives on this machine.\n")
     agents = {"a1": {"argv": command(h, {"LNK_MEMORY_NOTES": str(h.notes)})["argv"], "env": {"LNK_OWNER": "o1"}}}
     local = bridges.bound(files=False, places=("conversations",), notes="4 KB")  # Home on the machine
-    with _many(bridges, tmp_path, agents) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path, agents=agents) as m, m.connect() as c:
         assert c.first(local) == {"ok": True}
         assert until(lambda: "home/local.md" in _hits(c, "otter"), timeout=20)
         for other in (bridges.bound(places=("conversations",), notes="4 KB"),  # Home through the files bridge
@@ -355,7 +340,7 @@ def test_a_second_bound_line_with_other_places_is_refused(bridges, tmp_path):
 
 def test_notes_live_in_home_through_the_files_bridge(bridges, tmp_path):
     line = bridges.bound(places=("conversations",), notes="4 KB")  # files, and storage without a memory place
-    with _many(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(line) == {"ok": True}
         assert c.call("remember", {"add": "the narwhal plan is due in May"})["isError"] is False
         assert until(lambda: "notes" in _hits(c, "due"), timeout=10)
@@ -366,7 +351,7 @@ def test_notes_live_in_home_through_the_files_bridge(bridges, tmp_path):
 
 def test_one_bridge_took_the_key_and_the_other_is_down(bridges, tmp_path):
     bridges.storage.stop()
-    with _many(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         t0 = time.monotonic()
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: _hits(c, "narwhal") == ["home/docs/plan.md"], timeout=20)  # Home, through files
@@ -389,7 +374,7 @@ def test_one_bridge_took_the_key_and_the_other_is_down(bridges, tmp_path):
 # --- §2.3 rev. 2: a bound agent that <agents> does not name --------------------------------------
 
 def test_unnamed_bound_agent_notes_follow_the_thread_rules(bridges, tmp_path):
-    with _many(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         for t in ("agent-x", "task-1", "team-t1", "stranger", "o10"):
             r = c.call("remember", {"add": f"from {t}"}, thread=t)
@@ -409,7 +394,7 @@ def _changed(m, path, owner="o1", agent="a1"):
 
 
 def test_changed_with_a_home_path_a_conversation_name_and_memory_notes(bridges, tmp_path):
-    with _many(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: _hits(c, "narwhal") == ["home/docs/plan.md"], timeout=20)
         # each change is in the index when `ok` comes: no waiting after it
@@ -445,7 +430,7 @@ def test_a_burst_of_changed_controls_is_coalesced(bridges, tmp_path):
     files = [f"burst/d{i % 4}/f{i}.md" for i in range(100)]
     for i, f in enumerate(files):
         bridges.write_home(f, f"base text {i}\n")
-    with _many(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "indexing" not in c.search("zz")["structuredContent"] and _hits(c, "base"), timeout=30)
         for i, f in enumerate(files):

@@ -79,7 +79,7 @@ def test_bound_notes_keep_the_text_remember_replaces(bridges, tmp_path):
     `lnk-lnkmem notes-history --state`; a first note, replacing nothing, keeps nothing."""
     import subprocess
     import sys
-    with serve(bridges, tmp_path) as m, m.connect() as c:
+    with bridges.serve_many(tmp_path) as m, m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         for text in ("first", "second", "third"):
             assert not c.call("remember", {"add": f"the {text} note"})["isError"]

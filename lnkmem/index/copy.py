@@ -52,6 +52,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import msgspec
 import numpy as np
 
+from lnkmem.core import memtrim
 from lnkmem.core.knobs import knobs
 from lnkmem.index import postings, textpack
 from lnkmem.index.store import (KEY_MAX, LOADING, FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k,
@@ -1140,7 +1141,10 @@ def load_copy(store: Store, manifest: Manifest, fetch: Callable[[str], bytes], v
                 break
             except lmdb.MapFullError:
                 store.env.set_mapsize(store.env.info()["map_size"] * 2)
+        store.let_go_of_map()
+        memtrim.trim()  # the load's heap handed back before the snapshot is read
         store.snapshot = store._load()
+        store.let_go()
     return v
 
 

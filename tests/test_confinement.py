@@ -80,7 +80,7 @@ def test_serve_confined(home, tmp_path, worker):
 
 def test_a_merge_shared_with_its_helper_process_works_confined(home, tmp_path):
     """A build's final merge read by its helper process (``python -B -m
-    lnkmem.index.merge_steps``) under the same sandbox: the helper starts, reads the
+    lnkmem.index.merge.steps``) under the same sandbox: the helper starts, reads the
     index read-only through its own environment (its reader slot in `<state>`'s lock
     file) and its terms are searchable; nothing is written outside `<state>`."""
     import subprocess

@@ -203,7 +203,7 @@ def _answers(st: Store, queries):
 
 
 def _merge_helpers_of(pid: int) -> list[int]:
-    """The merge helper processes (``python -m lnkmem.index.merge_steps``) whose parent is ``pid``."""
+    """The merge helper processes (``python -m lnkmem.index.merge.steps``) whose parent is ``pid``."""
     import os
     out = []
     for d in os.listdir("/proc"):
@@ -215,7 +215,7 @@ def _merge_helpers_of(pid: int) -> list[int]:
                     cmd = f.read()
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid == pid and b"lnkmem.index.merge_steps" in cmd:
+            if ppid == pid and b"lnkmem.index.merge.steps" in cmd:
                 out.append(int(d))
     return out
 
@@ -428,7 +428,7 @@ def _merged(path: str, monkeypatch, worker: str, kill_helper_after: int = 0):
     helper process once it sent that many steps."""
     import os
 
-    from lnkmem.index import merge_steps
+    from lnkmem.index.merge import steps as merge_steps
     monkeypatch.setenv("LNKMEM_WORKER", worker)
     helpers = []
     start, nxt = merge_steps.start, merge_steps.Helper.next

@@ -2112,7 +2112,7 @@ class Store:
         (:func:`merge_steps.steps`); a large merge's upper terms read and joined by a
         helper process (the second core, :func:`merge_steps.start`), whose steps this
         thread writes between its own."""
-        from lnkmem.index import merge_steps
+        from lnkmem.index.merge import steps as merge_steps
         job = merge_steps.Job(self.path, self.data, segs, new, sorted(self._clean), self.STEP_BYTES,
                               self.JOIN_BYTES, self.MAP_RESIDENT, self.env.info()["map_size"])
         helper = None
@@ -2167,7 +2167,7 @@ class Store:
         """The term from which the helper merges (its share of the postings by the bytes
         of the largest segment's lists: the segments of a build hold much the same words),
         None when there is none."""
-        from lnkmem.index import merge_steps
+        from lnkmem.index.merge import steps as merge_steps
         big = _k(max(segs, key=lambda s: sizes.get(s, 0)))
         with self.env.begin(buffers=True) as txn:
             cur = txn.cursor(db=self.postings)

@@ -8,7 +8,7 @@ items at a time; the store writes them (``Store._merge_postings``).
 
 A large merge (the one that ends a build merges every segment) is shared with
 a helper, the second core: :func:`start` runs ``python -B -m
-lnkmem.index.merge_steps`` (a fresh interpreter: an LMDB environment is never
+lnkmem.index.merge.steps`` (a fresh interpreter: an LMDB environment is never
 used across a fork, nor opened twice in one process), which reads the terms
 from a middle one on through a read-only environment of its own (in the
 reader table, so no page it reads is reused meanwhile) and sends each step
@@ -244,7 +244,7 @@ def start(job: Job, dead: np.ndarray, lo: bytes) -> Optional[Helper]:
     env = _child_env()
     try:
         # -B: no bytecode written beside the program (the engine writes only <state> and the notes)
-        proc = subprocess.Popen([sys.executable, "-B", "-m", "lnkmem.index.merge_steps"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-B", "-m", "lnkmem.index.merge.steps"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
     except (OSError, ValueError) as e:
         import logging

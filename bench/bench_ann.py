@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import common  # noqa: E402
-from lnkmem.index.store import quantize_rows  # noqa: E402
+from lnkmem.index.format import quantize_rows  # noqa: E402
 from lnkmem.index.vectors import VectorIndex  # noqa: E402
 
 SECTION = "ann"

@@ -441,7 +441,9 @@ def w_vectors(a: dict) -> None:
 def w_vectors_make(a: dict) -> None:
     """A real index of ``n`` one-passage files with a random unit vector each."""
     import numpy as np
-    from lnkmem.index.store import Batch, NewFile, Passage, Store
+    from lnkmem.index.commit import Batch, NewFile
+    from lnkmem.index.format import Passage
+    from lnkmem.index.store import Store
     st = Store.open(a["index"])
     n, dim = a["n"], a["dim"]
     rng = np.random.default_rng(7)
@@ -477,6 +479,7 @@ def w_profile(a: dict) -> None:
     import pstats
     import tracemalloc
     from lnkmem import cli
+    from lnkmem.index import commit as commit_mod
     from lnkmem.index import store as store_mod
     argv = ["index", a["home"], a["state"], a["agent"]]
     res: dict = {}
@@ -503,8 +506,8 @@ def w_profile(a: dict) -> None:
                     phases.append((name, peak / MiB, cur / MiB, _vm(), time.perf_counter() - t))
                     tracemalloc.reset_peak()
             return inner
-        S._commit = wrap("commit (one transaction)", S._commit)
-        S._load = wrap("snapshot reload", S._load)
+        commit_mod.write = wrap("commit (one transaction)", commit_mod.write)
+        S.load_snapshot = wrap("snapshot reload", S.load_snapshot)
         S.merge = wrap("merge", S.merge)
         t0 = time.perf_counter()
         cli.main(argv)

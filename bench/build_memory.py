@@ -3,7 +3,7 @@
 ``python bench/build_memory.py HOME [AGENT]``: builds a fresh index of HOME (and the agent's
 chats/ and skills/) with ``indexer.build`` and prints, per commit, the traced memory held when
 the commit starts (the batch gathered: passages and postings), the peak during the commit
-(``Store._commit``), and the peak between commits; then the largest of each. Set
+(``commit.write``), and the peak between commits; then the largest of each. Set
 ``LNKMEM_WORKER=0`` to gather every batch in this process (with the worker, batches are
 counted in the child, which tracemalloc does not see: only what arrives).
 """
@@ -22,6 +22,7 @@ MiB = 1024 * 1024
 
 def main() -> int:
     from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index import commit as commit_mod
     from lnkmem.index import indexer
     from lnkmem.index import store as store_mod
 
@@ -33,7 +34,7 @@ def main() -> int:
         places["skills"] = LocalPlace(os.path.join(agent, "skills"))
     rows = []
     S = store_mod.Store
-    plain = S._commit
+    plain = commit_mod.write
 
     def commit(self, batch):
         held = tracemalloc.get_traced_memory()
@@ -46,7 +47,7 @@ def main() -> int:
                          "commit_peak_mib": round(peak / MiB, 1), "files": len(batch.files)})
             tracemalloc.reset_peak()
 
-    S._commit = commit
+    commit_mod.write = commit
     with tempfile.TemporaryDirectory() as tmp:
         st = S.open(os.path.join(tmp, "index"))
         tracemalloc.start(1)

@@ -254,9 +254,9 @@ class Memory:
         elif store.opened_as == "sealed":
             log.info("index opened in %.2fs: closed cleanly, not checked again%s", time.monotonic() - t,
                      "; its snapshot as saved at that close" if store.snapshot_saved else "")
-        store.on_damage = self._damaged
-        store.on_alloc = self._forget_vectors
-        store.on_map_grown = self._map_grown
+        store.events.damaged = self._damaged
+        store.events.allocated = self._forget_vectors
+        store.events.map_grown = self._map_grown
         return store
 
     _letting_go = False  # a let-go of the map is queued
@@ -282,12 +282,12 @@ class Memory:
 
     def _rebuild(self) -> None:
         """Start the index anew from the sources (and the copy, for a bound memory)."""
-        from lnkmem.index.store import wipe
+        from lnkmem.index.lmdbfile import wipe
         old = self.store
         if old is not None and old.damaged is None:
             return  # already rebuilt
         self.ready.clear()
-        on_commit = old.on_commit if old is not None else None
+        on_commit = old.events.committed if old is not None else None
         if old is not None:
             try:
                 old.close()
@@ -302,7 +302,7 @@ class Memory:
         self.store = store
         if self.layout.replica is not None:
             self._attach()
-        store.on_commit = on_commit
+        store.events.committed = on_commit
         store.start_merger()
         try:
             self.refresh_all()
@@ -336,7 +336,7 @@ class Memory:
             self.opened.set()  # searches answer from the cache while the copy is looked at
             if self.layout.replica is not None:
                 self._attach()
-            self.store.on_commit = self._committed
+            self.store.events.committed = self._committed
             self.store.start_merger()  # merges off this thread: a change never waits behind one
             if self.writeback is not None:
                 self.writeback.start()
@@ -666,7 +666,7 @@ class Memory:
         from lnkmem.index.hybrid import fuse
         from lnkmem.index.search import scores_of
         from lnkmem.index.search import words as by_words
-        from lnkmem.index.store import DAMAGE_ERRORS
+        from lnkmem.index.lmdbfile import DAMAGE_ERRORS
         self.check_copy()
         q = qlang.parse(query)
         meaning = self.embedder is not None and self.vindex.count() > 0 and bool(q.meaning_text.strip())

@@ -455,7 +455,7 @@ def _index_report(run: "Run", memory, took: float) -> list[str]:
 
 
 def indexer_ref(source: str, path: str) -> str:
-    from lnkmem.index.indexer import ref_of
+    from lnkmem.index.count import ref_of
     return ref_of(source, path)
 
 

@@ -84,7 +84,8 @@ def gather_status(cfg) -> dict:
     from lnkmem.engine import local_layout
     from lnkmem.errors import DamagedIndex
     from lnkmem.index import indexer
-    from lnkmem.index.store import SOURCES, Store
+    from lnkmem.index.format import SOURCES
+    from lnkmem.index.store import Store
     index_path = os.path.join(cfg.state, "index")
     data = os.path.join(index_path, "data.mdb")
     pid = building_pid(cfg.state) if os.path.isdir(cfg.state) else None

@@ -14,7 +14,7 @@ from lnkmem.bridges.place import MAX_FILE, Forbidden, NotFound, check_relpath
 from lnkmem.engine import Memory
 from lnkmem.errors import ToolError
 from lnkmem.index import analyze, chats, documents
-from lnkmem.index.indexer import split_ref
+from lnkmem.index.count import split_ref
 from lnkmem.threads import notes_refusal
 from lnkmem.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
                          RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)

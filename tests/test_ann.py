@@ -14,7 +14,9 @@ import pytest
 pytest.importorskip("usearch")
 
 from lnkmem.index import ann as annmod  # noqa: E402
-from lnkmem.index.store import Batch, NewFile, Passage, Store  # noqa: E402
+from lnkmem.index.commit import Batch, NewFile  # noqa: E402
+from lnkmem.index.format import Passage  # noqa: E402
+from lnkmem.index.store import Store  # noqa: E402
 from lnkmem.index.vectors import VectorIndex  # noqa: E402
 
 N, DIM, FILES = 2400, 48, 24

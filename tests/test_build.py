@@ -77,7 +77,7 @@ def _dump(state: Path) -> dict:
     import msgspec
 
     from lnkmem.index import postings, textpack
-    from lnkmem.index.store import FileRec, Passage, _seg_codec
+    from lnkmem.index.format import FileRec, Passage, seg_codec
 
     env = lmdb.open(str(state / "index"), readonly=True, lock=False, max_dbs=16)
     try:
@@ -91,7 +91,7 @@ def _dump(state: Path) -> dict:
                         for k, v in rows(b"passages")}
             lens = {}
             for _, v in rows(b"segments"):
-                m = _seg_codec.decode(v)
+                m = seg_codec.decode(v)
                 lens.update(zip(map(name.__getitem__, memoryview(m.pids).cast("I").tolist()),
                                 memoryview(m.lens).cast("I").tolist()))
             post = set()
@@ -287,14 +287,14 @@ def _counts_by_the_rules(ref, passages):
     """What a file's passages hold, counted plainly by the rules (term -> tf, length):
     the file's name words once in each passage, its path whole; a conversation
     message's own words twice beside its context's; a file's title twice."""
-    from lnkmem.index import analyze, chats, indexer
+    from lnkmem.index import analyze, chats, count
 
     path = ref.split("/", 1)[-1]
     name, name_len = analyze.term_counts(path.replace("/", " "))
     for i in analyze.idents(path, inner=True):
         name[i] = name.get(i, 0) + 1
     conversation = ref.startswith("chats/")
-    title = None if conversation and passages[0].role is not None else indexer._title(passages)
+    title = None if conversation and passages[0].role is not None else count.title_of(passages)
     title_terms = analyze.term_counts(title)[0] if title else {}
     out = []
     for p in passages:
@@ -311,7 +311,7 @@ def _counts_by_the_rules(ref, passages):
             counts = dict(counts)
             if p is passages[0]:
                 for t, n in title_terms.items():
-                    counts[t] = counts.get(t, 0) + n * (indexer.TITLE_WEIGHT - 1)
+                    counts[t] = counts.get(t, 0) + n * (count.TITLE_WEIGHT - 1)
         for t, n in name.items():
             counts[t] = counts.get(t, 0) + n
         out.append((counts, length + name_len))
@@ -326,7 +326,7 @@ def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
     import numpy as np
 
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer
+    from lnkmem.index import count
 
     home = tmp_path / "home"
     (home / "docs").mkdir(parents=True)
@@ -343,7 +343,7 @@ def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
         (home / path).parent.mkdir(parents=True, exist_ok=True)
         (home / path).write_text(text, encoding="utf-8")
     place = LocalPlace(str(home))
-    vocab = indexer._Vocab()
+    vocab = count.Vocab()
     for path in files:
         source, sub = ("chats", path.split("/", 1)[1]) if path.startswith("chats/") else ("home", path)
         if source == "chats":
@@ -351,7 +351,7 @@ def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
         else:
             place = LocalPlace(str(home))
         e = next(x for x in place.list("") if x.path == sub)
-        nf = indexer.index_file(source, e, place, str(tmp_path), vocab)
+        nf = count.index_file(source, e, place, str(tmp_path), vocab)
         terms, tids, npost, tfs, lens = nf.columns()
         want = _counts_by_the_rules(nf.ref, nf.passages)
         assert len(npost) == len(want) == len(nf.passages) > 0

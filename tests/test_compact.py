@@ -13,7 +13,9 @@ import time
 import lmdb
 
 from lnkmem.index import search
-from lnkmem.index.store import COMPACTING, Batch, Store, compact_file
+from lnkmem.index.commit import Batch
+from lnkmem.index.lmdbfile import COMPACTING, compact_file
+from lnkmem.index.store import Store
 from tests.helpers import ROOT, Home, base_env, random_file, run_cli
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -79,7 +81,8 @@ from lnkmem.index.store import Store
 st = Store.open(sys.argv[1])
 print("open", flush=True)
 sys.stdin.readline()
-from lnkmem.index.store import Batch, NewFile, Passage
+from lnkmem.index.commit import Batch, NewFile
+from lnkmem.index.format import Passage
 st.commit(Batch(files=[NewFile("home/late.md", "v1", 5, "text", [Passage("home/late.md", 1, 1, "zebra late")],
                                [({"zebra": 1, "late": 1}, 2)])]))
 print("wrote", flush=True)

@@ -163,7 +163,9 @@ def test_a_file_the_store_refuses_is_left_out_never_the_batch(tmp_path):
     of the batch are committed, and its record stays as it was."""
     import random
     from lnkmem.index import indexer
-    from lnkmem.index.store import Batch, NewFile, Passage, Store
+    from lnkmem.index.commit import Batch, NewFile
+    from lnkmem.index.format import Passage
+    from lnkmem.index.store import Store
     from tests.helpers import random_file
     rng = random.Random(3)
     words = ["alpha", "beta", "gamma", "delta"]
@@ -353,7 +355,8 @@ def test_data_mdb_truncated_below_its_meta_pages_never_ends_another_agents_sessi
 
 _CUT_UNDER_A_READ = r"""
 import json, os, random, sys
-from lnkmem.index.store import Batch, Store
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import Store
 from lnkmem.errors import DamagedIndex
 from tests.helpers import random_file
 path, size = sys.argv[1], int(sys.argv[2])

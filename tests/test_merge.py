@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from lnkmem.index import postings, search
-from lnkmem.index.store import Batch, NewFile, Passage, Store
+from lnkmem.index.commit import Batch, NewFile
+from lnkmem.index.format import Passage
+from lnkmem.index.store import Store
 from tests.helpers import ROOT, base_env, random_file
 from tests.test_snapshot import _same
 
@@ -86,10 +88,10 @@ def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp
         def between():
             nonlocal steps
             steps += 1
-            _same(st.snapshot, st._load())
+            _same(st.snapshot, st.load_snapshot())
             if rng.random() < 0.5:
                 _random_batch(rng, st, refs, version)
-                _same(st.snapshot, st._load())
+                _same(st.snapshot, st.load_snapshot())
             return False
 
         for step in range(120):
@@ -101,13 +103,13 @@ def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp
                 st.maybe_merge(factor=3)
             else:
                 _random_batch(rng, st, refs, version)
-            _same(st.snapshot, st._load())
+            _same(st.snapshot, st.load_snapshot())
             if step % 10 == 0:
                 _postings_match_text(st)
                 q = " ".join(rng.sample(VOCAB, 3))
                 got, _ = search.words(st, q, 10)
                 kept = st.snapshot
-                st.snapshot = st._load()
+                st.snapshot = st.load_snapshot()
                 again, _ = search.words(st, q, 10)
                 st.snapshot = kept
                 assert [p for p, _ in got] == [p for p, _ in again]
@@ -148,14 +150,14 @@ def test_a_passage_killed_during_a_merge_stays_dead_marked_and_the_next_merge_dr
         with st.env.begin() as txn:
             marks = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=st.dead)}
         assert marks == set(b)
-        _same(snap, st._load())
+        _same(snap, st.load_snapshot())
         _postings_match_text(st)
         assert st.merge_plan() == [new]  # more than half of it dead: merged alone
         assert st.maybe_merge()
         with st.env.begin() as txn:
             assert txn.stat(st.dead)["entries"] == 0
         assert (st.snapshot.seg_of[b] == -1).all()
-        _same(st.snapshot, st._load())
+        _same(st.snapshot, st.load_snapshot())
         _postings_match_text(st)
     finally:
         st.close()
@@ -332,7 +334,7 @@ def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_p
             release.set()
             m.join(30)
         assert len(st.snapshot.segs) == 2  # the merged one and the commit's
-        _same(st.snapshot, st._load())
+        _same(st.snapshot, st.load_snapshot())
         _postings_match_text(st)
     finally:
         st.close()
@@ -350,7 +352,7 @@ def test_the_merger_thread_merges_in_the_background_and_stops_with_the_store(tmp
         while len(st.snapshot.segs) > 8 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(st.snapshot.segs) < 8
-        _same(st.snapshot, st._load())
+        _same(st.snapshot, st.load_snapshot())
         st.stop_merger()  # the old segments' postings may be still under deletion: stopped, then swept
         assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
         st.sweep()
@@ -406,7 +408,7 @@ def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
         assert st.env.info()["map_size"] > used
         assert len(st.snapshot.segs) == 1 and len(steps) > 3
         assert _answers(st, queries) == want
-        _same(st.snapshot, st._load())
+        _same(st.snapshot, st.load_snapshot())
         _postings_match_text(st)
     finally:
         st.close()

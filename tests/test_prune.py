@@ -14,7 +14,8 @@ import pytest
 
 from lnkmem.index import postings, search
 from lnkmem.index import query as qlang
-from lnkmem.index.store import Batch, Store
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import Store
 from tests.helpers import random_file
 
 # a Zipf-like vocabulary: a few words in most passages, many in few

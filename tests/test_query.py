@@ -14,7 +14,7 @@ from tests.helpers import Home, Server, run_cli
 # A small Home whose words overlap in many ways; the pinned rankings below were
 # recorded on the code before the query language existed (commit 576885e):
 # a query with no syntax must keep ranking exactly so. (Since a file's title words
-# count twice (indexer.TITLE_WEIGHT), the two files whose `# heading` holds a query
+# count twice (count.TITLE_WEIGHT), the two files whose `# heading` holds a query
 # word score higher: garden.md 2.4833 -> 2.5537, launch.md 2.8425 -> 3.1604; every
 # order and every other score is the same.)
 PLAIN_CORPUS = {
@@ -200,7 +200,7 @@ def test_top_k_of_two_million_ties_is_one_pass():
 
     from lnkmem.index.search import top
     from lnkmem.index.refs import Refs
-    from lnkmem.index.store import Snapshot
+    from lnkmem.index.snapshot import Snapshot
     n = 2_000_000
     refs = ["home/b.md", "home/a.md"]
     refid = (np.arange(n + 1) % 2).astype(np.int32)  # odd pids in home/a.md
@@ -556,7 +556,7 @@ def test_top_k_is_the_best_by_score_then_ref_then_place(data):
 
     from lnkmem.index.refs import Refs
     from lnkmem.index.search import top
-    from lnkmem.index.store import Snapshot
+    from lnkmem.index.snapshot import Snapshot
     refs = ["home/c.md", "home/a.md", "chats/b.jsonl", "home/a.md2"]
     n = data.draw(st.integers(1, 3000))
     size = n + data.draw(st.integers(1, 50))

@@ -8,7 +8,8 @@ import random
 import numpy as np
 
 from lnkmem.index import search
-from lnkmem.index.store import Batch, Store
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import Store
 from tests.helpers import random_file
 
 VOCAB = [f"w{i}" for i in range(40)]
@@ -74,14 +75,14 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                 for f in files:
                     refs[f.ref] = 1
             kept = st.snapshot
-            _same(kept, st._load())
+            _same(kept, st.load_snapshot())
             assert len(set(kept.refs)) == len(kept.refs)
             shrunk += len(kept.refs) < longest
             longest = len(kept.refs)
             if step % 25 == 0:
                 q = " ".join(rng.sample(VOCAB, 3))
                 got, _ = search.words(st, q, 10)
-                st.snapshot = st._load()
+                st.snapshot = st.load_snapshot()
                 again, _ = search.words(st, q, 10)
                 assert [p for p, _ in got] == [p for p, _ in again]
                 assert np.allclose([s for _, s in got], [s for _, s in again])
@@ -109,23 +110,23 @@ def test_a_search_holding_the_old_snapshot_never_sees_a_reused_id_change(tmp_pat
         assert [old.refs[i] for i in old.refid[pids]] == before[1]
         assert (old.src[pids] == before[2]).all()
         assert old.alive[pids].all()
-        _same(st.snapshot, st._load())
+        _same(st.snapshot, st.load_snapshot())
     finally:
         st.close()
 
 
 def test_a_search_refreshing_during_a_commit_does_not_count_the_commit_twice(tmp_path):
     """A search's refresh may read the index between a commit's transaction and the
-    new snapshot (on_alloc runs there): the commit still extends the snapshot it began
+    new snapshot (events.allocated runs there): the commit still extends the snapshot it began
     from, so passages killed or added are counted once."""
     st = Store.open(str(tmp_path / "index"))
     try:
         rng = random.Random(5)
         st.commit(Batch(files=[_file(rng, "home/a.md", "v1"), _file(rng, "home/b.md", "v1")]))
-        st.on_alloc = lambda ids: st.refresh()
+        st.events.allocated = lambda ids: st.refresh()
         st.commit(Batch(files=[_file(rng, "home/a.md", "v2")], removed=["home/b.md"]))
-        st.on_alloc = None
-        _same(st.snapshot, st._load())
+        st.events.allocated = None
+        _same(st.snapshot, st.load_snapshot())
         got, _ = search.words(st, " ".join(VOCAB), 50)
         assert {st.snapshot.refs[st.snapshot.refid[p]] for p, _ in got} == {"home/a.md"}
     finally:
@@ -152,12 +153,12 @@ def test_a_search_on_another_thread_during_a_commit_waits_for_the_commit_s_snaps
             threads.append(t)
             time.sleep(0.3)  # the search reads the generation while the commit is here
 
-        st.on_alloc = search_beside
+        st.events.allocated = search_beside
         st.commit(Batch(files=[_file(rng, "home/new.md", "v1")]))
-        st.on_alloc = None
+        st.events.allocated = None
         threads[0].join(10)
         assert len(got) == 1 and got[0] is st.snapshot  # the commit's own, not one read anew
-        _same(st.snapshot, st._load())
+        _same(st.snapshot, st.load_snapshot())
     finally:
         st.close()
 

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from lnkmem.index import vectors
-from lnkmem.index.store import Batch, NewFile, Passage, Store, quantize
+from lnkmem.index.commit import Batch, NewFile
+from lnkmem.index.format import Passage, quantize
+from lnkmem.index.store import Store
 from lnkmem.index.vectors import VectorIndex
 
 N, DIM, FILES = 5000, 96, 50

@@ -24,7 +24,9 @@ import numpy as np
 from lnkmem.index import analyze
 from lnkmem.index import postings as plists
 from lnkmem.index import query as qlang
-from lnkmem.index.store import SOURCE_CODE, Passage, Snapshot, Store, joined
+from lnkmem.index.format import SOURCE_CODE, Passage
+from lnkmem.index.snapshot import Snapshot
+from lnkmem.index.store import Store
 
 _CHATS = SOURCE_CODE["chats"]
 
@@ -600,7 +602,7 @@ def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: s
             ps, ts = _without(ps, ts, facts[1][seg])
         pids.append(ps)
         tfs.append(ts)
-    return joined(pids, tfs, np.intp)
+    return plists.joined(pids, tfs, np.intp)
 
 
 def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, b: float, candidates, after,

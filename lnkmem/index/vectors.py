@@ -17,7 +17,8 @@ from typing import Optional
 
 import numpy as np
 
-from lnkmem.index.store import SOURCE_CODE, Store, quantize_rows
+from lnkmem.index.format import SOURCE_CODE, quantize_rows
+from lnkmem.index.store import Store
 
 BLOCK = 1024  # rows widened at a time: 1.5 MiB of float32 at 384 dimensions (stays in cache)
 

@@ -6,7 +6,7 @@ INDEX: an index folder (``<state>/index``, e.g. one ``lnk-lnkmem index`` made of
 a ``bench/corpus.py`` folder); QUERIES.json: a list of query strings (the corpus's
 ``queries.json``). ``--long N`` adds N longer queries (8 to 20 words drawn, seeded,
 from the index's own passages: an agent pasting text). Each query runs with
-``search.PRUNE`` off and on, alternately, ``--rounds`` times; the table gives p50 /
+``prune`` off and on, alternately, ``--rounds`` times; the table gives p50 /
 p90 / p99 of each query's median in ms, and every answer (pids and scores) is
 compared: the script exits 1 when any differs.
 """
@@ -68,9 +68,8 @@ def main() -> int:
         for _ in range(a.rounds):
             for i, q in enumerate(qs):
                 for on in (False, True):
-                    search.PRUNE = on
                     t = time.perf_counter()
-                    got = search.bm25(st, q, a.limit)
+                    got = search.bm25(st, q, a.limit, prune=on)
                     times[on][i].append(time.perf_counter() - t)
                     answers[on, i] = got
         for i, q in enumerate(qs):

@@ -55,11 +55,7 @@ def _query(rng: random.Random) -> str:
 def _both(st: Store, q: str, limit: int, **kw):
     out = []
     for on in (False, True):
-        search.PRUNE = on
-        try:
-            out.append(search.words(st, q, limit, **kw)[0])
-        finally:
-            search.PRUNE = True
+        out.append(search.words(st, q, limit, prune=on, **kw)[0])
     return out
 
 

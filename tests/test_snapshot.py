@@ -189,7 +189,7 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
         st.close()
 
 
-def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tmp_path, monkeypatch):
+def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tmp_path):
     """A search counts how many of its segment's dead passages a long list holds (its
     live df) and keeps the count for the snapshot; after each change the counts are
     made anew: the ranking is always that of every posting scored, the dead dropped."""
@@ -205,9 +205,7 @@ def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tm
             again, _ = search.words(st, q, 10)  # with the counts kept for this snapshot
             kept = st.snapshot
             assert search._facts_known(kept)[2]  # (counted by looking the dead up, and kept)
-            with monkeypatch.context() as m:
-                m.setattr(search, "PRUNE", False)  # every posting scored, each list's live ones decoded
-                fresh, _ = search.words(st, q, 10)
+            fresh, _ = search.words(st, q, 10, prune=False)  # every posting scored, each list's live ones decoded
             assert first == again
             assert [p for p, _ in first] == [p for p, _ in fresh]
             assert np.allclose([s for _, s in first], [s for _, s in fresh], rtol=1e-6)

@@ -123,8 +123,7 @@ def gather_status(cfg) -> dict:
                 out["files"] = len(recs)
                 out["passages"] = store.snapshot.live
                 out["by_kind"] = kinds  # files indexed by name only, binary files
-                with store.env.begin() as txn:
-                    model["embedded"] = txn.stat(store.vectors)["entries"]
+                model["embedded"] = store.vector_count()
                 model["vectors_of"] = store.vector_model()
                 out["last_change"] = _rfc3339(os.stat(data).st_mtime)
                 plan = indexer.plan(store, layout.places)

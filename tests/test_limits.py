@@ -172,7 +172,7 @@ def test_a_file_the_store_refuses_is_left_out_never_the_batch(tmp_path):
     store = Store.open(str(tmp_path / "index"))
     try:
         store.commit(Batch([random_file(rng, "home/bad.md", "v1", words, 2)]))
-        b = indexer._Build(store, 3, [], None)
+        b = indexer.Build(store, 3, [], None)
         good = [random_file(rng, f"home/g{i}.md", "v1", words) for i in range(2)]
         bad = NewFile("home/bad.md", "v2", 10, "text", [Passage("home/bad.md", 1, 1, "alpha")], [({"alpha": 1}, 1)] * 2)
         b.commit_batch(Batch([good[0], bad, good[1]]))

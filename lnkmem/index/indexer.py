@@ -133,7 +133,7 @@ def at_fault(store: Store, e: BaseException) -> bool:
 ProgressFn = Callable[[int, int], None]
 
 
-class _Build:
+class Build:
     """The batches of one build made in this thread: files read and counted
     here, committed every BATCH_BYTES or BATCH_FILES."""
 
@@ -252,7 +252,7 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
     (:meth:`Store.maybe_merge`), unless ``merge`` is False: the caller merges,
     after letting go of the plan (its entries are ~330 B a file: 39 MiB at
     120k files, held through the merge's own peak otherwise)."""
-    b = _Build(store, the_plan.total, the_plan.removed, progress)
+    b = Build(store, the_plan.total, the_plan.removed, progress)
     todo = the_plan.todo
     w = None
     far = worker.share(places, todo)

@@ -702,6 +702,12 @@ class Store:
 
     # --- vectors -----------------------------------------------------------
 
+    @_guarded
+    def vector_count(self) -> int:
+        """How many passages have a stored vector (one read of the vectors table's size)."""
+        with self.env.begin() as txn:
+            return txn.stat(self.vectors)["entries"]
+
     def vector_model(self) -> Optional[str]:
         v = self.get_meta(b"model")
         return v.decode() if v is not None else None

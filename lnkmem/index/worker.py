@@ -130,7 +130,7 @@ class Worker:
 
     def share_with(self, b, places: Mapping[str, object], tmpdir: str, should_stop: Callable[[], bool]) -> bool:
         """Index the child's entries together: the child from the first on, this
-        thread (``b``, an ``indexer._Build``) from the last on, committing the
+        thread (``b``, an ``indexer.Build``) from the last on, committing the
         child's batches as they come, until the two meet. When the child fails,
         this thread does all it had not sent. False when stopped.
 

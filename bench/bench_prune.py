@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lnkmem.index import search  # noqa: E402
+from lnkmem.index.rank import search  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 
 

@@ -52,9 +52,9 @@ import common  # noqa: E402
 import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
-from lnkmem.index import indexer  # noqa: E402
-from lnkmem.index import search as S  # noqa: E402
-from lnkmem.index import textpack  # noqa: E402
+from lnkmem.index.build import indexer  # noqa: E402
+from lnkmem.index.rank import search as S  # noqa: E402
+from lnkmem.index.codec import textpack  # noqa: E402
 from lnkmem.index.format import passage_decoder  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 

@@ -66,7 +66,7 @@ import common  # noqa: E402
 import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
 
-from lnkmem.index import textpack  # noqa: E402
+from lnkmem.index.codec import textpack  # noqa: E402
 from lnkmem.status import disk_bytes  # noqa: E402  (what `status` reports: one measure)
 
 SECTION = "scale"
@@ -131,8 +131,8 @@ def run_child(argv: list[str], env: Optional[dict] = None, timeout: float = 3600
 def one_update(st, places: dict, home: str, tmp: str, path: str, word: str, saved: dict) -> float:
     """Seconds from appending a sentence with ``word`` to the Home file ``path`` until
     ``bm25`` finds that file (its old bytes go into ``saved``, to be put back)."""
-    from lnkmem.index import indexer
-    from lnkmem.index.search import bm25
+    from lnkmem.index.build import indexer
+    from lnkmem.index.rank.search import bm25
     full = os.path.join(home, path)
     with open(full, "rb") as f:
         saved[full] = f.read()
@@ -216,7 +216,7 @@ def _tree_hwm_kib(pid: int) -> int:
 def w_ours(a: dict) -> None:
     """Open our index, time the queries, then the one-file updates (files put back after)."""
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index.search import bm25
+    from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     t0 = time.perf_counter()
     st = Store.open(os.path.join(a["state"], "index"))
@@ -232,7 +232,7 @@ def w_ours(a: dict) -> None:
         passes.append(times)
     tops = [[p for p, _ in bm25(st, q, 10)] for q in queries]
     places = {"home": LocalPlace(a["home"])}
-    from lnkmem.index import analyze
+    from lnkmem.index.text import analyze
     for path, _ in a["updates"]:  # the stem memo as a `serve` that indexed these files has it
         with open(os.path.join(a["home"], path), encoding="utf-8", errors="replace") as f:
             analyze.term_counts(f.read())
@@ -391,7 +391,7 @@ def w_vectors(a: dict) -> None:
     """Load the stored vectors and search them, the former way (float32) or now (int8)."""
     import numpy as np
     from lnkmem.index.store import Store
-    from lnkmem.index.vectors import VectorIndex
+    from lnkmem.index.rank.vectors import VectorIndex
     st = Store.open(a["index"])
     base = _hwm_kib("self") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
@@ -527,11 +527,11 @@ def w_profile(a: dict) -> None:
         return
     else:  # updates on a built index
         from lnkmem.bridges.local import LocalPlace
-        from lnkmem.index import indexer
-        from lnkmem.index.search import bm25
+        from lnkmem.index.build import indexer
+        from lnkmem.index.rank.search import bm25
         st = store_mod.Store.open(os.path.join(a["state"], "index"))
         places = {"home": LocalPlace(a["home"])}
-        from lnkmem.index import analyze
+        from lnkmem.index.text import analyze
         for path, _ in a["updates"]:  # the stem memo warm, as in the `serve` that indexed them
             with open(os.path.join(a["home"], path), encoding="utf-8", errors="replace") as f:
                 analyze.term_counts(f.read())
@@ -619,7 +619,7 @@ WORKERS = {"ours": w_ours, "fts5-build": w_fts5_build, "fts5-query": w_fts5_quer
 
 
 def _zdict(env):
-    """The passages' deflate dictionary of an index (lnkmem.index.textpack), or None."""
+    """The passages' deflate dictionary of an index (lnkmem.index.codec.textpack), or None."""
     meta = env.open_db(b"meta", create=False)  # before the transaction: py-lmdb opens it in one of its own
     with env.begin() as txn:
         return txn.get(b"zdict", db=meta)

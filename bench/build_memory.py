@@ -23,7 +23,7 @@ MiB = 1024 * 1024
 def main() -> int:
     from lnkmem.bridges.local import LocalPlace
     from lnkmem.index import commit as commit_mod
-    from lnkmem.index import indexer
+    from lnkmem.index.build import indexer
     from lnkmem.index import store as store_mod
 
     home = sys.argv[1]

@@ -35,7 +35,7 @@ MB = 1_000_000
 
 
 def measure(state: str, queries: list[str], cache: bool = True) -> dict:
-    from lnkmem.index.search import bm25
+    from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     path = os.path.join(state, "index")
     st = Store.open(path)

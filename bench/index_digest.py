@@ -84,7 +84,7 @@ def _places(home: str, agent: str | None) -> dict:
 def build_index(home: str, agent: str | None, folder: str, tmpdir: str) -> int:
     """Apply the plan of ``home`` (and ``agent``) to the index at ``folder`` (made if need
     be), closed as the people's `index` closes it; returns the number of files indexed."""
-    from lnkmem.index import indexer
+    from lnkmem.index.build import indexer
     from lnkmem.index.store import Store
 
     places = _places(home, agent)

@@ -11,8 +11,8 @@ import tempfile
 import time
 
 from lnkmem.bridges.local import LocalPlace
-from lnkmem.index import indexer
-from lnkmem.index.search import bm25
+from lnkmem.index.build import indexer
+from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 
 

@@ -21,7 +21,7 @@ from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry
 from lnkmem import memtrim, procs
 from lnkmem.config import AgentConfig, FolderRefused, open_folder, same_folder
-from lnkmem.index import indexer
+from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
 from lnkmem.notes import LocalNotes
 
@@ -159,7 +159,7 @@ class Memory:
         self._qcache: "OrderedDict[str, object]" = OrderedDict()
         if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
             from lnkmem.embed import Embedder
-            from lnkmem.index.vectors import VectorIndex
+            from lnkmem.index.rank.vectors import VectorIndex
             url, model, headers = self.layout.embed
             try:
                 self.embedder = Embedder(url, model, headers=headers)
@@ -662,10 +662,10 @@ class Memory:
         """Best (pid, score) pairs and how they were ranked: "meaning+words" only when
         meaning was used for this query (a query vector, and hits by meaning that
         pass the query's exclusions, phrases and dates)."""
-        from lnkmem.index import query as qlang
-        from lnkmem.index.hybrid import fuse
-        from lnkmem.index.search import scores_of
-        from lnkmem.index.search import words as by_words
+        from lnkmem.index.text import query as qlang
+        from lnkmem.index.rank.hybrid import fuse
+        from lnkmem.index.rank.search import scores_of
+        from lnkmem.index.rank.search import words as by_words
         from lnkmem.index.lmdbfile import DAMAGE_ERRORS
         self.check_copy()
         q = qlang.parse(query)

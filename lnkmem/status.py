@@ -83,7 +83,7 @@ def _rfc3339(t: float) -> str:
 def gather_status(cfg) -> dict:
     from lnkmem.engine import local_layout
     from lnkmem.errors import DamagedIndex
-    from lnkmem.index import indexer
+    from lnkmem.index.build import indexer
     from lnkmem.index.format import SOURCES
     from lnkmem.index.store import Store
     index_path = os.path.join(cfg.state, "index")

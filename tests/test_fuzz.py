@@ -477,7 +477,7 @@ CHAT_LINES = st.one_of(
 @fuzz(300)
 @given(st.lists(CHAT_LINES, max_size=12), st.booleans())
 def test_conversation_lines(lines, trailing):
-    from lnkmem.index import chats
+    from lnkmem.index.text import chats
     data = "\n".join(lines) + ("\n" if trailing else "")
     msgs, skipped = chats.messages(data)
     nonblank = sum(1 for ln in data.split("\n") if ln.strip())
@@ -693,7 +693,7 @@ def _atheris(argv: list[str]) -> None:
 
     from lnkmem.bridges.http import BridgeDown
     from lnkmem.bridges.remote import _coll_list, _entries, _files_list
-    from lnkmem.index import chats
+    from lnkmem.index.text import chats
     from lnkmem.many import parse_agents
     from lnkmem.spec import notes_limit, parse_spec
     from lnkmem.wire import FirstLine, decode
@@ -740,7 +740,7 @@ def test_copy_files_fuzzed(tmp_path):
     import random
     from lnkmem.bridges.place import NotFound
     from lnkmem.index import copy as copyfmt
-    from lnkmem.index.search import bm25
+    from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     from tests.test_copy_verify import OF, _store_copy, check_copy
     mine = _store_copy(tmp_path / "a", {f"d/f{i}.md": f"alpha{i} beta gamma {i}\n" * 3 for i in range(12)}, OF)

@@ -162,7 +162,7 @@ def test_a_file_the_store_refuses_is_left_out_never_the_batch(tmp_path):
     postings disagree, the store's own check) is reported and left out; the other files
     of the batch are committed, and its record stays as it was."""
     import random
-    from lnkmem.index import indexer
+    from lnkmem.index.build import indexer
     from lnkmem.index.commit import Batch, NewFile
     from lnkmem.index.format import Passage
     from lnkmem.index.store import Store

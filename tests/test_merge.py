@@ -17,7 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from lnkmem.index import postings, search
+from lnkmem.index.codec import postings
+from lnkmem.index.rank import search
 from lnkmem.index.commit import Batch, NewFile
 from lnkmem.index.format import Passage
 from lnkmem.index.store import Store

@@ -12,8 +12,9 @@ import random
 import numpy as np
 import pytest
 
-from lnkmem.index import postings, search
-from lnkmem.index import query as qlang
+from lnkmem.index.codec import postings
+from lnkmem.index.rank import search
+from lnkmem.index.text import query as qlang
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
 from tests.helpers import random_file

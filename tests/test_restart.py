@@ -235,8 +235,8 @@ def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
 
     import numpy as np
 
-    from lnkmem.index.search import top
-    from lnkmem.index.refs import Refs
+    from lnkmem.index.rank.search import top
+    from lnkmem.index.codec.refs import Refs
     from lnkmem.index.snapshot import Snapshot
     rnd = random.Random(5)
     for _ in range(40):
@@ -489,7 +489,7 @@ def test_a_build_that_could_not_read_a_file_as_listed_notes_no_listing(tmp_path)
     matches it: a file gone (or unreadable) between the listing and its read would
     otherwise stay out of the index while the tree lists it unchanged."""
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer
+    from lnkmem.index.build import indexer
     from lnkmem.index.store import Store
     root = tmp_path / "home"
     root.mkdir()

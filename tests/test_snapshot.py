@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from lnkmem.index import search
+from lnkmem.index.rank import search
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
 from tests.helpers import random_file

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from lnkmem import budget
 from lnkmem.errors import ToolError, UsageError
-from lnkmem.index import analyze, chats
-from lnkmem.index.chunk import LIMIT, chunk_text
+from lnkmem.index.text import analyze, chats
+from lnkmem.index.text.chunk import LIMIT, chunk_text
 from lnkmem.notes import apply
 from lnkmem.spec import parse_size, parse_spec
 from lnkmem.threads import notes_refusal
@@ -177,7 +177,7 @@ def test_fusion_scores_the_union_by_both_rankings():
     """hybrid.fuse with both scorers: a passage one ranking missed gets that ranking's
     own score (a cosine of NaN, no vector yet, counts as the list's last, as before);
     without scorers the lists fuse as they are."""
-    from lnkmem.index import hybrid
+    from lnkmem.index.rank import hybrid
     words = [(1, 9.0), (2, 5.0), (3, 1.0)]
     meaning = [(4, 0.9), (5, 0.8), (1, 0.5)]
     asked = {}

@@ -391,7 +391,7 @@ class DriverConversations:
     # --- the place the index reads: the copy ---------------------------------------
 
     def list(self, prefix: str = "", share: bool = False) -> list[Entry]:
-        from lnkmem.index.count import file_time
+        from lnkmem.index.build.count import file_time
         out = []
         for e in self.place.list(prefix):
             out.append(e._replace(modified=file_time(self.place, e, e.version)))

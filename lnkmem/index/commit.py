@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lnkmem.index import postings, textpack
+from lnkmem.index.codec import postings, textpack
 from lnkmem.index.format import (CRC, FCRC, FILES_SUM, KEY_MAX, PCRC, FileRec, Passage, PostingsSum, SegMeta,
                                  crc_of, encoder, file_decoder, file_get, file_key, file_value, id_key, seg_codec,
                                  take_from_sum)

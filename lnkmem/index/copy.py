@@ -50,7 +50,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import msgspec
 import numpy as np
 
-from lnkmem.index import postings, textpack
+from lnkmem.index.codec import postings, textpack
 from lnkmem.index.format import (KEY_MAX, FileRec, encoder, file_decoder, file_entry, file_key, file_value, id_key,
                                  passage_decoder, seg_codec)
 from lnkmem.index.store import Store

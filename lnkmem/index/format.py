@@ -7,9 +7,9 @@ Layout (one LMDB environment, ``<state>/index/``), named databases:
               the sums (``crc``, ``pcrc``, ``fcrc``) below
 ``files``     ref -> FileRec: the version seen and the passages made of it (keys: :func:`file_key`)
 ``passages``  pid (4 bytes, big-endian: :func:`id_key`) -> Passage: ref, lines, text, thread...
-              (msgpack, compressed: :mod:`lnkmem.index.textpack`)
+              (msgpack, compressed: :mod:`lnkmem.index.codec.textpack`)
 ``postings``  segment (4 bytes BE) + term -> pids and tfs in compressed blocks
-              (:mod:`lnkmem.index.postings`)
+              (:mod:`lnkmem.index.codec.postings`)
 ``segments``  segment -> SegMeta: its pids, their lengths and refs (as runs: SegStored)
 ``dead``      pid -> b"": passages replaced or deleted, still in a segment
 ``vectors``   pid -> int8 embedding + float32 scale (meta ``model``: whose; :func:`quantize`)

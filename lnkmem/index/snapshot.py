@@ -21,7 +21,7 @@ import numpy as np
 from lnkmem.errors import DamagedIndex
 from lnkmem.index.format import SOURCE_CODE, encoder, file_decoder, file_entry, seg_codec, source_of
 from lnkmem.index.lmdbfile import LISTED, SNAP
-from lnkmem.index.refs import Refs
+from lnkmem.index.codec.refs import Refs
 
 
 class Listed(msgspec.Struct):

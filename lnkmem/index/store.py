@@ -35,7 +35,8 @@ import numpy as np
 from lnkmem import memtrim
 from lnkmem.errors import DamagedIndex
 from lnkmem.index import commit as commits
-from lnkmem.index import lmdbfile, postings, textpack
+from lnkmem.index import lmdbfile
+from lnkmem.index.codec import postings, textpack
 from lnkmem.index import snapshot as snapshots
 from lnkmem.index.commit import Batch
 from lnkmem.index.format import (FORMAT, REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,

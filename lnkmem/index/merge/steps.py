@@ -33,7 +33,8 @@ import msgspec
 import numpy as np
 
 from lnkmem import procs
-from lnkmem.index import postings, worker
+from lnkmem.index.build import worker
+from lnkmem.index.codec import postings
 from lnkmem.index.child import Sender, child_env
 from lnkmem.index.format import id_key
 from lnkmem.index.lmdbfile import let_go_of_map, release_map

@@ -1,5 +1,5 @@
 """BM25 over the words index (Robertson/Sparck Jones idf, Lucene's form),
-with the query language (:mod:`lnkmem.index.query`) and the date filters.
+with the query language (:mod:`lnkmem.index.text.query`) and the date filters.
 
 Cost is bounded whatever the query or the index: at most ``query.MAX_TERMS``
 terms are scored (vectorised over their postings); the best are chosen in
@@ -21,9 +21,9 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from lnkmem.index import analyze
-from lnkmem.index import postings as plists
-from lnkmem.index import query as qlang
+from lnkmem.index.text import analyze
+from lnkmem.index.codec import postings as plists
+from lnkmem.index.text import query as qlang
 from lnkmem.index.format import SOURCE_CODE, Passage
 from lnkmem.index.snapshot import Snapshot
 from lnkmem.index.store import Store

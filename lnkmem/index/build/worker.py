@@ -43,7 +43,8 @@ from typing import Callable, Mapping, Optional
 import msgspec
 
 from lnkmem import procs
-from lnkmem.index import count, textpack
+from lnkmem.index.build import count
+from lnkmem.index.codec import textpack
 from lnkmem.index.child import Sender
 from lnkmem.index.commit import Batch, NewFile
 from lnkmem.procs import cores as _cores  # (a name of this module's: tests set it)

@@ -14,8 +14,8 @@ from typing import Optional
 import numpy as np
 
 from lnkmem.bridges.place import Entry, Forbidden, NotFound
-from lnkmem.index import analyze, chats, documents
-from lnkmem.index.chunk import chunk_text
+from lnkmem.index.text import analyze, chats, documents
+from lnkmem.index.text.chunk import chunk_text
 from lnkmem.index.commit import NewFile
 from lnkmem.index.format import Passage
 

@@ -19,9 +19,10 @@ import msgspec
 
 from lnkmem.bridges.place import Entry, NotFound, Forbidden
 from lnkmem.errors import DamagedIndex
-from lnkmem.index import documents, readahead, worker
+from lnkmem.index.build import readahead, worker
+from lnkmem.index.text import documents
 from lnkmem.index.commit import Batch
-from lnkmem.index.count import BATCH_BYTES, BATCH_FILES, Vocab, as_listed, index_file, passages_of, ref_of
+from lnkmem.index.build.count import BATCH_BYTES, BATCH_FILES, Vocab, as_listed, index_file, passages_of, ref_of
 from lnkmem.index.format import Passage
 from lnkmem.index.store import Store
 
@@ -246,7 +247,7 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
     """Apply a plan; returns the number of files indexed.
 
     A large plan's local files are read, cut and counted by a worker process
-    (:mod:`lnkmem.index.worker`, the second core) from the first on, and by
+    (:mod:`lnkmem.index.build.worker`, the second core) from the first on, and by
     this thread from the last on between commits of the worker's batches;
     everything of a small plan here. Then the merge the index asks for
     (:meth:`Store.maybe_merge`), unless ``merge`` is False: the caller merges,

@@ -33,7 +33,6 @@ import msgspec
 import numpy as np
 
 from lnkmem import procs
-from lnkmem.index.build import worker
 from lnkmem.index.codec import postings
 from lnkmem.index.child import Sender, child_env
 from lnkmem.index.format import id_key
@@ -196,8 +195,8 @@ def steps(job: Job, env, db, dead: np.ndarray, lo: Optional[bytes], hi: Optional
 
 def shared(passages: int) -> bool:
     """Whether a merge of this many passages is shared with a helper
-    (:func:`worker.second_core`: past :data:`SHARED_PASSAGES`)."""
-    return worker.second_core(lambda: passages >= SHARED_PASSAGES)
+    (:func:`procs.second_core`: past :data:`SHARED_PASSAGES`)."""
+    return procs.second_core(lambda: passages >= SHARED_PASSAGES)
 
 
 class Helper:

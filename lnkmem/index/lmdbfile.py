@@ -384,7 +384,7 @@ class CoveringEnv:
     it says it uses. LMDB itself may not: a page allocated and freed again in one
     transaction (deletions do it) is never written, so the file can end a page or more
     short of ``last_pgno``. Those pages are free and never read, but the checks above
-    (:func:`check_file`, ``Store._guard``) cannot tell such a file from a truncated one,
+    (:func:`check_file`, ``Store.guard``) cannot tell such a file from a truncated one,
     so after each commit the file is extended (zeros, never shortened) to cover them.
     Everything else is the environment's own."""
 

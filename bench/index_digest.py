@@ -14,12 +14,13 @@ the caller set it: with the worker process, which files each side counts depends
 and so do the passage ids). Files' modification times are part of the files table: digests
 compare builds of one tree left untouched in between.
 
-``--corpus SCALE``: first generates (or reuses) ``bench/out/digest-SCALE/`` with
-``bench/corpus.py`` (seed 7) and builds that tree.
+``--corpus SCALE``: first generates (or reuses) ``<out>/digest-SCALE/`` (``--out``, default
+``bench/out/``) with ``bench/corpus.py`` (seed 7) and builds that tree.
 
-``--changes``: a second round after the first build, on a copy of the tree made once and
-kept below ``bench/out/digest-changed/`` (modification times kept): every 7th file removed, every 5th rewritten (a line added, a fixed modification
-time), the plan applied again (its commit's deletions, dead passages and the merge it asks
+``--changes``: a second round after the first build, on a second tree made once and kept
+below ``<out>/digest-changed/`` (hard links to the first round's files): every 7th file
+removed, every 5th rewritten (a line added, a fixed modification time), the plan applied
+again (its commit's deletions, dead passages and the merge it asks
 for), then a merge of every segment, then seeded vectors for every live passage
 (``put_vectors``, the quantized rows). The digests are printed after each round.
 """
@@ -36,6 +37,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+OUT = os.path.join(HERE, "out")
 TABLES = ("meta", "files", "passages", "postings", "segments", "dead", "vectors", "vec_pending")
 _LEN = struct.Struct("<II")
 
@@ -84,7 +86,10 @@ def _places(home: str, agent: str | None) -> dict:
 def build_index(home: str, agent: str | None, folder: str, tmpdir: str) -> int:
     """Apply the plan of ``home`` (and ``agent``) to the index at ``folder`` (made if need
     be), closed as the people's `index` closes it; returns the number of files indexed."""
-    from lnkmem.index.build import indexer
+    try:
+        from lnkmem.index.build import indexer
+    except ImportError:  # (the layout before issue 36: the same digests, shown)
+        from lnkmem.index import indexer
     from lnkmem.index.store import Store
 
     places = _places(home, agent)
@@ -99,13 +104,15 @@ CHANGED_AT = 1_700_000_000  # the modification time of the files the second roun
 
 
 def changed_tree(home: str, agent: str | None) -> tuple[str, str | None, int, int]:
-    """The second round's tree: a copy of ``home`` (and ``agent``) below
-    ``bench/out/digest-changed/``, changed by :func:`change_tree`; made once and kept (a
-    local file's version holds its inode: a fresh copy's files would differ each run)."""
+    """The second round's tree: ``home`` (and ``agent``) again below
+    ``<out>/digest-changed/``, each file a hard link to the first round's (the same inode
+    and modification time: the same version, not indexed again), then changed by
+    :func:`change_tree`; made once and kept (a local file's version holds its inode: a
+    fresh copy's files would differ each run)."""
     import json
 
     key = hashlib.sha256(f"{os.path.abspath(home)}\0{agent and os.path.abspath(agent)}".encode()).hexdigest()[:16]
-    out = os.path.join(HERE, "out", "digest-changed", key)
+    out = os.path.join(OUT, "digest-changed", key)
     done = os.path.join(out, "done.json")
     try:
         with open(done) as f:
@@ -116,7 +123,7 @@ def changed_tree(home: str, agent: str | None) -> tuple[str, str | None, int, in
         removed = rewritten = 0
         for name, tree in (("home", home), ("agent", agent)):
             if tree:
-                r, w = change_tree(shutil.copytree(tree, os.path.join(out, name)))
+                r, w = change_tree(shutil.copytree(tree, os.path.join(out, name), copy_function=os.link))
                 removed, rewritten = removed + r, rewritten + w
         with open(done, "w") as f:
             json.dump([removed, rewritten], f)
@@ -124,7 +131,8 @@ def changed_tree(home: str, agent: str | None) -> tuple[str, str | None, int, in
 
 
 def change_tree(root: str) -> tuple[int, int]:
-    """Every 7th file below ``root`` (sorted paths) removed, every 5th other one rewritten."""
+    """Every 7th file below ``root`` (sorted paths) removed, every 5th other one rewritten
+    (a new file in its place: the first round's, linked here, is left as it was)."""
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
     removed = rewritten = 0
     for i, path in enumerate(paths):
@@ -132,11 +140,15 @@ def change_tree(root: str) -> tuple[int, int]:
             os.unlink(path)
             removed += 1
         elif i % 5 == 1:
-            with open(path, "a", encoding="utf-8") as f:
-                if path.endswith(".jsonl"):
-                    f.write('{"role": "user", "text": "digest round two quokka", "at": "2026-01-01T00:00:00Z"}\n')
-                else:
-                    f.write("\ndigest round two quokka\n")
+            with open(path, "rb") as f:
+                data = f.read()
+            os.unlink(path)
+            if path.endswith(".jsonl"):
+                data += b'{"role": "user", "text": "digest round two quokka", "at": "2026-01-01T00:00:00Z"}\n'
+            else:
+                data += b"\ndigest round two quokka\n"
+            with open(path, "wb") as f:
+                f.write(data)
             os.utime(path, (CHANGED_AT, CHANGED_AT))
             rewritten += 1
     return removed, rewritten
@@ -169,9 +181,13 @@ def main(argv=None) -> int:
     ap.add_argument("--index", help="digest this existing index folder instead of building one")
     ap.add_argument("--corpus", type=float, metavar="SCALE",
                     help="build bench/corpus.py's tree at this scale (seed 7)")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"),
+                    help="where the generated and the second round's trees are kept (bench/out)")
     ap.add_argument("--changes", action="store_true",
                     help="then a second round: files removed and rewritten, merged, vectors")
     a = ap.parse_args(argv)
+    global OUT
+    OUT = a.out
     os.environ.setdefault("LNKMEM_WORKER", "0")
     sys.path.insert(0, ROOT)
     if a.index:
@@ -182,7 +198,7 @@ def main(argv=None) -> int:
             sys.path.insert(0, HERE)
             import corpus
 
-            out = os.path.join(HERE, "out", f"digest-{a.corpus:g}")
+            out = os.path.join(OUT, f"digest-{a.corpus:g}")
             corpus.generate(out, scale=a.corpus, seed=7, log=lambda *x: print(*x, file=sys.stderr))
             a.home, a.agent = os.path.join(out, "home"), os.path.join(out, "agent")
         if not a.home:

@@ -15,7 +15,7 @@ For each size and library: build time (one thread, all but the last 1,000 rows),
 incremental add of the last 1,000, memory (the saved file's size, and the process's
 resident-set growth while building), query p50/p99 (one query at a time, one thread), and
 recall@10 against the engine's exact int8 search, for k 10 and for the engine's depth
-(k 100: ``CANDIDATES``). usearch is measured through ``lnkmem.index.ann.Ann`` as the engine
+(k 100: ``CANDIDATES``). usearch is measured through ``lnkmem.index.rank.ann.Ann`` as the engine
 uses it (int8 rows, the neighbours re-scored exactly by ``VectorIndex.similarities``);
 faiss as ``IndexHNSWSQ`` (8-bit scalar quantiser, inner product on unit vectors); hnswlib
 (float32 only). All three: M 16, ef_construction 128, ef_search max(128, 2k).
@@ -39,8 +39,8 @@ from datetime import datetime, timezone
 import numpy as np
 
 import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
-from lnkmem.index.store import quantize_rows  # noqa: E402
-from lnkmem.index.vectors import VectorIndex  # noqa: E402
+from lnkmem.index.format import quantize_rows  # noqa: E402
+from lnkmem.index.rank.vectors import VectorIndex  # noqa: E402
 
 SECTION = "ann"
 M, EF_ADD, EF_SEARCH = 16, 128, 128
@@ -155,7 +155,7 @@ def _measure(build, add, search, save, qs, truth) -> dict:
 
 
 def run_usearch(held, unit, base, inc, qs, truth, vi) -> dict:
-    from lnkmem.index import ann as annmod
+    from lnkmem.index.rank import ann as annmod
     a = annmod.Ann(held[0].shape[1])
     q8 = held[0]
 
@@ -230,7 +230,7 @@ def exact_scaling(vecs: np.ndarray, qs: np.ndarray, sizes: list[int]) -> list[tu
 
 
 def table(rows: list[dict], scaling, nvec: int, what: str) -> str:
-    from lnkmem.index import ann as annmod
+    from lnkmem.index.rank import ann as annmod
     source = "SciFact and LoCoMo text" + (", and sentences of Python docstrings (`bench/ann_embed.py`)"
                                           if "docstring" in what else "")
     lines = [f"Real vectors: {nvec:,} all-MiniLM-L6-v2 embeddings (384 dimensions) of {source}; "
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     if a.ef:
-        from lnkmem.index import ann as annmod
+        from lnkmem.index.rank import ann as annmod
         annmod.EXPANSION_SEARCH = a.ef
     rng = np.random.default_rng(12)
     vecs, qs, what = load(a.cache, rng)

@@ -224,7 +224,7 @@ def read_index(state: str) -> tuple[list[tuple[int, str]], int, int, int]:
         meta = env.open_db(b"meta", create=False)
         out = []
         nbytes = nfiles = 0
-        from lnkmem.index import textpack
+        from lnkmem.index.codec import textpack
         with env.begin() as txn:
             zdict = txn.get(b"zdict", db=meta)
             for k, v in txn.cursor(db=passages):
@@ -297,7 +297,7 @@ class Ours:
     """Our BM25 in-process, on the index the program built."""
 
     def __init__(self, state: str):
-        from lnkmem.index.search import bm25
+        from lnkmem.index.rank.search import bm25
         from lnkmem.index.store import Store
         self.bm25 = bm25
         t0 = time.perf_counter()

@@ -35,7 +35,7 @@ What it does, in-process with the engine's own parts:
   passes, as the machine may be shared);
 - with ``--locomo``: LoCoMo turn-level Recall@k, words vs fused (each
   conversation a ``chats/`` ``.jsonl`` file, its passages made by
-  ``index/chats.py`` as the engine makes them: a message a passage, with the
+  ``index/text/chats.py`` as the engine makes them: a message a passage, with the
   day and the gist of the two messages before it; a hit counts as the turn on
   its line; tuned on conversations 1-5, reported on 6-10).
 
@@ -47,7 +47,7 @@ quality figures as JSON.
 
 Prints a markdown table; ``--record`` writes it to the "meaning" section of
 ``docs/BENCHMARKS.md``. The engine's default fusion (``METHOD``, ``ALPHA``,
-``RRF_K`` in ``lnkmem/index/hybrid.py``) is set by hand from the train figures;
+``RRF_K`` in ``lnkmem/index/rank/hybrid.py``) is set by hand from the train figures;
 the table's "default" row measures whatever it is now.
 """
 
@@ -81,10 +81,11 @@ import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
 from lnkmem.memory.embed import Embedder  # noqa: E402
-from lnkmem.index import hybrid, indexer  # noqa: E402
-from lnkmem.index.search import bm25, scores_of  # noqa: E402
+from lnkmem.index.build import indexer  # noqa: E402
+from lnkmem.index.rank import hybrid  # noqa: E402
+from lnkmem.index.rank.search import bm25, scores_of  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
-from lnkmem.index.vectors import VectorIndex  # noqa: E402
+from lnkmem.index.rank.vectors import VectorIndex  # noqa: E402
 
 try:
     from lnkmem.memory.memory import CANDIDATES
@@ -514,7 +515,7 @@ def locomo(a, r: dict) -> None:
     server = None
     try:
         # each conversation one Link conversation file (chats/c<i>.jsonl, a message a
-        # line: speaker, text, the session's time), made into passages by index/chats.py
+        # line: speaker, text, the session's time), made into passages by index/text/chats.py
         # as the engine makes them; a hit counts as the turn on its line
         home = os.path.join(tmp, "chats")
         os.makedirs(home)
@@ -616,7 +617,7 @@ def table(r: dict) -> str:
         tgt = f"≥ {target:.3f}" if target else "—"
         rows.append((name, f"{n10:.4f}", f"{r100:.4f}", f"{tn:.4f}", tgt, ok(n10 >= target) if target else ""))
 
-    from lnkmem.index import search as _search
+    from lnkmem.index.rank import search as _search
     row(f"Words: our BM25 (k1 {_search.K1:g}, b {_search.B:g})", "words", T_WORDS)
     row(f"Meaning: {MODEL} cosine (int8 vectors, brute force)", "meaning")
     for m in GRIDS:
@@ -656,7 +657,7 @@ def table(r: dict) -> str:
         lo = r["locomo"]
         tn, rn = lo["n"]
         lines += ["", f"LoCoMo, turn-level Recall@k: each conversation one `chats/` `.jsonl` file, a message "
-                  f"a line (speaker, text, session time), its passages made by `index/chats.py` (a message "
+                  f"a line (speaker, text, session time), its passages made by `index/text/chats.py` (a message "
                   f"a passage with its day in words and the gist of the two messages before it; a hit is the "
                   f"turn on its line); a "
                   f"question searched within its own conversation; tuned on conversations 1-5 ({tn} questions), "

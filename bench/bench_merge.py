@@ -72,7 +72,7 @@ def w_merge(a: dict) -> None:
 
 def w_during(a: dict) -> None:
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import analyze
+    from lnkmem.index.text import analyze
     from lnkmem.index.store import Store
     st = Store.open(os.path.join(a["state"], "index"))
     places = {"home": LocalPlace(a["home"])}

@@ -49,10 +49,11 @@ from common import HERE  # noqa: E402
 import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
-from lnkmem.index import indexer  # noqa: E402
-from lnkmem.index import search as S  # noqa: E402
-from lnkmem.index import textpack  # noqa: E402
-from lnkmem.index.store import Store, _dec_passage  # noqa: E402
+from lnkmem.index.build import indexer  # noqa: E402
+from lnkmem.index.rank import search as S  # noqa: E402
+from lnkmem.index.codec import textpack  # noqa: E402
+from lnkmem.index.format import passage_decoder  # noqa: E402
+from lnkmem.index.store import Store  # noqa: E402
 
 SECTION = "quality"
 SET = os.path.join(HERE, "ident_set.json")
@@ -120,7 +121,7 @@ def passages(store: Store):
     with store.env.begin() as txn:
         zdict = txn.get(b"zdict", db=store.meta)
         for _, v in txn.cursor(db=store.passages):
-            yield _dec_passage.decode(textpack.unpack(v, zdict))
+            yield passage_decoder.decode(textpack.unpack(v, zdict))
 
 
 def make_set(tmp: str, seed: int = SEED) -> list[dict]:

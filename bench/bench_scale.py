@@ -63,7 +63,7 @@ from common import HERE, ROOT  # noqa: E402
 import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
 
-from lnkmem.index import textpack  # noqa: E402
+from lnkmem.index.codec import textpack  # noqa: E402
 from lnkmem.cli.status import disk_bytes  # noqa: E402  (what `status` reports: one measure)
 
 SECTION = "scale"
@@ -128,8 +128,8 @@ def run_child(argv: list[str], env: Optional[dict] = None, timeout: float = 3600
 def one_update(st, places: dict, home: str, tmp: str, path: str, word: str, saved: dict) -> float:
     """Seconds from appending a sentence with ``word`` to the Home file ``path`` until
     ``bm25`` finds that file (its old bytes go into ``saved``, to be put back)."""
-    from lnkmem.index import indexer
-    from lnkmem.index.search import bm25
+    from lnkmem.index.build import indexer
+    from lnkmem.index.rank.search import bm25
     full = os.path.join(home, path)
     with open(full, "rb") as f:
         saved[full] = f.read()
@@ -202,7 +202,7 @@ def _tree_hwm_kib(pid: int) -> int:
 def w_ours(a: dict) -> None:
     """Open our index, time the queries, then the one-file updates (files put back after)."""
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index.search import bm25
+    from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     t0 = time.perf_counter()
     st = Store.open(os.path.join(a["state"], "index"))
@@ -218,7 +218,7 @@ def w_ours(a: dict) -> None:
         passes.append(times)
     tops = [[p for p, _ in bm25(st, q, 10)] for q in queries]
     places = {"home": LocalPlace(a["home"])}
-    from lnkmem.index import analyze
+    from lnkmem.index.text import analyze
     for path, _ in a["updates"]:  # the stem memo as a `serve` that indexed these files has it
         with open(os.path.join(a["home"], path), encoding="utf-8", errors="replace") as f:
             analyze.term_counts(f.read())
@@ -377,7 +377,7 @@ def w_vectors(a: dict) -> None:
     """Load the stored vectors and search them, the former way (float32) or now (int8)."""
     import numpy as np
     from lnkmem.index.store import Store
-    from lnkmem.index.vectors import VectorIndex
+    from lnkmem.index.rank.vectors import VectorIndex
     st = Store.open(a["index"])
     base = common.proc_memory().get("VmHWM", 0) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
@@ -427,7 +427,9 @@ def w_vectors(a: dict) -> None:
 def w_vectors_make(a: dict) -> None:
     """A real index of ``n`` one-passage files with a random unit vector each."""
     import numpy as np
-    from lnkmem.index.store import Batch, NewFile, Passage, Store
+    from lnkmem.index.commit import Batch, NewFile
+    from lnkmem.index.format import Passage
+    from lnkmem.index.store import Store
     st = Store.open(a["index"])
     n, dim = a["n"], a["dim"]
     rng = np.random.default_rng(7)
@@ -453,6 +455,7 @@ def w_profile(a: dict) -> None:
     import pstats
     import tracemalloc
     import lnkmem.cli.main as cli
+    from lnkmem.index import commit as commit_mod
     from lnkmem.index import store as store_mod
     argv = ["index", a["home"], a["state"], a["agent"]]
     res: dict = {}
@@ -479,8 +482,8 @@ def w_profile(a: dict) -> None:
                     phases.append((name, peak / MiB, cur / MiB, common.proc_memory_mib(), time.perf_counter() - t))
                     tracemalloc.reset_peak()
             return inner
-        S._commit = wrap("commit (one transaction)", S._commit)
-        S._load = wrap("snapshot reload", S._load)
+        commit_mod.write = wrap("commit (one transaction)", commit_mod.write)
+        S.load_snapshot = wrap("snapshot reload", S.load_snapshot)
         S.merge = wrap("merge", S.merge)
         t0 = time.perf_counter()
         cli.main(argv)
@@ -500,11 +503,11 @@ def w_profile(a: dict) -> None:
         return
     else:  # updates on a built index
         from lnkmem.bridges.local import LocalPlace
-        from lnkmem.index import indexer
-        from lnkmem.index.search import bm25
+        from lnkmem.index.build import indexer
+        from lnkmem.index.rank.search import bm25
         st = store_mod.Store.open(os.path.join(a["state"], "index"))
         places = {"home": LocalPlace(a["home"])}
-        from lnkmem.index import analyze
+        from lnkmem.index.text import analyze
         for path, _ in a["updates"]:  # the stem memo warm, as in the `serve` that indexed them
             with open(os.path.join(a["home"], path), encoding="utf-8", errors="replace") as f:
                 analyze.term_counts(f.read())
@@ -592,7 +595,7 @@ WORKERS = {"ours": w_ours, "fts5-build": w_fts5_build, "fts5-query": w_fts5_quer
 
 
 def _zdict(env):
-    """The passages' deflate dictionary of an index (lnkmem.index.textpack), or None."""
+    """The passages' deflate dictionary of an index (lnkmem.index.codec.textpack), or None."""
     meta = env.open_db(b"meta", create=False)  # before the transaction: py-lmdb opens it in one of its own
     with env.begin() as txn:
         return txn.get(b"zdict", db=meta)

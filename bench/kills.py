@@ -312,7 +312,7 @@ def copy_store(bridges: Bridges, where: Path) -> tuple[Store, bool] | None:
     shutil.rmtree(where, ignore_errors=True)
     store = Store(str(where))
     copyfmt.load(store, copyfmt.verify(manifest, lambda n: (d / n).read_bytes(), "agent o1/a1"), "check")
-    store._load()  # raises DamagedIndex when the tables disagree
+    store.load_snapshot()  # raises DamagedIndex when the tables disagree
     return store, True
 
 

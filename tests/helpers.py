@@ -334,7 +334,8 @@ def random_file(rng, ref: str, version: str, vocab: list, n=None, words=(1, 10),
     """A NewFile for Store.commit made of random words: ``n`` passages (1-6 when not
     given), each of ``words`` (a range) drawn from ``vocab`` (by ``weights`` when given),
     with their counts; for tests that drive the store directly."""
-    from lnkmem.index.store import NewFile, Passage
+    from lnkmem.index.commit import NewFile
+    from lnkmem.index.format import Passage
     n = n or rng.randint(1, 6)
     ps, counts = [], []
     for i in range(n):

@@ -1,4 +1,4 @@
-"""The approximate vector index (lnkmem/index/ann.py) past a threshold, lowered here
+"""The approximate vector index (lnkmem/index/rank/ann.py) past a threshold, lowered here
 through LNKMEM_ANN_THRESHOLD: the mechanism — built from the vectors held, kept up to
 date by adds and forgets (ids reused), saved under <state> and reloaded, rebuilt when
 its file is missing, stale or damaged (never handed to usearch then), filters by
@@ -14,9 +14,11 @@ import pytest
 pytest.importorskip("usearch")
 
 from lnkmem.core.knobs import KnobError  # noqa: E402
-from lnkmem.index import ann as annmod  # noqa: E402
-from lnkmem.index.store import Batch, NewFile, Passage, Store  # noqa: E402
-from lnkmem.index.vectors import VectorIndex  # noqa: E402
+from lnkmem.index.rank import ann as annmod  # noqa: E402
+from lnkmem.index.commit import Batch, NewFile  # noqa: E402
+from lnkmem.index.format import Passage  # noqa: E402
+from lnkmem.index.store import Store  # noqa: E402
+from lnkmem.index.rank.vectors import VectorIndex  # noqa: E402
 
 N, DIM, FILES = 2400, 48, 24
 

@@ -30,7 +30,7 @@ def test_the_c_stemmer_is_used_and_stems_every_word_as_the_pure_one():
     import snowballstemmer
     from snowballstemmer.english_stemmer import EnglishStemmer
 
-    from lnkmem.index import analyze
+    from lnkmem.index.text import analyze
 
     c = snowballstemmer.stemmer("english")
     assert type(c).__module__ == "Stemmer", type(c)  # PyStemmer, the C Snowball
@@ -76,8 +76,8 @@ def _dump(state: Path) -> dict:
     process counted which file (and so the ids and segments) is a matter of timing."""
     import msgspec
 
-    from lnkmem.index import postings, textpack
-    from lnkmem.index.store import FileRec, Passage, _seg_codec
+    from lnkmem.index.codec import postings, textpack
+    from lnkmem.index.format import FileRec, Passage, seg_codec
 
     env = lmdb.open(str(state / "index"), readonly=True, lock=False, max_dbs=16)
     try:
@@ -91,7 +91,7 @@ def _dump(state: Path) -> dict:
                         for k, v in rows(b"passages")}
             lens = {}
             for _, v in rows(b"segments"):
-                m = _seg_codec.decode(v)
+                m = seg_codec.decode(v)
                 lens.update(zip(map(name.__getitem__, memoryview(m.pids).cast("I").tolist()),
                                 memoryview(m.lens).cast("I").tolist()))
             post = set()
@@ -207,7 +207,7 @@ def test_a_killed_worker_leaves_the_parent_to_finish_the_build_itself(home):
 
 def test_a_one_file_change_stays_in_the_thread_and_a_large_plan_goes_to_the_worker(home, monkeypatch):
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer, worker
+    from lnkmem.index.build import indexer, worker
     from lnkmem.index.store import Store
 
     _many(home, 300)
@@ -230,7 +230,7 @@ def test_a_one_file_change_stays_in_the_thread_and_a_large_plan_goes_to_the_work
 def test_packing_a_commits_lists_at_once_gives_each_lists_bytes(window, monkeypatch):
     import numpy as np
 
-    from lnkmem.index import postings
+    from lnkmem.index.codec import postings
 
     rng = np.random.default_rng(5)
     lens = np.concatenate((rng.integers(1, 40, 300), rng.integers(100, 400, 10)))
@@ -253,7 +253,7 @@ def test_packing_lists_of_every_width_at_once_gives_each_lists_bytes(seed, monke
     block among them."""
     import numpy as np
 
-    from lnkmem.index import postings
+    from lnkmem.index.codec import postings
 
     rng = np.random.default_rng(seed)
     lists = []
@@ -287,14 +287,15 @@ def _counts_by_the_rules(ref, passages):
     """What a file's passages hold, counted plainly by the rules (term -> tf, length):
     the file's name words once in each passage, its path whole; a conversation
     message's own words twice beside its context's; a file's title twice."""
-    from lnkmem.index import analyze, chats, indexer
+    from lnkmem.index.build import count
+    from lnkmem.index.text import analyze, chats
 
     path = ref.split("/", 1)[-1]
     name, name_len = analyze.term_counts(path.replace("/", " "))
     for i in analyze.idents(path, inner=True):
         name[i] = name.get(i, 0) + 1
     conversation = ref.startswith("chats/")
-    title = None if conversation and passages[0].role is not None else indexer._title(passages)
+    title = None if conversation and passages[0].role is not None else count.title_of(passages)
     title_terms = analyze.term_counts(title)[0] if title else {}
     out = []
     for p in passages:
@@ -311,7 +312,7 @@ def _counts_by_the_rules(ref, passages):
             counts = dict(counts)
             if p is passages[0]:
                 for t, n in title_terms.items():
-                    counts[t] = counts.get(t, 0) + n * (indexer.TITLE_WEIGHT - 1)
+                    counts[t] = counts.get(t, 0) + n * (count.TITLE_WEIGHT - 1)
         for t, n in name.items():
             counts[t] = counts.get(t, 0) + n
         out.append((counts, length + name_len))
@@ -326,7 +327,7 @@ def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
     import numpy as np
 
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer
+    from lnkmem.index.build import count
 
     home = tmp_path / "home"
     (home / "docs").mkdir(parents=True)
@@ -343,7 +344,7 @@ def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
         (home / path).parent.mkdir(parents=True, exist_ok=True)
         (home / path).write_text(text, encoding="utf-8")
     place = LocalPlace(str(home))
-    vocab = indexer._Vocab()
+    vocab = count.Vocab()
     for path in files:
         source, sub = ("chats", path.split("/", 1)[1]) if path.startswith("chats/") else ("home", path)
         if source == "chats":
@@ -351,7 +352,7 @@ def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
         else:
             place = LocalPlace(str(home))
         e = next(x for x in place.list("") if x.path == sub)
-        nf = indexer.index_file(source, e, place, str(tmp_path), vocab)
+        nf = count.index_file(source, e, place, str(tmp_path), vocab)
         terms, tids, npost, tfs, lens = nf.columns()
         want = _counts_by_the_rules(nf.ref, nf.passages)
         assert len(npost) == len(want) == len(nf.passages) > 0
@@ -376,7 +377,8 @@ def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
 _NO_MASKED_ARRAYS = r"""
 import os, sys
 from lnkmem.bridges.local import LocalPlace
-from lnkmem.index import indexer, search
+from lnkmem.index.build import indexer
+from lnkmem.index.rank import search
 from lnkmem.index.store import Store
 home, state = sys.argv[1], sys.argv[2]
 st = Store.open(state)

@@ -1,7 +1,7 @@
 """Conversations read from JSON lines: the shapes a message may take, lines skipped,
 a thread named by its file."""
 
-from lnkmem.index import chats
+from lnkmem.index.text import chats
 
 
 def test_conversation_shapes():

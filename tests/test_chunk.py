@@ -1,7 +1,7 @@
 """Chunking a text into passages: line ranges and headings kept, long lines and
 blocks cut within the limit."""
 
-from lnkmem.index.chunk import LIMIT, chunk_text
+from lnkmem.index.text.chunk import LIMIT, chunk_text
 
 
 def test_chunks_keep_line_ranges_and_headings():

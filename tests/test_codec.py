@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lnkmem.index import copy as copyfmt
-from lnkmem.index import postings, textpack
+from lnkmem.index.codec import postings, textpack
 from lnkmem.index.store import Store
 from tests.helpers import Home, index_home, run_cli
 
@@ -288,7 +288,8 @@ def test_passages_packed_where_they_were_counted_are_stored_as_given_or_packed_a
     packed again with the index's; either way they read back as they were."""
     import numpy as np
 
-    from lnkmem.index.store import Batch, NewFile, Passage
+    from lnkmem.index.commit import Batch, NewFile
+    from lnkmem.index.format import Passage
 
     rng = random.Random(7)
     words = ["harbour", "crane", "ledger", "ember", "quartz", "violet", "the", "of", "north"]
@@ -487,7 +488,7 @@ def test_a_copy_carries_compressed_passages_and_its_dictionary(tmp_path):
         pids = [int(p) for p in np.flatnonzero(src.snapshot.alive)]
         assert len(pids) > 100
         assert dst.passages_of(pids) == src.passages_of(pids)
-        from lnkmem.index.search import bm25
+        from lnkmem.index.rank.search import bm25
         for q in ("the plan", "meeting notes", "budget"):
             assert bm25(dst, q, 10) == bm25(src, q, 10)
     finally:
@@ -588,21 +589,22 @@ def test_segment_refs_are_stored_as_runs_and_broken_runs_are_damage(tmp_path):
     """A segment's refs are kept once a run of a file's passages; runs that do not add
     up to its passages (a damaged value) are refused before any list is made of them,
     and an index holding one is rebuilt at open."""
-    from lnkmem.index.store import SegMeta, _SegStored, _enc, _seg_codec
+    from lnkmem.index.format import SegMeta, SegStored, encoder, seg_codec
     refs = ["home/a.md"] * 3 + ["home/b.md"] * 2 + ["home/a.md"]
     m = SegMeta(np.arange(1, 7, dtype="<u4").tobytes(), np.full(6, 9, "<u4").tobytes(), refs)
-    v = _seg_codec.encode(m)
-    assert _seg_codec.decode(v) == m
-    assert len(v) < len(_enc.encode(m))
+    v = seg_codec.encode(m)
+    assert seg_codec.decode(v) == m
+    assert len(v) < len(encoder.encode(m))
     for names, runs in ((["x"], [2 ** 32 - 1]), (["x", "y"], [3]), (["x"], [5])):
-        bad = _enc.encode(_SegStored(m.pids, m.lens, names, np.asarray(runs, "<u4").tobytes()))
+        bad = encoder.encode(SegStored(m.pids, m.lens, names, np.asarray(runs, "<u4").tobytes()))
         t = time.perf_counter()
         with pytest.raises(ValueError):
-            _seg_codec.decode(bad)
+            seg_codec.decode(bad)
         assert time.perf_counter() - t < 0.5
     path = str(tmp_path / "index")
     s = Store.open(path)
-    from lnkmem.index.store import Batch, NewFile, Passage
+    from lnkmem.index.commit import Batch, NewFile
+    from lnkmem.index.format import Passage
     s.commit(Batch(files=[NewFile("home/a.md", "v1", 5, "text", [Passage("home/a.md", 1, 1, "alpha")],
                                   [({"alpha": 1}, 1)])]))
     s.close()
@@ -610,7 +612,7 @@ def test_segment_refs_are_stored_as_runs_and_broken_runs_are_damage(tmp_path):
     with env.begin(write=True) as txn:
         db = env.open_db(b"segments", txn=txn, create=False)
         k = next(iter(txn.cursor(db=db).iternext(values=False)))
-        txn.put(k, _enc.encode(_SegStored(np.arange(1, 2, dtype="<u4").tobytes(), np.ones(1, "<u4").tobytes(),
+        txn.put(k, encoder.encode(SegStored(np.arange(1, 2, dtype="<u4").tobytes(), np.ones(1, "<u4").tobytes(),
                                           ["home/a.md"], np.asarray([7], "<u4").tobytes())), db=db)
     env.close()
     os.unlink(os.path.join(path, "sealed"))  # (a change the seal does not know of)

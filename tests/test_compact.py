@@ -12,8 +12,10 @@ import time
 
 import lmdb
 
-from lnkmem.index import search
-from lnkmem.index.store import COMPACTING, Batch, Store, compact_file
+from lnkmem.index.rank import search
+from lnkmem.index.commit import Batch
+from lnkmem.index.lmdbfile import COMPACTING, compact_file
+from lnkmem.index.store import Store
 from tests.helpers import ROOT, Home, RandomText, base_env, index_home
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -78,7 +80,8 @@ from lnkmem.index.store import Store
 st = Store.open(sys.argv[1])
 print("open", flush=True)
 sys.stdin.readline()
-from lnkmem.index.store import Batch, NewFile, Passage
+from lnkmem.index.commit import Batch, NewFile
+from lnkmem.index.format import Passage
 st.commit(Batch(files=[NewFile("home/late.md", "v1", 5, "text", [Passage("home/late.md", 1, 1, "zebra late")],
                                [({"zebra": 1, "late": 1}, 2)])]))
 print("wrote", flush=True)
@@ -117,7 +120,7 @@ def test_no_compaction_while_another_process_has_the_index_open(tmp_path):
 OPENER = r"""
 import sys
 from lnkmem.index.store import Store
-from lnkmem.index import search
+from lnkmem.index.rank import search
 st = Store.open(sys.argv[1])
 print(st.rebuilt_because, st.snapshot.live, search.bm25(st, sys.argv[2], 10), flush=True)
 st.close()

@@ -22,7 +22,7 @@ import pytest
 
 from lnkmem.bridges.place import NotFound
 from lnkmem.index import copy as copyfmt
-from lnkmem.index import textpack
+from lnkmem.index.codec import textpack
 from tests.bridges import KEY, OTHER_KEY, Bridges, Layout
 from tests.helpers import Home, until
 

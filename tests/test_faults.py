@@ -339,7 +339,7 @@ def test_a_commit_racing_the_size_check_is_not_damage(tmp_path):
     try:
         t0 = time.monotonic()
         while time.monotonic() - t0 < 3 and not errors:
-            s._guard()
+            s.guard()
     finally:
         stop.set()
         t.join()

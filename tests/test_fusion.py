@@ -5,7 +5,7 @@ def test_fusion_scores_the_union_by_both_rankings():
     """hybrid.fuse with both scorers: a passage one ranking missed gets that ranking's
     own score (a cosine of NaN, no vector yet, counts as the list's last, as before);
     without scorers the lists fuse as they are."""
-    from lnkmem.index import hybrid
+    from lnkmem.index.rank import hybrid
     words = [(1, 9.0), (2, 5.0), (3, 1.0)]
     meaning = [(4, 0.9), (5, 0.8), (1, 0.5)]
     asked = {}

@@ -464,7 +464,7 @@ CHAT_LINES = st.one_of(
 @fuzz(300)
 @given(st.lists(CHAT_LINES, max_size=12), st.booleans())
 def test_conversation_lines(lines, trailing):
-    from lnkmem.index import chats
+    from lnkmem.index.text import chats
     data = "\n".join(lines) + ("\n" if trailing else "")
     msgs, skipped = chats.messages(data)
     nonblank = sum(1 for ln in data.split("\n") if ln.strip())
@@ -680,7 +680,7 @@ def _atheris(argv: list[str]) -> None:
 
     from lnkmem.bridges.http import BridgeDown
     from lnkmem.bridges.remote import _coll_list, _entries, _files_list
-    from lnkmem.index import chats
+    from lnkmem.index.text import chats
     from lnkmem.serve.many import parse_agents
     from lnkmem.memory.spec import notes_limit, parse_spec
     from lnkmem.core.wire import FirstLine, decode
@@ -727,7 +727,7 @@ def test_copy_files_fuzzed(tmp_path):
     import random
     from lnkmem.bridges.place import NotFound
     from lnkmem.index import copy as copyfmt
-    from lnkmem.index.search import bm25
+    from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     from tests.test_copy_verify import OF, check_copy, store_copy
     mine = store_copy(tmp_path / "a", {f"d/f{i}.md": f"alpha{i} beta gamma {i}\n" * 3 for i in range(12)}, OF)

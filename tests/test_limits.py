@@ -156,15 +156,17 @@ def test_a_file_the_store_refuses_is_left_out_never_the_batch(tmp_path):
     postings disagree, the store's own check) is reported and left out; the other files
     of the batch are committed, and its record stays as it was."""
     import random
-    from lnkmem.index import indexer
-    from lnkmem.index.store import Batch, NewFile, Passage, Store
+    from lnkmem.index.build import indexer
+    from lnkmem.index.commit import Batch, NewFile
+    from lnkmem.index.format import Passage
+    from lnkmem.index.store import Store
     from tests.helpers import random_file
     rng = random.Random(3)
     words = ["alpha", "beta", "gamma", "delta"]
     store = Store.open(str(tmp_path / "index"))
     try:
         store.commit(Batch([random_file(rng, "home/bad.md", "v1", words, 2)]))
-        b = indexer._Build(store, 3, [], None)
+        b = indexer.Build(store, 3, [], None)
         good = [random_file(rng, f"home/g{i}.md", "v1", words) for i in range(2)]
         bad = NewFile("home/bad.md", "v2", 10, "text", [Passage("home/bad.md", 1, 1, "alpha")], [({"alpha": 1}, 1)] * 2)
         b.commit_batch(Batch([good[0], bad, good[1]]))
@@ -347,7 +349,8 @@ def test_data_mdb_truncated_below_its_meta_pages_never_ends_another_agents_sessi
 
 _CUT_UNDER_A_READ = r"""
 import json, os, random, sys
-from lnkmem.index.store import Batch, Store
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import Store
 from lnkmem.core.errors import DamagedIndex
 from tests.helpers import random_file
 path, size = sys.argv[1], int(sys.argv[2])

@@ -17,8 +17,11 @@ import time
 import numpy as np
 import pytest
 
-from lnkmem.index import postings, search
-from lnkmem.index.store import Batch, NewFile, Passage, Store
+from lnkmem.index.codec import postings
+from lnkmem.index.rank import search
+from lnkmem.index.commit import Batch, NewFile
+from lnkmem.index.format import Passage
+from lnkmem.index.store import Store
 from tests.helpers import ROOT, SOURCES, RandomText, assert_same_snapshot, base_env, random_file
 
 VOCAB = [f"w{i}" for i in range(60)]
@@ -81,10 +84,10 @@ def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp
         def between():
             nonlocal steps
             steps += 1
-            assert_same_snapshot(st.snapshot, st._load())
+            assert_same_snapshot(st.snapshot, st.load_snapshot())
             if rng.random() < 0.5:
                 _random_batch(rng, st, refs, version)
-                assert_same_snapshot(st.snapshot, st._load())
+                assert_same_snapshot(st.snapshot, st.load_snapshot())
             return False
 
         for step in range(120):
@@ -96,13 +99,13 @@ def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp
                 st.maybe_merge(factor=3)
             else:
                 _random_batch(rng, st, refs, version)
-            assert_same_snapshot(st.snapshot, st._load())
+            assert_same_snapshot(st.snapshot, st.load_snapshot())
             if step % 10 == 0:
                 _postings_match_text(st)
                 q = " ".join(rng.sample(VOCAB, 3))
                 got, _ = search.words(st, q, 10)
                 kept = st.snapshot
-                st.snapshot = st._load()
+                st.snapshot = st.load_snapshot()
                 again, _ = search.words(st, q, 10)
                 st.snapshot = kept
                 assert [p for p, _ in got] == [p for p, _ in again]
@@ -143,14 +146,14 @@ def test_a_passage_killed_during_a_merge_stays_dead_marked_and_the_next_merge_dr
         with st.env.begin() as txn:
             marks = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=st.dead)}
         assert marks == set(b)
-        assert_same_snapshot(snap, st._load())
+        assert_same_snapshot(snap, st.load_snapshot())
         _postings_match_text(st)
         assert st.merge_plan() == [new]  # more than half of it dead: merged alone
         assert st.maybe_merge()
         with st.env.begin() as txn:
             assert txn.stat(st.dead)["entries"] == 0
         assert (st.snapshot.seg_of[b] == -1).all()
-        assert_same_snapshot(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st.load_snapshot())
         _postings_match_text(st)
     finally:
         st.close()
@@ -198,7 +201,7 @@ def _answers(st: Store, queries):
 
 
 def _merge_helpers_of(pid: int) -> list[int]:
-    """The merge helper processes (``python -m lnkmem.index.merge_steps``) whose parent is ``pid``."""
+    """The merge helper processes (``python -m lnkmem.index.merge.steps``) whose parent is ``pid``."""
     import os
     out = []
     for d in os.listdir("/proc"):
@@ -210,7 +213,7 @@ def _merge_helpers_of(pid: int) -> list[int]:
                     cmd = f.read()
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid == pid and b"lnkmem.index.merge_steps" in cmd:
+            if ppid == pid and b"lnkmem.index.merge.steps" in cmd:
                 out.append(int(d))
     return out
 
@@ -327,7 +330,7 @@ def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_p
             release.set()
             m.join(30)
         assert len(st.snapshot.segs) == 2  # the merged one and the commit's
-        assert_same_snapshot(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st.load_snapshot())
         _postings_match_text(st)
     finally:
         st.close()
@@ -345,7 +348,7 @@ def test_the_merger_thread_merges_in_the_background_and_stops_with_the_store(tmp
         while len(st.snapshot.segs) > 8 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(st.snapshot.segs) < 8
-        assert_same_snapshot(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st.load_snapshot())
         st.stop_merger()  # the old segments' postings may be still under deletion: stopped, then swept
         assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
         st.sweep()
@@ -401,7 +404,7 @@ def test_a_full_map_grows_and_only_that_step_runs_again(tmp_path, monkeypatch):
         assert st.env.info()["map_size"] > used
         assert len(st.snapshot.segs) == 1 and len(steps) > 3
         assert _answers(st, queries) == want
-        assert_same_snapshot(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st.load_snapshot())
         _postings_match_text(st)
     finally:
         st.close()
@@ -423,7 +426,7 @@ def _merged(path: str, monkeypatch, worker: str, kill_helper_after: int = 0):
     helper process once it sent that many steps."""
     import os
 
-    from lnkmem.index import merge_steps
+    from lnkmem.index.merge import steps as merge_steps
     monkeypatch.setenv("LNKMEM_WORKER", worker)
     helpers = []
     start, nxt = merge_steps.start, merge_steps.Helper.next

@@ -214,7 +214,7 @@ def test_a_long_line_is_cut_into_its_own_text_never_inside_a_word(parts):
     """Any line: pieces of at most LIMIT characters that join back into the line, each cut
     between two characters that are not both letters or digits (an ideograph is a word of
     its own), unless the piece's second half holds no such place (a run like x * 300 * 9)."""
-    from lnkmem.index.chunk import LIMIT, chunk_text, cuts
+    from lnkmem.index.text.chunk import LIMIT, chunk_text, cuts
     line = "".join(parts)
     pieces = [p.text for p in chunk_text(line + "\n")]
     assert "".join(pieces) == line.rstrip("\n") or not line.strip()
@@ -229,7 +229,7 @@ def test_a_long_line_is_cut_into_its_own_text_never_inside_a_word(parts):
 
 
 def test_a_line_at_the_limit_is_cut_at_a_sentence_end_near_it():
-    from lnkmem.index.chunk import LIMIT, cuts
+    from lnkmem.index.text.chunk import LIMIT, cuts
     line = "One sentence ends here. " * 150
     k = cuts(line)[0]
     assert line[:k].endswith("here. ") and LIMIT - 400 <= k <= LIMIT

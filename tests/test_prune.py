@@ -12,9 +12,11 @@ import random
 import numpy as np
 import pytest
 
-from lnkmem.index import postings, search
-from lnkmem.index import query as qlang
-from lnkmem.index.store import Batch, Store
+from lnkmem.index.codec import postings
+from lnkmem.index.rank import search
+from lnkmem.index.text import query as qlang
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import Store
 from tests.helpers import RandomText, random_file
 
 # a Zipf-like vocabulary: a few words in most passages, many in few
@@ -53,11 +55,7 @@ def _query(rng: random.Random) -> str:
 def _both(st: Store, q: str, limit: int, **kw):
     out = []
     for on in (False, True):
-        search.PRUNE = on
-        try:
-            out.append(search.words(st, q, limit, **kw)[0])
-        finally:
-            search.PRUNE = True
+        out.append(search.words(st, q, limit, prune=on, **kw)[0])
     return out
 
 

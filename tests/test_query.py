@@ -14,7 +14,7 @@ from tests.helpers import Home, Server, run_cli
 # A small Home whose words overlap in many ways; the pinned rankings below were
 # recorded on the code before the query language existed (commit 576885e):
 # a query with no syntax must keep ranking exactly so. (Since a file's title words
-# count twice (indexer.TITLE_WEIGHT), the two files whose `# heading` holds a query
+# count twice (count.TITLE_WEIGHT), the two files whose `# heading` holds a query
 # word score higher: garden.md 2.4833 -> 2.5537, launch.md 2.8425 -> 3.1604; every
 # order and every other score is the same.)
 PLAIN_CORPUS = {
@@ -198,9 +198,9 @@ def test_top_k_of_two_million_ties_is_one_pass():
 
     import numpy as np
 
-    from lnkmem.index.search import top
-    from lnkmem.index.refs import Refs
-    from lnkmem.index.store import Snapshot
+    from lnkmem.index.rank.search import top
+    from lnkmem.index.codec.refs import Refs
+    from lnkmem.index.snapshot import Snapshot
     n = 2_000_000
     refs = ["home/b.md", "home/a.md"]
     refid = (np.arange(n + 1) % 2).astype(np.int32)  # odd pids in home/a.md
@@ -298,7 +298,7 @@ def test_after_and_before_filter_by_message_time_and_file_time(home):
 
 def test_a_reply_is_found_by_the_question_it_answers_and_by_its_day(home):
     """A message's passage carries the gist of the two messages before it and its
-    day in words (index/chats.py; LoCoMo R@10 by words 0.58 -> 0.75 on the tuning
+    day in words (index/text/chats.py; LoCoMo R@10 by words 0.58 -> 0.75 on the tuning
     conversations); the hit is still the message itself, its own line."""
     home.chat("trip", [
         {"role": "user", "text": "which city did the zephyr team pick for the offsite?", "at": "2023-05-08T13:56:00Z"},
@@ -444,8 +444,8 @@ def test_query_parser_and_ranker_take_any_text(tmp_path):
     from hypothesis import strategies as st
 
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer
-    from lnkmem.index.search import words
+    from lnkmem.index.build import indexer
+    from lnkmem.index.rank.search import words
     from lnkmem.index.store import Store
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "a.md").write_text("PIO-1384 the quick brown fox; v2.3.1 foo_bar a/b/c.md x@y.z\n")
@@ -478,7 +478,7 @@ _PLAIN_WORDS = st.sampled_from(["fox", "Quick", "the", "and", "running", "runs",
 def test_a_query_of_plain_words_parses_as_the_full_parser_parses_it(words, sep):
     """The parser's shortcut for plain words (no quote, star or connector) gives the very
     query the full parser gives: the same terms, weights, order and meaning text."""
-    from lnkmem.index import query as qlang
+    from lnkmem.index.text import query as qlang
     text = sep.join(words)
     assert qlang._SYNTAX.search(text) is None
     for t in (text, " ".join(f"w{i}" for i in range(300)) + " " + text):  # (past MAX_TERMS distinct terms)
@@ -524,8 +524,8 @@ def test_a_date_filter_judges_every_file_not_only_the_best(tmp_path):
     import os
 
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer
-    from lnkmem.index.search import CHECK_CAP, parse_when, words
+    from lnkmem.index.build import indexer
+    from lnkmem.index.rank.search import CHECK_CAP, parse_when, words
     from lnkmem.index.store import Store
     home = tmp_path / "h"
     home.mkdir()
@@ -554,9 +554,9 @@ def test_top_k_is_the_best_by_score_then_ref_then_place(data):
     and inside the top, passages with no ref."""
     import numpy as np
 
-    from lnkmem.index.refs import Refs
-    from lnkmem.index.search import top
-    from lnkmem.index.store import Snapshot
+    from lnkmem.index.codec.refs import Refs
+    from lnkmem.index.rank.search import top
+    from lnkmem.index.snapshot import Snapshot
     refs = ["home/c.md", "home/a.md", "chats/b.jsonl", "home/a.md2"]
     n = data.draw(st.integers(1, 3000))
     size = n + data.draw(st.integers(1, 50))

@@ -1,4 +1,4 @@
-"""A build's readahead (lnkmem/index/readahead.py): the files about to be read are asked of
+"""A build's readahead (lnkmem/index/build/readahead.py): the files about to be read are asked of
 the kernel ahead of their reads, only beneath their place's root, never a FIFO or a link
 leaving it; the thread keeps within its distance of where the build reads and ends
 when the build's fronts meet; a build with it indexes exactly what one without it does."""
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
-from lnkmem.index import readahead  # noqa: E402
+from lnkmem.index.build import readahead  # noqa: E402
 
 from tests.helpers import Home, index_home, run_cli  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The snapshot's table of refs (index/refs.py): every ref back as it went in, each
+"""The snapshot's table of refs (index/codec/refs.py): every ref back as it went in, each
 ref's id found, a new table for new refs leaving the old one as it was."""
 
 import os
@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from lnkmem.index.refs import Refs
+from lnkmem.index.codec.refs import Refs
 
 ODD = ["home/plain.md", "home/ünïcode/naïve.md", "home/with\nnewline.md", "home/tab\there.md",
        os.fsdecode(b"home/latin1-\xe9t\xe9.md"),  # not UTF-8 on disk: a surrogate-escaped str

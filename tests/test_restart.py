@@ -229,9 +229,9 @@ def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
 
     import numpy as np
 
-    from lnkmem.index.search import top
-    from lnkmem.index.refs import Refs
-    from lnkmem.index.store import Snapshot
+    from lnkmem.index.rank.search import top
+    from lnkmem.index.codec.refs import Refs
+    from lnkmem.index.snapshot import Snapshot
     rnd = random.Random(5)
     for _ in range(40):
         n = rnd.randrange(5, 400)
@@ -256,7 +256,7 @@ def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
 def _commits(st, rng, n):
     from tests.helpers import SOURCES, RandomText
 
-    from lnkmem.index.store import Batch
+    from lnkmem.index.commit import Batch
     text = RandomText([f"w{i}" for i in range(40)], (1, 8))  # test_snapshot's
     for k in range(n):
         files = [text.file(rng, f"{rng.choice(SOURCES)}/f{rng.randint(0, 40)}.md", f"v{k}-{i}") for i in range(rng.randint(1, 4))]
@@ -275,7 +275,7 @@ def _opens_as(path: str, opened_as: str, source: str) -> None:
     st = Store.open(path)
     try:
         assert (st.opened_as, st.snapshot_from) == (opened_as, source)
-        assert_same_snapshot(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st.load_snapshot(check=True))
     finally:
         st.close()
 
@@ -294,9 +294,9 @@ def test_a_clean_close_saves_the_snapshot_and_a_restart_reads_it_as_the_tables_w
     st = Store.open(path)
     try:
         assert (st.opened_as, st.snapshot_from) == ("sealed", "saved")
-        assert_same_snapshot(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st.load_snapshot(check=True))
         _commits(st, rng, 10)  # extended from the saved one as from a loaded one
-        assert_same_snapshot(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st.load_snapshot(check=True))
     finally:
         st.close()
 
@@ -305,7 +305,8 @@ def test_a_saved_snapshot_of_an_older_close_is_never_used(tmp_path):
     import random
     import shutil
 
-    from lnkmem.index.store import SNAP, Store
+    from lnkmem.index.lmdbfile import SNAP
+    from lnkmem.index.store import Store
     rng = random.Random(4)
     path = str(tmp_path / "index")
     st = Store.open(path)
@@ -333,7 +334,8 @@ def test_deletions_never_leave_the_file_looking_truncated(tmp_path):
     the index uses N + 4096' while a merge deleted old postings)."""
     import random
 
-    from lnkmem.index.store import Store, check_file
+    from lnkmem.index.lmdbfile import check_file
+    from lnkmem.index.store import Store
 
     st = Store.open(str(tmp_path / "index"))
     rng = random.Random(5)
@@ -347,7 +349,7 @@ def test_deletions_never_leave_the_file_looking_truncated(tmp_path):
                     for _ in range(rng.randint(0, 250)):
                         if not cur.key().startswith(b"x") or not cur.delete():
                             break
-            st._guard()  # raises DamagedWhileServing when the file looks shorter than its pages
+            st.guard()  # raises DamagedWhileServing when the file looks shorter than its pages
             check_file(os.path.join(str(tmp_path / "index"), "data.mdb"))
     finally:
         st.close()
@@ -375,7 +377,7 @@ def test_serve_looks_at_the_tree_once_at_start_then_only_at_what_changes(home):
 def test_a_restart_on_an_unchanged_tree_leaves_the_saved_snapshot_as_it_is(home):
     """Nothing written: the snapshot saved at the last close is still the index's, so
     it is not written again (23 MB at 1.27M passages), and the next open still uses it."""
-    from lnkmem.index.store import SNAP
+    from lnkmem.index.lmdbfile import SNAP
     index_home(home)
     snap = home.state / "index" / SNAP
     before = os.stat(snap)
@@ -399,7 +401,8 @@ def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
 
     from tests.helpers import assert_same_snapshot
 
-    from lnkmem.index.store import SNAP, Store
+    from lnkmem.index.lmdbfile import SNAP
+    from lnkmem.index.store import Store
     rng = random.Random(5)
     path = str(tmp_path / "index")
     st = Store.open(path)
@@ -410,13 +413,13 @@ def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
     before = os.stat(snap)
 
     st = Store.open(path)
-    assert st._snapshot is None and st.live_count() == live
+    assert not st.snapshot_read and st.live_count() == live
     st.close()
     assert (os.stat(snap).st_ino, os.stat(snap).st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
     st = Store.open(path)
     st.put_meta(b"watched", b"1")  # a transaction that never asked for the snapshot
-    assert st._snapshot is None
+    assert not st.snapshot_read
     st.close()
     _opens_as(path, "sealed", "saved")
 
@@ -426,9 +429,9 @@ def test_a_sealed_index_reads_its_saved_snapshot_only_when_asked(tmp_path):
         f.write(b"\xff" * 64)
     st = Store.open(path)
     try:
-        assert st._snapshot is None  # the stamp agreed: read when asked
+        assert not st.snapshot_read  # the stamp agreed: read when asked
         assert st.snapshot_from == "tables"
-        assert_same_snapshot(st.snapshot, st._load(check=True))
+        assert_same_snapshot(st.snapshot, st.load_snapshot(check=True))
         assert st.snapshot.live == live
     finally:
         st.close()
@@ -481,7 +484,7 @@ def test_a_build_that_could_not_read_a_file_as_listed_notes_no_listing(tmp_path)
     matches it: a file gone (or unreadable) between the listing and its read would
     otherwise stay out of the index while the tree lists it unchanged."""
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index import indexer
+    from lnkmem.index.build import indexer
     from lnkmem.index.store import Store
     root = tmp_path / "home"
     root.mkdir()

@@ -5,8 +5,9 @@ in between, and each answers as it would alone."""
 
 import random
 
-from lnkmem.index import search
-from lnkmem.index.store import Batch, Store
+from lnkmem.index.rank import search
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import Store
 from tests.helpers import random_file
 
 VOCAB = [f"w{i}" for i in range(30)]

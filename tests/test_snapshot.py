@@ -7,8 +7,9 @@ import random
 
 import numpy as np
 
-from lnkmem.index import search
-from lnkmem.index.store import Batch, Store
+from lnkmem.index.rank import search
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import Store
 from tests.helpers import SOURCES, RandomText, assert_same_snapshot, random_file
 
 VOCAB = [f"w{i}" for i in range(40)]
@@ -48,14 +49,14 @@ def test_random_commits_and_merges_keep_the_snapshot_equal_to_a_fresh_load(tmp_p
                 for f in files:
                     refs[f.ref] = 1
             kept = st.snapshot
-            assert_same_snapshot(kept, st._load())
+            assert_same_snapshot(kept, st.load_snapshot())
             assert len(set(kept.refs)) == len(kept.refs)
             shrunk += len(kept.refs) < longest
             longest = len(kept.refs)
             if step % 25 == 0:
                 q = " ".join(rng.sample(VOCAB, 3))
                 got, _ = search.words(st, q, 10)
-                st.snapshot = st._load()
+                st.snapshot = st.load_snapshot()
                 again, _ = search.words(st, q, 10)
                 assert [p for p, _ in got] == [p for p, _ in again]
                 assert np.allclose([s for _, s in got], [s for _, s in again])
@@ -83,23 +84,23 @@ def test_a_search_holding_the_old_snapshot_never_sees_a_reused_id_change(tmp_pat
         assert [old.refs[i] for i in old.refid[pids]] == before[1]
         assert (old.src[pids] == before[2]).all()
         assert old.alive[pids].all()
-        assert_same_snapshot(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st.load_snapshot())
     finally:
         st.close()
 
 
 def test_a_search_refreshing_during_a_commit_does_not_count_the_commit_twice(tmp_path):
     """A search's refresh may read the index between a commit's transaction and the
-    new snapshot (on_alloc runs there): the commit still extends the snapshot it began
+    new snapshot (events.allocated runs there): the commit still extends the snapshot it began
     from, so passages killed or added are counted once."""
     st = Store.open(str(tmp_path / "index"))
     try:
         rng = random.Random(5)
         st.commit(Batch(files=[TEXT.file(rng, "home/a.md", "v1"), TEXT.file(rng, "home/b.md", "v1")]))
-        st.on_alloc = lambda ids: st.refresh()
+        st.events.allocated = lambda ids: st.refresh()
         st.commit(Batch(files=[TEXT.file(rng, "home/a.md", "v2")], removed=["home/b.md"]))
-        st.on_alloc = None
-        assert_same_snapshot(st.snapshot, st._load())
+        st.events.allocated = None
+        assert_same_snapshot(st.snapshot, st.load_snapshot())
         got, _ = search.words(st, " ".join(VOCAB), 50)
         assert {st.snapshot.refs[st.snapshot.refid[p]] for p, _ in got} == {"home/a.md"}
     finally:
@@ -126,12 +127,12 @@ def test_a_search_on_another_thread_during_a_commit_waits_for_the_commit_s_snaps
             threads.append(t)
             time.sleep(0.3)  # the search reads the generation while the commit is here
 
-        st.on_alloc = search_beside
+        st.events.allocated = search_beside
         st.commit(Batch(files=[TEXT.file(rng, "home/new.md", "v1")]))
-        st.on_alloc = None
+        st.events.allocated = None
         threads[0].join(10)
         assert len(got) == 1 and got[0] is st.snapshot  # the commit's own, not one read anew
-        assert_same_snapshot(st.snapshot, st._load())
+        assert_same_snapshot(st.snapshot, st.load_snapshot())
     finally:
         st.close()
 
@@ -162,7 +163,7 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
         st.close()
 
 
-def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tmp_path, monkeypatch):
+def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tmp_path):
     """A search counts how many of its segment's dead passages a long list holds (its
     live df) and keeps the count for the snapshot; after each change the counts are
     made anew: the ranking is always that of every posting scored, the dead dropped."""
@@ -178,9 +179,7 @@ def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tm
             again, _ = search.words(st, q, 10)  # with the counts kept for this snapshot
             kept = st.snapshot
             assert search._facts_known(kept)[2]  # (counted by looking the dead up, and kept)
-            with monkeypatch.context() as m:
-                m.setattr(search, "PRUNE", False)  # every posting scored, each list's live ones decoded
-                fresh, _ = search.words(st, q, 10)
+            fresh, _ = search.words(st, q, 10, prune=False)  # every posting scored, each list's live ones decoded
             assert first == again
             assert [p for p, _ in first] == [p for p, _ in fresh]
             assert np.allclose([s for _, s in first], [s for _, s in fresh], rtol=1e-6)

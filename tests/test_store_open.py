@@ -10,8 +10,9 @@ import textwrap
 
 import pytest
 
-from lnkmem.index.search import bm25
-from lnkmem.index.store import Batch, IndexInUse, Store
+from lnkmem.index.rank.search import bm25
+from lnkmem.index.commit import Batch
+from lnkmem.index.store import IndexInUse, Store
 from tests.helpers import random_file
 
 WORDS = [f"w{i}" for i in range(30)] + ["pangolin"]

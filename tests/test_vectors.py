@@ -4,9 +4,11 @@ results as the widened float32 matrix, in a quarter of its memory."""
 import numpy as np
 import pytest
 
-from lnkmem.index import vectors
-from lnkmem.index.store import Batch, NewFile, Passage, Store, quantize
-from lnkmem.index.vectors import VectorIndex
+from lnkmem.index.rank import vectors
+from lnkmem.index.commit import Batch, NewFile
+from lnkmem.index.format import Passage, quantize
+from lnkmem.index.store import Store
+from lnkmem.index.rank.vectors import VectorIndex
 
 N, DIM, FILES = 5000, 96, 50
 

@@ -4,7 +4,7 @@ tables for ASCII text give what the Unicode regexes give."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lnkmem.index import analyze
+from lnkmem.index.text import analyze
 
 
 def test_words_fold_case_stem_and_stop():

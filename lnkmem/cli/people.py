@@ -64,7 +64,7 @@ class Run:
         self.stop = True
 
     def files(self) -> None:
-        from lnkmem.index import indexer
+        from lnkmem.index.build import indexer
         memory, store = self.memory, self.memory.store
         self.bar.phase("listing")
         if self.listing is not None:
@@ -115,7 +115,7 @@ class Run:
 
     def _count_read(self, plan) -> None:
         """What became of the files read: indexed, binary, or unreadable."""
-        from lnkmem.index import indexer
+        from lnkmem.index.build import indexer
         processed = [indexer.ref_of(src, e.path) for src, e in plan.todo[: self.done - len(plan.removed)]]
         kinds = self.memory.store.kinds_of(processed)  # those read only: a restart reads no other record
         for ref in processed:
@@ -278,7 +278,7 @@ def _index_report(run: "Run", memory, took: float) -> list[str]:
 
 
 def indexer_ref(source: str, path: str) -> str:
-    from lnkmem.index.indexer import ref_of
+    from lnkmem.index.build.count import ref_of
     return ref_of(source, path)
 
 
@@ -380,7 +380,7 @@ BOLD, MARK, DIM, RESET = "\x1b[1m", "\x1b[1;33m", "\x1b[2m", "\x1b[0m"
 def _highlighter(query: str):
     """A function marking the words of a text that the query matches (stems and prefixes)."""
     import re
-    from lnkmem.index import analyze
+    from lnkmem.index.text import analyze
     terms: set[str] = set()
     prefixes: list[str] = []
     for tok in re.findall(r'"[^"]*"|\S+', query):

@@ -83,8 +83,9 @@ def _rfc3339(t: float) -> str:
 def gather_status(cfg) -> dict:
     from lnkmem.memory.memory import local_layout
     from lnkmem.core.errors import DamagedIndex
-    from lnkmem.index import indexer
-    from lnkmem.index.store import SOURCES, Store
+    from lnkmem.index.build import indexer
+    from lnkmem.index.format import SOURCES
+    from lnkmem.index.store import Store
     index_path = os.path.join(cfg.state, "index")
     data = os.path.join(index_path, "data.mdb")
     pid = building_pid(cfg.state) if os.path.isdir(cfg.state) else None
@@ -122,8 +123,7 @@ def gather_status(cfg) -> dict:
                 out["files"] = len(recs)
                 out["passages"] = store.snapshot.live
                 out["by_kind"] = kinds  # files indexed by name only, binary files
-                with store.env.begin() as txn:
-                    model["embedded"] = txn.stat(store.vectors)["entries"]
+                model["embedded"] = store.vector_count()
                 model["vectors_of"] = store.vector_model()
                 out["last_change"] = _rfc3339(os.stat(data).st_mtime)
                 plan = indexer.plan(store, layout.places)

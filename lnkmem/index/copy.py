@@ -54,9 +54,10 @@ import numpy as np
 
 from lnkmem.core import memtrim
 from lnkmem.core.knobs import knobs
-from lnkmem.index import postings, textpack
-from lnkmem.index.store import (KEY_MAX, LOADING, FileRec, Store, _dec_file, _dec_passage, _seg_codec, _enc, _k,
-                                file_entry, file_key, file_value)
+from lnkmem.index.codec import postings, textpack
+from lnkmem.index.format import (KEY_MAX, LOADING, FileRec, encoder, file_decoder, file_entry, file_key, file_value,
+                                 id_key, passage_decoder, seg_codec)
+from lnkmem.index.store import Store
 
 FORMAT = "lnkmem-copy-4"  # -4: bounded files, a paged table, the head and dictionary apart (issue 33)
 OLD_FORMAT = "lnkmem-copy-3"  # read once, then written back as FORMAT
@@ -167,7 +168,7 @@ class _Vectors(msgspec.Struct, array_like=True):
 
 
 def _pack(obj) -> bytes:
-    return zlib.compress(_enc.encode(obj), 3)
+    return zlib.compress(encoder.encode(obj), 3)
 
 
 def _name(kind: str, blob: bytes) -> str:
@@ -446,7 +447,7 @@ class Export:
                 vec_names = []
                 source = ((int.from_bytes(k, "big"), bytes(v)) for k, v in txn.cursor(db=store.vectors))
             else:
-                source = ((p, txn.get(_k(p), db=store.vectors)) for p in self.vec_sent)
+                source = ((p, txn.get(id_key(p), db=store.vectors)) for p in self.vec_sent)
             pids, rows, size = [], [], 0
             for p, v in source:
                 if v:
@@ -484,7 +485,7 @@ class Export:
         old = _copy_segs(txn, store, state)
         local = []
         for k, v in txn.cursor(db=store.segments):
-            stored, _ = _seg_codec.stored(v)
+            stored, _ = seg_codec.stored(v)
             local.append((int.from_bytes(k, "big"), bytes(k), np.frombuffer(stored.pids, "<u4").astype(np.int64)))
         if not old:
             return [], [sk for _, sk, _ in local]
@@ -514,7 +515,7 @@ class Export:
             if ok.all() and seg >= state.seg_mark:  # made since: a merge of the copy's, or ids given again
                 for a in range(0, len(live), 4096):  # (a few MiB of passages at a time)
                     some = live[a:a + 4096].tolist()
-                    blobs = [txn.get(_k(p), db=store.passages) for p in some]
+                    blobs = [txn.get(id_key(p), db=store.passages) for p in some]
                     if not (hs_a[j[a:a + 4096]] == _digests([bytes(b) if b is not None else b"" for b in blobs])).all():
                         ok = np.zeros(len(live), bool)
                         break
@@ -548,7 +549,7 @@ class Export:
         in term order, a part closed once it holds `part` bytes (so a part holds one
         item over it at most). Sets ``_made``: its ids, which are live, their digests."""
         store = self.store
-        stored, runs = _seg_codec.stored(txn.get(sk, db=store.segments))
+        stored, runs = seg_codec.stored(txn.get(sk, db=store.segments))
         pids = np.frombuffer(stored.pids, "<u4")
         lens = stored.lens
         p64 = pids.astype(np.int64)
@@ -573,7 +574,7 @@ class Export:
         names = stored.names
         n = len(pids)
         for i in range(n):
-            blob = txn.get(_k(int(pids[i])), db=store.passages)
+            blob = txn.get(id_key(int(pids[i])), db=store.passages)
             blob = bytes(blob) if blob is not None and live[i] else b""
             if blob:
                 sums[i] = int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") | 1
@@ -607,7 +608,7 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
     m = exp.manifest
     with store.write_lock, store.env.begin(write=True) as txn:
         for p in exp.vec_sent:
-            txn.delete(_k(p), db=store.vec_pending)
+            txn.delete(id_key(p), db=store.vec_pending)
         old = _state_in(txn, store)
         named = m.names()
         keep = set(named)
@@ -808,7 +809,7 @@ class _Reader:
                 if not old and page_of(ref, npages) != i:
                     raise _bad(f"{name} holds {ref!r}, which is not of its page")
                 try:
-                    rec = _dec_file.decode(rec_raw)
+                    rec = file_decoder.decode(rec_raw)
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     raise _bad(f"the table's record of {ref!r} is not understood") from None
                 if rec.size < 0 or rec.kind not in ("text", "name"):
@@ -881,9 +882,9 @@ class _Reader:
         items = []
         for k, v in txn.cursor(db=db):
             ref, rec = file_entry(k, v)
-            r = _dec_file.decode(rec)
+            r = file_decoder.decode(rec)
             new = self.remap(np.asarray(r.pids, np.int64)).tolist() if r.pids else []
-            items.append((bytes(k), file_value(ref, _enc.encode(FileRec(r.version, r.size, new, r.kind, r.mtime)))))
+            items.append((bytes(k), file_value(ref, encoder.encode(FileRec(r.version, r.size, new, r.kind, r.mtime)))))
         txn.cursor(db=db).putmulti(items)
         self.wrote(sum(len(k) + len(v) for k, v in items))
 
@@ -901,7 +902,7 @@ class _Reader:
         rec_p, rec_l, rec_s = [], [], []  # for the cache's record of the copy's segments
         held: Optional[np.ndarray] = None  # the segment's pids, sorted, once its postings begin
         prev: Optional[bytes] = None
-        sk = _k(seg)
+        sk = id_key(seg)
         tombed = 0
         nt = len(tomb)
         self._tomb = tomb
@@ -937,7 +938,7 @@ class _Reader:
                 if not (whose[at] == ix).all():
                     raise _bad(f"{name}: the table gives a file a passage of another")
                 text_room = RATIO * len(raw) + SLACK  # the passages' bytes decompressed, in all
-                dec = _dec_passage.decode
+                dec = passage_decoder.decode
                 blobs = [s.passages[i] for i in li.tolist()]
                 for i, blob in zip(li.tolist(), blobs):
                     if not blob:
@@ -969,7 +970,7 @@ class _Reader:
                 sums[li] = _digests(blobs)
                 rec_s.append(sums)
                 if self.txn is not None:
-                    items = sorted(zip((_k(p) for p in new.tolist()), blobs))
+                    items = sorted(zip((id_key(p) for p in new.tolist()), blobs))
                     self.txn.cursor(db=self.store.passages).putmulti(items)
                     del items
                 del blobs
@@ -992,7 +993,7 @@ class _Reader:
         pids_all = np.concatenate(new_parts) if new_parts else np.empty(0, "<u4")
         if self.txn is not None:
             if len(pids_all):
-                self.txn.put(sk, _seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
+                self.txn.put(sk, seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
                                                         np.asarray(runs, np.int64)), db=self.store.segments)
             cat = (lambda xs, d: np.concatenate(xs) if xs else np.empty(0, d))
             self.copy_segs.append(_CopySeg(list(parts), cat(rec_p, np.int64).astype("<u4").tobytes(),
@@ -1097,7 +1098,7 @@ class _Reader:
                 if j >= len(order) or order[j] != pid:
                     continue
                 pid = j + 1
-            key = _k(pid)
+            key = id_key(pid)
             if txn.get(key, db=store.passages) is None:
                 continue
             items.append((key, v.rows[i * width:(i + 1) * width]))
@@ -1143,7 +1144,7 @@ def load_copy(store: Store, manifest: Manifest, fetch: Callable[[str], bytes], v
                 store.env.set_mapsize(store.env.info()["map_size"] * 2)
         store.let_go_of_map()
         memtrim.trim()  # the load's heap handed back before the snapshot is read
-        store.snapshot = store._load()
+        store.snapshot = store.load_snapshot()
         store.let_go()
     return v
 

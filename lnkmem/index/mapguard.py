@@ -4,7 +4,7 @@ LMDB reads ``data.mdb`` through a shared map. A file cut shorter than the pages 
 reader touches (another process truncating it: a person, a tool, a disk-full copy)
 makes that touch a SIGBUS, whose default action ends the whole process: in
 ``serve-many`` every agent's sessions with it. The checks before each store call
-(:meth:`lnkmem.index.store.Store._guard`) find a short file, but a cut landing between
+(:meth:`lnkmem.index.store.Store.guard`) find a short file, but a cut landing between
 the check and a read cannot be checked for: a signal must be caught.
 
 Python's own handlers cannot catch it (they run later, between bytecodes: the faulting

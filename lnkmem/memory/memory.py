@@ -21,7 +21,7 @@ from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry, PlaceBase
 from lnkmem.core import memtrim, procs
 from lnkmem.memory.config import AgentConfig, FolderRefused, open_folder, same_folder
-from lnkmem.index import indexer
+from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
 from lnkmem.memory.notes import LocalNotes
 
@@ -159,7 +159,7 @@ class Memory:
         self._qcache: "OrderedDict[str, object]" = OrderedDict()
         if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
             from lnkmem.memory.embed import Embedder
-            from lnkmem.index.vectors import VectorIndex
+            from lnkmem.index.rank.vectors import VectorIndex
             url, model, headers = self.layout.embed
             try:
                 self.embedder = Embedder(url, model, headers=headers)
@@ -252,9 +252,9 @@ class Memory:
         elif store.opened_as == "sealed":
             log.info("index opened in %.2fs: closed cleanly, not checked again%s", time.monotonic() - t,
                      "; its snapshot as saved at that close" if store.snapshot_saved else "")
-        store.on_damage = self._damaged
-        store.on_alloc = self._forget_vectors
-        store.on_map_grown = self._map_grown
+        store.events.damaged = self._damaged
+        store.events.allocated = self._forget_vectors
+        store.events.map_grown = self._map_grown
         return store
 
     _letting_go = False  # a let-go of the map is queued
@@ -280,12 +280,12 @@ class Memory:
 
     def _rebuild(self) -> None:
         """Start the index anew from the sources (and the copy, for a bound memory)."""
-        from lnkmem.index.store import wipe
+        from lnkmem.index.lmdbfile import wipe
         old = self.store
         if old is not None and old.damaged is None:
             return  # already rebuilt
         self.ready.clear()
-        on_commit = old.on_commit if old is not None else None
+        on_commit = old.events.committed if old is not None else None
         if old is not None:
             try:
                 old.close()
@@ -300,7 +300,7 @@ class Memory:
         self.store = store
         if self.layout.replica is not None:
             self._attach()
-        store.on_commit = on_commit
+        store.events.committed = on_commit
         store.start_merger()
         try:
             self.refresh_all()
@@ -334,7 +334,7 @@ class Memory:
             self.opened.set()  # searches answer from the cache while the copy is looked at
             if self.layout.replica is not None:
                 self._attach()
-            self.store.on_commit = self._committed
+            self.store.events.committed = self._committed
             self.store.start_merger()  # merges off this thread: a change never waits behind one
             if self.writeback is not None:
                 self.writeback.start()
@@ -660,11 +660,11 @@ class Memory:
         """Best (pid, score) pairs and how they were ranked: "meaning+words" only when
         meaning was used for this query (a query vector, and hits by meaning that
         pass the query's exclusions, phrases and dates)."""
-        from lnkmem.index import query as qlang
-        from lnkmem.index.hybrid import fuse
-        from lnkmem.index.search import scores_of
-        from lnkmem.index.search import words as by_words
-        from lnkmem.index.store import DAMAGE_ERRORS
+        from lnkmem.index.text import query as qlang
+        from lnkmem.index.rank.hybrid import fuse
+        from lnkmem.index.rank.search import scores_of
+        from lnkmem.index.rank.search import words as by_words
+        from lnkmem.index.lmdbfile import DAMAGE_ERRORS
         self.check_copy()
         q = qlang.parse(query)
         meaning = self.embedder is not None and self.vindex.count() > 0 and bool(q.meaning_text.strip())

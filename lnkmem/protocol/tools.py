@@ -13,8 +13,8 @@ from lnkmem.protocol import budget
 from lnkmem.bridges.place import MAX_FILE, Forbidden, NotFound, check_relpath
 from lnkmem.memory.memory import Memory
 from lnkmem.core.errors import ToolError
-from lnkmem.index import analyze, chats, documents
-from lnkmem.index.indexer import split_ref
+from lnkmem.index.text import analyze, chats, documents
+from lnkmem.index.build.count import split_ref
 from lnkmem.memory.threads import notes_refusal
 from lnkmem.core.wire import (SOURCES, Hit, ListArgs, ListEntry, ListResult, Progress, ReadArgs, ReadResult,
                          RememberArgs, RememberResult, SearchArgs, SearchResult, to_builtins)
@@ -60,7 +60,7 @@ def _hit_header(n: int, h: Hit) -> str:
 
 
 def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
-    from lnkmem.index.search import parse_when
+    from lnkmem.index.rank.search import parse_when
     try:  # before anything else: a bad date changes nothing
         after = parse_when(args.after, "after") if args.after is not None else None
         before = parse_when(args.before, "before") if args.before is not None else None

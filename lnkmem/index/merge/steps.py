@@ -4,11 +4,11 @@
 heap of one cursor each), joins the lists of a term found in several
 (:func:`postings.join_many`, a batch of terms at a time), drops the postings
 of passages dead when the merge began, and gives a write step's (key, value)
-items at a time; the store writes them (``Store._merge_postings``).
+items at a time; the store writes them (``merge.run.MergeJob.write_postings``).
 
 A large merge (the one that ends a build merges every segment) is shared with
 a helper, the second core: :func:`start` runs ``python -B -m
-lnkmem.index.merge_steps`` (a fresh interpreter: an LMDB environment is never
+lnkmem.index.merge.steps`` (a fresh interpreter: an LMDB environment is never
 used across a fork, nor opened twice in one process), which reads the terms
 from a middle one on through a read-only environment of its own (in the
 reader table, so no page it reads is reused meanwhile) and sends each step
@@ -33,8 +33,10 @@ import msgspec
 import numpy as np
 
 from lnkmem.core import procs
-from lnkmem.index import postings, worker
-from lnkmem.index.store import _Abandoned, _child_env, _dead_of, _k, _let_go_of_map, _release_map
+from lnkmem.index.codec import postings
+from lnkmem.index.child import Sender, child_env
+from lnkmem.index.format import id_key
+from lnkmem.index.lmdbfile import let_go_of_map, release_map
 
 # a merge of fewer passages stays in one thread (~1 s at most: a helper starts in ~0.2 s)
 SHARED_PASSAGES = 20_000
@@ -42,6 +44,22 @@ SHARED_PASSAGES = 20_000
 # its own (at 1x: 2.8-3.2 s of CPU here, 2.4-2.6 s in the helper, with half each)
 HELPER_SHARE = 0.5
 BATCH, ERROR, END = 1, 2, 3
+
+
+class Abandoned(Exception):
+    """A merge given up between its steps (stopped, or its segments changed under it)."""
+
+
+def dead_of(mask: np.ndarray, pids: np.ndarray) -> np.ndarray:
+    """Which of ``pids`` the dead mask (by id) marks; ids beyond it are not dead."""
+    if not len(pids):
+        return np.zeros(0, bool)
+    if int(pids.max()) < len(mask):
+        return mask[pids]
+    inside = pids < len(mask)
+    out = np.zeros(len(pids), bool)
+    out[inside] = mask[pids[inside]]
+    return out
 
 
 class Job(msgspec.Struct, array_like=True):
@@ -79,11 +97,11 @@ def steps(job: Job, env, db, dead: np.ndarray, lo: Optional[bytes], hi: Optional
     """The merged live postings of ``job.segs`` under ``job.new`` for the terms from ``lo``
     (None: the first) to before ``hi`` (None: the last), in key order, one write step's
     (key, value) items at a time, read through ``env`` (this process's), its read
-    transaction closed while a step is out. _Abandoned when a segment went away or
+    transaction closed while a step is out. Abandoned when a segment went away or
     ``stop`` says so."""
 
-    nk = _k(job.new)
-    keys = [_k(s) for s in job.segs]
+    nk = id_key(job.new)
+    keys = [id_key(s) for s in job.segs]
     clean = [s in job.clean for s in job.segs]
     heap: list = []  # (term, segment index, stored value): each segment's next term
     txn = env.begin()
@@ -134,7 +152,7 @@ def steps(job: Job, env, db, dead: np.ndarray, lo: Optional[bytes], hi: Optional
             if len(parts) == 1:  # the stored value as it is, unless it names the dead
                 if not clean[i]:
                     p, t = postings.unpack(v)
-                    drop = _dead_of(dead, p)
+                    drop = dead_of(dead, p)
                     if drop.any():
                         keep = ~drop
                         v = postings.pack(p[keep], t[keep]) if keep.any() else None
@@ -150,35 +168,35 @@ def steps(job: Job, env, db, dead: np.ndarray, lo: Optional[bytes], hi: Optional
                 items.append((nk + term, v))
                 size += len(v) + len(term) + 4
             if len(items) % 1024 == 0:
-                _let_go_of_map(job.data, job.map_resident)  # (the read transaction stays: only the pages go)
+                let_go_of_map(job.data, job.map_resident)  # (the read transaction stays: only the pages go)
             if size + pend_bytes >= job.step_bytes:  # (the pending lists' bytes: about what they join to)
                 if stop():
-                    raise _Abandoned()
+                    raise Abandoned()
                 size += join_pending()
                 # no read transaction open across a write step: a full map is grown there (a
                 # remap), and an old reader would pin the pages commits free meanwhile
                 txn.abort()
                 yield [x for x in items if x is not None]
                 items, size = [], 0
-                _release_map(job.data)
+                release_map(job.data)
                 txn = env.begin()  # each cursor again at the term it stands on
                 curs = [txn.cursor(db=db) for _ in job.segs]
                 for t_, j, _ in heap:
                     if not curs[j].set_key(keys[j] + t_):
-                        raise _Abandoned()  # the segment went away meanwhile
+                        raise Abandoned()  # the segment went away meanwhile
         if pending:
             join_pending()
         txn.abort()
         yield [x for x in items if x is not None]
     finally:
         txn.abort()
-        _release_map(job.data)
+        release_map(job.data)
 
 
 def shared(passages: int) -> bool:
     """Whether a merge of this many passages is shared with a helper
-    (:func:`worker.second_core`: past :data:`SHARED_PASSAGES`)."""
-    return worker.second_core(lambda: passages >= SHARED_PASSAGES)
+    (:func:`procs.second_core`: past :data:`SHARED_PASSAGES`)."""
+    return procs.second_core(lambda: passages >= SHARED_PASSAGES)
 
 
 class Helper:
@@ -202,10 +220,10 @@ class Helper:
         """Its next step's (key, value) items, waiting for them; [] once it ended."""
         while not self.done and not self.poll.poll(200):
             if stop():
-                raise _Abandoned()
+                raise Abandoned()
         if self.done:
             return []
-        part = worker.read_msg(self.pipe, _part_dec)
+        part = procs.read_msg(self.pipe, _part_dec)
         if part is None or part.kind != BATCH:
             self.done = True
             self.whole = part is not None and part.kind == END
@@ -241,10 +259,10 @@ def start(job: Job, dead: np.ndarray, lo: bytes) -> Optional[Helper]:
     merged here)."""
     if not sys.executable:  # (an embedded interpreter: nothing to start)
         return None
-    env = _child_env()
+    env = child_env()
     try:
         # -B: no bytecode written beside the program (the engine writes only <state> and the notes)
-        proc = subprocess.Popen([sys.executable, "-B", "-m", "lnkmem.index.merge_steps"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-B", "-m", "lnkmem.index.merge.steps"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
     except (OSError, ValueError) as e:
         import logging
@@ -271,7 +289,7 @@ def main() -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 1)
     procs.tie_to_parent()  # dies with the thread that started it
-    out = worker._Sender(w)
+    out = Sender(w)
     try:
         req = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Request)
         job = req.job

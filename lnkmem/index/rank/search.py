@@ -1,5 +1,5 @@
 """BM25 over the words index (Robertson/Sparck Jones idf, Lucene's form),
-with the query language (:mod:`lnkmem.index.query`) and the date filters.
+with the query language (:mod:`lnkmem.index.text.query`) and the date filters.
 
 Cost is bounded whatever the query or the index: at most ``query.MAX_TERMS``
 terms are scored (vectorised over their postings); the best are chosen in
@@ -21,10 +21,12 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from lnkmem.index import analyze
-from lnkmem.index import postings as plists
-from lnkmem.index import query as qlang
-from lnkmem.index.store import SOURCE_CODE, Passage, Snapshot, Store, joined
+from lnkmem.index.text import analyze
+from lnkmem.index.codec import postings as plists
+from lnkmem.index.text import query as qlang
+from lnkmem.index.format import SOURCE_CODE, Passage
+from lnkmem.index.snapshot import Snapshot
+from lnkmem.index.store import Store
 
 _CHATS = SOURCE_CODE["chats"]
 
@@ -35,7 +37,6 @@ SAMPLE = 1024  # scores sampled for a floor under the last place's (top)
 TIES_BY_HAND = 64  # passages tied for the last place that top orders in Python (more: by numpy)
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
 LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.looked_up)
-PRUNE = True  # MaxScore: terms that cannot lift a passage into the top are only looked up (bench A/B)
 
 Pairs = list[tuple[int, float]]
 
@@ -531,12 +532,16 @@ def _ascending(p: np.ndarray) -> bool:
 
 def words(store: Store, query: Union[str, qlang.Query], limit: int, sources: Optional[Sequence[str]] = None,
           under: Optional[str] = None, k1: float = K1, b: float = B, candidates: Optional[int] = None,
-          after: Optional[float] = None, before: Optional[float] = None) -> tuple[Pairs, Checks]:
+          after: Optional[float] = None, before: Optional[float] = None,
+          prune: bool = True) -> tuple[Pairs, Checks]:
     """Best (pid, score) pairs for ``query``, best first, and the checks any
-    other ranking's hits must pass too (exclusions, phrases, dates)."""
+    other ranking's hits must pass too (exclusions, phrases, dates).
+
+    ``prune``: MaxScore (terms that cannot lift a passage into the top are only looked
+    up); False scores every posting (the same answers: tests and bench_prune's A/B)."""
     q = qlang.parse(query) if isinstance(query, str) else query
     try:
-        out = _words(store, q, limit, sources, under, k1, b, candidates, after, before)
+        out = _words(store, q, limit, sources, under, k1, b, candidates, after, before, prune)
     except BaseException:
         _scratch.drop()
         raise
@@ -600,11 +605,11 @@ def _live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: s
             ps, ts = _without(ps, ts, facts[1][seg])
         pids.append(ps)
         tfs.append(ts)
-    return joined(pids, tfs, np.intp)
+    return plists.joined(pids, tfs, np.intp)
 
 
 def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, b: float, candidates, after,
-           before):
+           before, prune: bool):
     checks = Checks(q, after, before)
     snap = store.refresh()
     want = candidates or limit
@@ -652,7 +657,7 @@ def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, 
                 checks.holders[i] = _holders(cap, snap.refid, masks)
                 checks.lifts[i] = PHRASE_WEIGHT * sum(_idf(snap, int(np.count_nonzero(m))) for m in masks)
         pruned = None
-        if PRUNE and len(weights) > 1 and not checks.on_text and not checks.dated and not q.scored \
+        if prune and len(weights) > 1 and not checks.on_text and not checks.dated and not q.scored \
                 and snap.segs is not None and snap.seg_of is not None:
             pruned = _maxscore(store, txn, snap, segs, weights, checks, scores, touched, want, sources, under, k1, b,
                                q.flat)
@@ -661,7 +666,7 @@ def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, 
             # candidates' own (no scatter into the score array, nothing to zero after)
             alone = len(weights) == 1 and not checks.any and not checks.dated and not under and not q.scored \
                 and (sources is None or set(sources) >= set(SOURCE_CODE))
-            if alone and PRUNE and snap.segs is not None and snap.seg_of is not None:
+            if alone and prune and snap.segs is not None and snap.seg_of is not None:
                 (term, w), = weights.items()
                 got = _one_word(store, txn, snap, segs, term, w, want, k1, b)
                 if got is not None:
@@ -1171,10 +1176,10 @@ def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1
 
 def bm25(store: Store, query: Union[str, qlang.Query], limit: int, sources: Optional[Sequence[str]] = None,
          under: Optional[str] = None, k1: float = K1, b: float = B,
-         candidates: Optional[int] = None) -> Pairs:
+         candidates: Optional[int] = None, prune: bool = True) -> Pairs:
     """Best (pid, score) pairs for ``query``, best first.
 
     ``candidates``: how many to return before the limit is applied (the hybrid
-    ranker asks for more than it shows).
+    ranker asks for more than it shows); ``prune``: as :func:`words`'.
     """
-    return words(store, query, limit, sources, under, k1, b, candidates)[0]
+    return words(store, query, limit, sources, under, k1, b, candidates, prune=prune)[0]

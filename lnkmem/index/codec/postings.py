@@ -940,3 +940,12 @@ class Decoded:
             self.lists[key] = pair
             self.size += n
         return pair
+
+
+def joined(pids: list, tfs: list, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One term's (pids, tfs) from its segments' lists (pids of ``dtype`` when none)."""
+    if not pids:
+        return np.empty(0, dtype), np.empty(0, np.uint16)
+    if len(pids) == 1:
+        return pids[0], tfs[0]
+    return np.concatenate(pids), np.concatenate(tfs)

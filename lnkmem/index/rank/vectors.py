@@ -17,7 +17,8 @@ from typing import Optional
 
 import numpy as np
 
-from lnkmem.index.store import SOURCE_CODE, Store, quantize_rows
+from lnkmem.index.format import SOURCE_CODE, quantize_rows
+from lnkmem.index.store import Store
 
 BLOCK = 1024  # rows widened at a time: 1.5 MiB of float32 at 384 dimensions (stays in cache)
 
@@ -63,7 +64,7 @@ class VectorIndex:
         self.lock = threading.Lock()
         # (int8 matrix, float32 scales, has) replaced together, read once by a search
         self.held = (np.zeros((0, 0), np.int8), np.zeros(0, np.float32), np.zeros(0, bool))
-        # past ann.threshold() vectors: an approximate index (lnkmem/index/ann.py), a cache
+        # past ann.threshold() vectors: an approximate index (lnkmem/index/rank/ann.py), a cache
         # kept in ``ann_path``; built on a thread of its own, searched once ``ann_ready``
         self.ann_path = ann_path
         self.ann = None
@@ -160,7 +161,7 @@ class VectorIndex:
     def _ann_update(self, rebuild: bool = False) -> None:
         """Start the approximate index once enough vectors are held (or reconcile it with
         a matrix loaded anew), and save it after enough changes; on its own thread."""
-        from lnkmem.index import ann as annmod
+        from lnkmem.index.rank import ann as annmod
         limit = annmod.threshold()
         if not limit or self._stop.is_set():
             return
@@ -207,7 +208,7 @@ class VectorIndex:
         """Load the saved index (when its header vouches for it) or start an empty one,
         then make it hold exactly the rows held."""
         import logging
-        from lnkmem.index.ann import Ann
+        from lnkmem.index.rank.ann import Ann
         m = self.held[0]
         ann = self.ann
         if ann is None or ann.dim != m.shape[1]:
@@ -318,7 +319,7 @@ class VectorIndex:
         search should answer instead: a filter that leaves fewer rows than the threshold
         (searched exactly, in time proportional to them), too few neighbours passing the
         filters after over-fetching, or the index busy."""
-        from lnkmem.index import ann as annmod
+        from lnkmem.index.rank import ann as annmod
         m, _, has = held
         ok = has[:n] & snap.alive[:n]
         filtered = (sources is not None and set(sources) != set(SOURCE_CODE)) or bool(under)

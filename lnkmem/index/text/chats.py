@@ -16,7 +16,7 @@ from typing import Iterator, NamedTuple, Optional
 
 import msgspec
 
-from lnkmem.index.chunk import LIMIT, chunk_text
+from lnkmem.index.text.chunk import LIMIT, chunk_text
 
 _json = msgspec.json.Decoder()
 

@@ -55,7 +55,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lnkmem.index import analyze
+from lnkmem.index.text import analyze
 
 MAX_TERMS = 256
 MAX_PHRASES = 16

@@ -3,13 +3,13 @@
 :func:`start` forks a child that goes through its share of a plan with the
 very place objects of the parent (the same roots, the same checks: every
 open stays beneath its root), counts each file into flat u32 columns
-(``indexer._columns``) and sends each batch down a pipe as one msgpack
+(:func:`count.columns`) and sends each batch down a pipe as one msgpack
 message: the batch's terms once, then per file its passages as the index
 stores them (compressed here, with the index's dictionary, which the parent
 makes before the fork when the index has none) and four byte strings (term
 ids, postings per passage, tfs, lengths). The parent commits a
 batch while the child counts the next one. The child writes on a thread of
-its own (:class:`_Sender`), so it goes on counting while the parent, busy
+its own (:class:`child.Sender`), so it goes on counting while the parent, busy
 with a commit of its own batch, has not read its last one yet: the child
 holds at most three batches (one being written, one waiting, one being
 counted), the parent one of the child's beside its own.
@@ -35,18 +35,18 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import queue
 import select
 import signal
-import threading
 import time
 from typing import Callable, Mapping, Optional
 
 import msgspec
 
 from lnkmem.core import procs
-from lnkmem.index import textpack
-from lnkmem.index.store import Batch, NewFile
+from lnkmem.index.build import count
+from lnkmem.index.codec import textpack
+from lnkmem.index.child import Sender
+from lnkmem.index.commit import Batch, NewFile
 from lnkmem.core.procs import cores as _cores  # (a name of this module's: tests set it)
 
 # a plan is split off to the worker from this much (bytes, or files) of local
@@ -127,11 +127,11 @@ class Worker:
         self.front = (0, len(items))  # (the next entry the child reads, the one past this thread's next): readahead
 
     def _recv(self) -> Optional[_Msg]:
-        return read_msg(self.pipe, _dec)
+        return procs.read_msg(self.pipe, _dec)
 
     def share_with(self, b, places: Mapping[str, object], tmpdir: str, should_stop: Callable[[], bool]) -> bool:
         """Index the child's entries together: the child from the first on, this
-        thread (``b``, an ``indexer._Build``) from the last on, committing the
+        thread (``b``, an ``indexer.Build``) from the last on, committing the
         child's batches as they come, until the two meet. When the child fails,
         this thread does all it had not sent. False when stopped.
 
@@ -234,68 +234,17 @@ def _detach(w: int, parent: int) -> None:
     procs.detach(w, parent, b"lnkmem-worker")
 
 
-read_msg = procs.read_msg  # (the merge helper's steps are read with it too)
-
-
-class _Sender:
-    """The child's messages written on a thread of their own, so that it counts the
-    next batch while the parent, busy with a commit of its own, has not read the
-    last one yet (a pipe holds 64 KiB; a batch is megabytes): at most one message
-    waits behind the one being written. A progress message that would wait is
-    dropped."""
-
-    def __init__(self, w: int):
-        self.w = w
-        self.q: queue.Queue = queue.Queue(maxsize=1)
-        self.failed: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            body = self.q.get()
-            if body is None:
-                return
-            try:
-                procs.write_framed(self.w, body)
-            except BaseException as e:  # the parent gone or done with it: the child stops
-                self.failed = e
-                return
-
-    def send(self, msg: _Msg, wait: bool = True) -> None:
-        self._put(_enc.encode(msg), wait)
-
-    def _put(self, body: Optional[bytes], wait: bool = True) -> None:
-        while True:
-            if self.failed is not None:
-                raise BrokenPipeError(str(self.failed))
-            try:
-                self.q.put(body, timeout=0.2 if wait else 0)
-                return
-            except queue.Full:
-                if not wait:
-                    return
-
-    def close(self) -> None:
-        """Wait until every message is written."""
-        self._put(None)
-        self.thread.join()
-        if self.failed is not None:
-            raise BrokenPipeError(str(self.failed))
-
-
 def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdir: str, shm: mmap.mmap,
            zdict: Optional[bytes]) -> None:
     _detach(w, parent)
-    from lnkmem.index import indexer
     # the passages compressed here, on this core (the parent only stores them)
     pack, encode = textpack.Packer(zdict).pack, _enc.encode
     head = ctypes.c_int64.from_buffer(shm, 0)
     tail = ctypes.c_int64.from_buffer(shm, 8)
     done = 0  # entries 0..done-1 gone through
-    out = _Sender(w)
+    out = Sender(w)
     try:
-        vocab = indexer._Vocab()
+        vocab = count.Vocab()
         files: list[_File] = []
         removed: list[str] = []
         size = inexact = 0
@@ -304,19 +253,19 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
             head.value = i + 1  # taken; then: had the parent taken it first?
             if i >= tail.value:
                 break
-            nf = indexer.index_file(source, entry, places[source], tmpdir, vocab)
+            nf = count.index_file(source, entry, places[source], tmpdir, vocab)
             done = i + 1
-            if not indexer.as_listed(nf, entry):
+            if not count.as_listed(nf, entry):
                 inexact += 1
             if nf is None:
-                removed.append(indexer.ref_of(source, entry.path))
+                removed.append(count.ref_of(source, entry.path))
             else:
                 files.append(_File(nf.ref, nf.version, nf.size, nf.kind, nf.mtime, [pack(encode(p)) for p in nf.passages],
                                    nf.tids.tobytes(), nf.npost.tobytes(), nf.tfs.tobytes(), nf.lens.tobytes()))
                 size += nf.size
-            if size >= indexer.BATCH_BYTES or len(files) >= indexer.BATCH_FILES:
+            if size >= count.BATCH_BYTES or len(files) >= count.BATCH_FILES:
                 out.send(_Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
-                vocab, files, removed, size, inexact = indexer._Vocab(), [], [], 0, 0
+                vocab, files, removed, size, inexact = count.Vocab(), [], [], 0, 0
                 last = time.monotonic()
             elif time.monotonic() - last > 0.1:
                 out.send(_Msg(PROGRESS, done), wait=False)

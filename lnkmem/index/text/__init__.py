@@ -1,0 +1,1 @@
+"""Text into words and passages: analysis, the query language, chunking of text, conversations and documents."""

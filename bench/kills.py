@@ -78,7 +78,7 @@ import msgspec  # noqa: E402
 from fakes.harness import FakeServer  # noqa: E402
 from lnkmem.memory.config import from_args  # noqa: E402
 from lnkmem.core.errors import DamagedIndex  # noqa: E402
-from lnkmem.index import copy as copyfmt  # noqa: E402
+from lnkmem.replica import copy as copyfmt  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 from tests.bridges import KEY, Bridges  # noqa: E402
 from tests.helpers import PROGRAM, Home, Many, base_env  # noqa: E402

@@ -288,7 +288,7 @@ class Soak:
                 lost.append(f"notes of {who}: {text.splitlines()[:4]} != {want}")
         # the copy holds every file of the bridge's Home
         d = self.bridges.store("memory") / "lnkmem"
-        from lnkmem.index import copy as copyfmt
+        from lnkmem.replica import copy as copyfmt
         m = copyfmt.decode_manifest((d / "manifest.json").read_bytes())
         in_copy = set(copyfmt.verify(m, lambda n: (d / n).read_bytes()).refs)
         home = self.bridges.home()

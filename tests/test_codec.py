@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lnkmem.index import copy as copyfmt
+from lnkmem.replica import copy as copyfmt
 from lnkmem.index.codec import postings, textpack
 from lnkmem.index.store import Store
 from tests.helpers import Home, index_home, run_cli

@@ -21,7 +21,7 @@ import textwrap
 import pytest
 
 from lnkmem.bridges.remote import NotFound
-from lnkmem.index import copy as copyfmt
+from lnkmem.replica import copy as copyfmt
 from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 from tests.test_copy_scale import OF, memory, text
@@ -129,7 +129,7 @@ def test_a_damaged_copy_leaves_an_empty_cache_empty_and_an_index(source, tmp_pat
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
-    from lnkmem.index import copy as copyfmt
+    from lnkmem.replica import copy as copyfmt
     from lnkmem.index.store import Store
     folder, cache, after = sys.argv[1], sys.argv[2], int(sys.argv[3])
     fetched = []

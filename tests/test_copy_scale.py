@@ -25,7 +25,7 @@ import pytest
 
 from lnkmem.bridges.http import BridgeClient
 from lnkmem.bridges.remote import Collection
-from lnkmem.index import copy as copyfmt
+from lnkmem.replica import copy as copyfmt
 from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 from lnkmem.replica.sync import Replica, WriteBack

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from lnkmem.bridges.place import NotFound
-from lnkmem.index import copy as copyfmt
+from lnkmem.replica import copy as copyfmt
 from lnkmem.index.codec import textpack
 from tests.bridges import KEY, OTHER_KEY, Bridges, Layout
 from tests.helpers import Home, until

@@ -77,7 +77,7 @@ BRIDGES = Layout(homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n"}}
 
 
 def _copy_refs(bridges) -> set:
-    from lnkmem.index import copy as copyfmt
+    from lnkmem.replica import copy as copyfmt
     d = bridges.store("memory") / "lnkmem"
     m = copyfmt.decode_manifest((d / "manifest.json").read_bytes())
     assert all((d / n).exists() for n in m.names())

@@ -597,10 +597,10 @@ def test_bridge_places_against_garbage(garbage, mode, op, count):
 def test_bridge_list_decoders(body):
     import httpx
     from lnkmem.bridges.http import BridgeDown
-    from lnkmem.bridges.remote import _coll_list, _entries, _files_list
-    for dec in (_files_list, _coll_list):
+    from lnkmem.bridges.remote import collection_listing, files_listing, listing_entries
+    for dec in (files_listing, collection_listing):
         try:
-            _entries(dec, httpx.Response(200, content=body), "list")
+            listing_entries(dec, httpx.Response(200, content=body), "list")
         except BridgeDown as e:
             assert "not understood" in str(e)
 
@@ -679,7 +679,7 @@ def _atheris(argv: list[str]) -> None:
     import httpx
 
     from lnkmem.bridges.http import BridgeDown
-    from lnkmem.bridges.remote import _coll_list, _entries, _files_list
+    from lnkmem.bridges.remote import collection_listing, files_listing, listing_entries
     from lnkmem.index.text import chats
     from lnkmem.serve.many import parse_agents
     from lnkmem.memory.spec import notes_limit, parse_spec
@@ -703,7 +703,7 @@ def _atheris(argv: list[str]) -> None:
                 chats.chunk_conversation("t.jsonl", text)
                 list(chats.render(text, 1, None))
             elif which == 4:
-                _entries(_files_list if len(raw) % 2 else _coll_list, httpx.Response(200, content=raw), "list")
+                listing_entries(files_listing if len(raw) % 2 else collection_listing, httpx.Response(200, content=raw), "list")
             else:
                 half = len(text) // 2
                 notes_mod.apply(text[:half], text[half:] or None, text[half:half + 8] or None, 4000)
@@ -726,7 +726,7 @@ def test_copy_files_fuzzed(tmp_path):
     refused as damaged, or loads into a cache that opens and answers."""
     import random
     from lnkmem.bridges.place import NotFound
-    from lnkmem.index import copy as copyfmt
+    from lnkmem.replica import copy as copyfmt
     from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     from tests.test_copy_verify import OF, check_copy, store_copy

@@ -39,8 +39,9 @@ class _CollList(msgspec.Struct):
     entries: list[_CollEntry]
 
 
-_files_list = msgspec.json.Decoder(_FileList)
-_coll_list = msgspec.json.Decoder(_CollList)
+# the bridges' list answers, decoded into their Structs (what `listing_entries` reads)
+files_listing = msgspec.json.Decoder(_FileList)
+collection_listing = msgspec.json.Decoder(_CollList)
 
 
 def _hidden(path: str) -> bool:
@@ -55,7 +56,7 @@ def _unclean(path: str) -> bool:
         return True
 
 
-def _entries(decoder, r, what: str):
+def listing_entries(decoder, r, what: str):
     """A list answer's entries; BridgeDown when the bridge answered something else."""
     try:
         return decoder.decode(r.content).entries
@@ -224,7 +225,7 @@ class FilesPlace(_BridgePlace):
         r = check(self.client.request("GET", "/v1/list", params=self._params(full)), f"list {full}")
         cut = len(self.root) + 1 if self.root else 0
         listed = []
-        for e in _entries(_files_list, r, f"list {full}"):
+        for e in listing_entries(files_listing, r, f"list {full}"):
             if self.root and not e.path.startswith(self.root + "/"):
                 continue
             listed.append((e.path[cut:] if cut else e.path, e))
@@ -326,7 +327,7 @@ class Collection(_BridgePlace):
         r = check(self.client.request("GET", self.base, params={"prefix": full}), f"list {self.base}")
         cut = len(self.root) + 1 if self.root else 0
         out = []
-        for e in _entries(_coll_list, r, f"list {self.base}"):
+        for e in listing_entries(collection_listing, r, f"list {self.base}"):
             if self.root and not e.name.startswith(self.root + "/"):
                 continue
             rel = e.name[cut:]

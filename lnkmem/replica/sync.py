@@ -23,7 +23,7 @@ from typing import Callable, Optional
 from lnkmem.bridges.http import BridgeDown, TooLarge
 from lnkmem.bridges.place import Conflict, Forbidden, NotFound
 from lnkmem.core.knobs import knobs
-from lnkmem.index import copy as copyfmt
+from lnkmem.replica import copy as copyfmt
 from lnkmem.index.store import Store
 
 log = logging.getLogger("lnkmem")

@@ -47,6 +47,7 @@ import hashlib
 import re
 import time
 import zlib
+from array import array
 from typing import Callable, Iterable, Iterator, Optional
 
 import msgspec
@@ -733,7 +734,8 @@ class _Reader:
         self.m, self.fetch, self.of, self.width = manifest, fetch, of, width
         self.sources = set(sources) if sources is not None else None
         self.store, self.txns = store, txns
-        self.ok_refs: dict[str, bool] = {}
+        self.ok_refs: dict[str, bool] = {}  # refs checked that the table does not hold
+        self.ref_ix: dict[str, int] = {}  # the table's refs -> their index (filled with its pages)
         self.order: Optional[np.ndarray] = None  # sorted old pids when renumbered: new pid = index + 1
 
     @property
@@ -746,6 +748,8 @@ class _Reader:
             self.txns.wrote(n)
 
     def check_ref(self, r: str, where: str) -> None:
+        if r in self.ref_ix:  # a file of the table: checked with it
+            return
         good = self.ok_refs.get(r)
         if good is None:
             if len(self.ok_refs) > 1 << 20:
@@ -796,14 +800,15 @@ class _Reader:
         # the table's pages: each file's record (written as read), and who owns which passage
         refs: list[str] = []
         ref_ix: dict[str, int] = {}
-        owned_p: list[np.ndarray] = []
-        owned_r: list[np.ndarray] = []
+        owned_p = array("q")  # every file's passage ids, one after the other (no object a file)
+        owned_r = array("q")  # ... and the index of the file owning each
         npages = len(m.pages)
         for i, name in enumerate(m.pages):
             files = table.files if old else _decode(_blob(self.fetch, name), _Page, name).files
             items = []
             for ref, rec_raw in files:
-                self.check_ref(ref, name)
+                if not valid_ref(ref, self.sources):  # (each once: not kept, see check_ref)
+                    raise _bad(f"{name} names {ref!r}, which is no ref of this memory's sources")
                 if ref in ref_ix:
                     raise _bad(f"the table names {ref!r} twice")
                 if not old and page_of(ref, npages) != i:
@@ -817,11 +822,11 @@ class _Reader:
                 ix = ref_ix[ref] = len(refs)
                 refs.append(ref)
                 if rec.pids:
-                    p = np.asarray(rec.pids, np.int64) if all(isinstance(x, int) for x in rec.pids) else None
-                    if p is None or p.min() < 0 or p.max() >= 1 << 32:
+                    p = rec.pids  # (ints: the record's type says so)
+                    if min(p) < 0 or max(p) >= 1 << 32:
                         raise _bad(f"the table gives {ref!r} a passage that is not its own live one")
-                    owned_p.append(p)
-                    owned_r.append(np.full(len(p), ix, np.int64))
+                    owned_p.extend(p)
+                    owned_r.extend(array("q", (ix,)) * len(p))
                 items.append((file_key(ref), file_value(ref, rec_raw)))  # any length (LMDB keys ≤ 511 bytes)
             if self.txn is not None and items:
                 items.sort()
@@ -829,13 +834,12 @@ class _Reader:
                 self.wrote(sum(len(k) + len(v) for k, v in items))
             del files, items
         table = None
-        owned = np.concatenate(owned_p) if owned_p else np.empty(0, np.int64)
-        owner = np.concatenate(owned_r) if owned_r else np.empty(0, np.int64)
-        del owned_p, owned_r
+        owned = np.frombuffer(owned_p, np.int64) if owned_p else np.empty(0, np.int64)
+        owner = np.frombuffer(owned_r, np.int64) if owned_r else np.empty(0, np.int64)
         # every live passage of the copy is a file's, never twice (and in one segment: below)
         by = np.argsort(owned, kind="stable")
         every, whose = owned[by], owner[by]
-        del by, owned, owner
+        del by, owned, owner, owned_p, owned_r
         if len(every) > 1 and not (every[1:] != every[:-1]).all():
             raise _bad("the table gives a passage to two files")
         top = int(every[-1]) if len(every) else 0

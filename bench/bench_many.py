@@ -358,7 +358,7 @@ def phase_rss(base: Path, cp: Corpus, P: dict, r: dict) -> None:
             f"{per['VmRSS']:.1f} MiB per extra agent ({secs:.0f} s)")
 
 
-def bench(P: dict) -> dict:
+def bench(P: dict, searches_only: bool = False) -> dict:
     base = Path(OUT)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
@@ -366,10 +366,31 @@ def bench(P: dict) -> dict:
     r: dict = {"P": P, "load": [loadavg()]}
     log("sessions, Hellos, searches")
     phase_sessions(base, cp, P, r)
-    log("RSS per agent")
-    phase_rss(base, cp, P, r)
+    if not searches_only:
+        log("RSS per agent")
+        phase_rss(base, cp, P, r)
     r["load"].append(loadavg())
     return r
+
+
+def search_table(r: dict) -> str:
+    """The search figures alone (``--searches``): one session, one paced session, 50 paced
+    sessions, and the two ratios with their rounds."""
+    P = r["P"]
+    s50, s99, sn, *_ = r["single"]
+    p50, p99, pn, *_ = r["single_paced"]
+    c50, c99, cn, *_ = r["paced"]
+    rounds = ", ".join(f"{x:.1f}" for x in r["paced_p99s"])
+    return "\n".join([
+        "| Figure | Value |",
+        "|---|---|",
+        f"| Search p50 / p99, one session, back-to-back ({sn}) | {s50:.2f} / {s99:.2f} ms |",
+        f"| Search p50 / p99, one session, paced ({pn}) | {p50:.2f} / {p99:.2f} ms |",
+        f"| Search p50 / p99, {P['conc_sessions']} paced sessions ({cn}); p99 by round | {c50:.2f} / {c99:.2f} ms; "
+        f"{rounds} |",
+        f"| ratio (÷ back-to-back p99) / like for like (÷ paced p99) | {c99 / s99:.1f}× / {c99 / p99:.1f}× |",
+        f"| load average (1 min) at start / end | {r['load'][0]:.2f} / {r['load'][1]:.2f} |",
+    ])
 
 
 # --- the table -----------------------------------------------------------------------
@@ -507,13 +528,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer agents, files and requests (about a minute)")
     ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
     ap.add_argument("--json", help="also write the raw figures to this file")
+    ap.add_argument("--searches", action="store_true",
+                    help="the Hello and search phase only, same parameters (no RSS phase); never recorded")
     a = ap.parse_args(argv)
+    if a.searches and a.record:
+        ap.error("--searches measures a part only: it is not recorded")
     t0 = time.monotonic()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = machine()
-    r = bench(QUICK if a.quick else FULL)
+    r = bench(QUICK if a.quick else FULL, a.searches)
     r["code"] = code_version()
-    text = table(r)
+    text = search_table(r) if a.searches else table(r)
     common.report("lnkmem serve-many benchmark", when, mach, text, r, t0, a.json)
     if a.record:
         cmd = ".venv/bin/python bench/bench_many.py" + (" --quick" if a.quick else "")

@@ -276,3 +276,57 @@ def test_peers_of_other_uids(tmp_path, agents):
             assert child(m.socket) == '{"ok":true}'
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_search_waiting_for_its_model_never_holds_other_sessions(tmp_path, agents):
+    """Searches known to be cheap run on the event loop (lnkmem.protocol.inline), but never
+    one that may wait: an agent with a model asks it for each new query's vector, so even
+    after its searches were all cheap (their vectors kept), a search with a new query while
+    the model is slow runs on a pool thread, and other sessions are answered meanwhile."""
+    import select
+
+    from fakes.harness import FakeServer
+    model = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "e.sock", "--model", "fake-mini")
+    entries = {a: agent_entry(h) for a, h in agents.items()}
+    entries["a0"] = agent_entry(agents["a0"], {"LNK_MEMORY_SPEC": '{"model": "fake-mini"}',
+                                              "LNK_MEMORY_MODEL": model.listen})
+    m = Many(tmp_path / "run" / "mem.sock", entries)
+    try:
+        c = m.hello("a0")
+        assert until(lambda: c.search("harbour")["structuredContent"]["ranked"] == "meaning+words", timeout=20)
+        for _ in range(20):  # cheap: the query's vector is kept
+            assert c.search("harbour")["structuredContent"]["hits"]
+        model.fault("slow", delay=10)  # a new query's vector: asked for, given up after 2 s
+        c.send({"jsonrpc": "2.0", "id": "waits", "method": "tools/call",
+                "params": {"name": "search", "arguments": {"query": "buying an automobile"}}})
+        other = m.hello("a1")  # answered while a0's search waits for the model
+        assert other.request("ping")["result"] == {}
+        assert select.select([c.sock], [], [], 0)[0] == [], "the search's answer came before the Hello's"
+        r = c.recv()
+        assert r["id"] == "waits" and r["result"]["isError"] is False
+        other.close()
+        c.close()
+    finally:
+        m.stop()
+        model.stop()
+
+
+def test_cheap_searches_answer_alike_and_are_cancelled_alike(many):
+    """A memory's searches run on a pool thread until they are known to be cheap, then on the
+    event loop (lnkmem.protocol.inline): the answers are the same either way, and a call
+    cancelled in the same write as it is sent is never answered."""
+    c = many.hello("a1")
+    try:
+        assert until(lambda: "indexing" not in c.search("probe")["structuredContent"], timeout=20)
+        answers = [c.search("harbour marker1", limit=5) for _ in range(24)]
+        assert answers[0]["structuredContent"]["hits"][0]["ref"] == "home/doc.md"
+        assert all(a == answers[0] for a in answers)
+        call = {"jsonrpc": "2.0", "id": "gone", "method": "tools/call",
+                "params": {"name": "search", "arguments": {"query": "harbour"}}}
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "gone"}}
+        c.send_raw((json.dumps(call) + "\n" + json.dumps(cancel) + "\n").encode())
+        assert c.request("ping")["result"] == {}
+        assert c.search("harbour marker1", limit=5) == answers[0]
+        assert "gone" not in c.pending  # no answer before these two
+    finally:
+        c.close()

@@ -3,7 +3,8 @@
 Transport-agnostic: a transport gives a ``send`` callable for answers and runs
 :func:`pump`, which feeds each received line to :meth:`Session.handle`. Tool
 calls run on a thread pool so that a slow call neither blocks other requests
-nor its own cancellation. Dual-era: a request whose ``_meta`` names the
+nor its own cancellation; a search known to be cheap runs on the loop itself
+(:mod:`lnkmem.protocol.inline`: bounded, measured per memory). Dual-era: a request whose ``_meta`` names the
 2026-07-28 protocol is served by its rules (``server/discover``, results with
 ``resultType``); ``initialize`` selects the classic rules (batches at
 2025-03-26).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from concurrent.futures import Executor
 from typing import Any, Awaitable, Callable, Optional
@@ -27,7 +29,7 @@ from typing import Any, Awaitable, Callable, Optional
 import msgspec
 
 from lnkmem import __version__
-from lnkmem.protocol import budget, tooldefs
+from lnkmem.protocol import budget, inline, tooldefs
 from lnkmem.core.aio import LoopSignal, until
 from lnkmem.core.errors import ToolError
 from lnkmem.core.wire import convert
@@ -88,17 +90,26 @@ def _valid_id(x) -> bool:
     return (isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)))
 
 
-# one memory's share of the pool, and its `remember` calls one at a time, across sessions
-_shares: "weakref.WeakKeyDictionary[Any, tuple[asyncio.Semaphore, asyncio.Lock]]" = weakref.WeakKeyDictionary()
+class MemoryShare:
+    """What one memory's calls share across sessions: their share of the pool, its
+    `remember` calls one at a time, and what its recent searches cost."""
+
+    def __init__(self) -> None:
+        self.threads = asyncio.Semaphore(THREADS_PER_MEMORY)
+        self.notes_lock = asyncio.Lock()
+        self.search_costs = inline.SearchCosts()
 
 
-def _share(memory) -> tuple[asyncio.Semaphore, asyncio.Lock]:
+_shares: "weakref.WeakKeyDictionary[Any, MemoryShare]" = weakref.WeakKeyDictionary()
+
+
+def _share(memory) -> MemoryShare:
     try:
         got = _shares.get(memory)
     except TypeError:  # not weakly referable: a share of its own
-        return asyncio.Semaphore(THREADS_PER_MEMORY), asyncio.Lock()
+        return MemoryShare()
     if got is None:
-        got = _shares[memory] = (asyncio.Semaphore(THREADS_PER_MEMORY), asyncio.Lock())
+        got = _shares[memory] = MemoryShare()
     return got
 
 
@@ -415,10 +426,10 @@ class Session:
             idle = getattr(memory, "conversations_idle", None)
             if idle is not None:  # a store driver's listing under way (§3.5): never more than 2 s
                 await until(idle, DRIVER_WAIT_S)
-        threads, notes_lock = _share(memory)
+        share = _share(memory)
         loop = asyncio.get_running_loop()
         if name == "remember":
-            async with notes_lock, threads:  # one thread of this memory waits on its notes, not many
+            async with share.notes_lock, share.threads:  # one thread of this memory waits on its notes, not many
                 result = await self._work(_run_tool, memory, name, typed, thread, room)
             if not result.get("isError"):
                 done = LoopSignal(loop)
@@ -428,8 +439,20 @@ class Session:
                 except asyncio.TimeoutError:
                     pass
             return result
-        async with threads:
-            return await self._work(_run_tool, memory, name, typed, thread, room)
+        if name != "search":
+            async with share.threads:
+                return await self._work(_run_tool, memory, name, typed, thread, room)
+        costs = share.search_costs
+        if inline.runs_inline(costs, memory, typed):  # cheap: on the loop, no thread handed over
+            t0 = time.perf_counter()
+            try:
+                return _run_tool(memory, name, typed, thread, room)
+            finally:
+                costs.record(time.perf_counter() - t0)
+        async with share.threads:
+            result, cost = await self._work(_measured, memory, name, typed, thread, room)
+        costs.record(cost)
+        return result
 
     async def _work(self, fn, *args):
         """``fn`` on a pool thread. Cancelled before it starts, it never runs; once
@@ -493,6 +516,14 @@ def _run_tool(memory, name: str, args, thread: Optional[str], room: Optional[int
             return _tool_error(f"{name}: not found: {e}", room)
         raise
     return {"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": False}
+
+
+def _measured(memory, name: str, args, thread: Optional[str], room: Optional[int] = None) -> tuple[dict, float]:
+    """:func:`_run_tool` on a pool thread, and the thread's CPU seconds it took (its
+    waits for the GIL, shared with other threads, are not its cost)."""
+    t0 = time.thread_time()
+    result = _run_tool(memory, name, args, thread, room)
+    return result, time.thread_time() - t0
 
 
 async def pump(session: Session, read: Callable[[], Awaitable[bytes]], drain: Callable[[], Awaitable[None]]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from array import array
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -167,10 +168,10 @@ def load(txn, tables, check: bool = True) -> Snapshot:
         if p < cap:
             alive[p] = False
     if check:  # every live passage belongs to exactly one file record, and back
-        owned: list[int] = []  # every file's ids, checked at once (one gather, not one per file)
+        owned = array("q")  # every file's ids, checked at once (one gather, not one per file; 8 bytes an id)
         for k, v in txn.cursor(db=tables.files):
             owned.extend(file_decoder.decode(file_entry(k, v)[1]).pids)
-        if owned and not alive[np.asarray(owned, np.int64)].all():
+        if owned and not alive[np.frombuffer(owned, np.int64)].all():
             raise DamagedIndex("a file names passages that are not live")
         if len(owned) != int(alive.sum()):
             raise DamagedIndex("live passages and files disagree")

@@ -9,6 +9,7 @@ one queue to that same thread, the index's only writer.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import queue
@@ -37,7 +38,24 @@ EMBED_BATCH = 256
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
 BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
 IDLE_LET_GO_S = 2.0  # no change for this long: the map's pages that searches touched are let go
-PATH_ITEM = "\0path/"  # a queued `changed` path as Link names it, resolved on the index thread
+
+
+class Command(enum.Enum):
+    """What the indexing thread is asked besides bringing refs up to date (its queue holds
+    refs, :class:`ChangedPath` and these)."""
+
+    WAKE = "wake"  # nothing to do: look at the stop flag (a close)
+    LET_GO = "let go"  # let go of the map's pages searches touched
+    REBUILD = "rebuild"  # the index was found damaged: made anew
+    RELIST_ALL = "relist all"  # every source looked at again (after a failure)
+    ATTACH = "attach"  # the copy's version asked for again (and a newer one loaded)
+
+
+@dataclass(frozen=True)
+class ChangedPath:
+    """A `changed` control's path as Link names it, resolved on the indexing thread."""
+
+    path: str
 POLL_S = 1.0  # local sources looked at this often when they cannot be watched
 REWATCH_S = 30.0  # and watching tried again after this long
 WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
@@ -141,7 +159,7 @@ class Memory:
         self.progress = (0, 0)
         self.fresh = False  # the index held nothing when opened: a first search waits for the first pass
         self.error: Optional[str] = None
-        self._queue: "queue.Queue[tuple[str, Optional[threading.Event]]]" = queue.Queue()
+        self._queue: "queue.Queue[tuple[str | Command | ChangedPath, Optional[threading.Event]]]" = queue.Queue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._watcher: Optional[threading.Thread] = None
@@ -206,7 +224,7 @@ class Memory:
                 log.warning("%s", err)
         self._stop.set()
         self._embed_wake.set()
-        self._queue.put(("", None))
+        self._queue.put((Command.WAKE, None))
         if self.store:
             self.store.stop_merger()  # a merge under way stops at its next step
         if self._thread:
@@ -263,7 +281,7 @@ class Memory:
         """Searches mapped many of the map's pages: let go of them on the indexing thread."""
         if not self._letting_go:
             self._letting_go = True
-            self._queue.put(("\0letgo", None))
+            self._queue.put((Command.LET_GO, None))
 
     def _forget_vectors(self, pids: list[int]) -> None:
         """Ids given to new passages (ids are reused): no vector held for them is theirs."""
@@ -276,7 +294,7 @@ class Memory:
             log.debug("an index call met the close: %s", why)
             return
         log.warning("the index is damaged (%s); rebuilding it from the sources", why)
-        self._queue.put(("\0rebuild", None))
+        self._queue.put((Command.REBUILD, None))
 
     def _rebuild(self) -> None:
         """Start the index anew from the sources (and the copy, for a bound memory)."""
@@ -370,31 +388,33 @@ class Memory:
                 refs = {ref}
                 events = [done] if done else []
                 self._drain(refs, events)  # take everything queued so far together
-                if "\0letgo" in refs:  # (first: it is no change to gather a burst of)
-                    refs.discard("\0letgo")
+                refs.discard(Command.WAKE)
+                if Command.LET_GO in refs:  # (first: it is no change to gather a burst of)
+                    refs.discard(Command.LET_GO)
                     self._letting_go = False
                     self.store.let_go_of_map()
                 if len(refs) > 1 and not self._stop.is_set():  # a burst: let the rest of it arrive
                     self._stop.wait(BURST_GATHER_S)
                     self._drain(refs, events)
-                if "\0rebuild" in refs:
-                    refs.discard("\0rebuild")
+                if Command.REBUILD in refs:
+                    refs.discard(Command.REBUILD)
                     try:
                         self._rebuild()
                     except Exception as e:  # the disk, say: try again a little later
                         log.exception("rebuilding the index failed: %s", e)
-                        t = threading.Timer(RETRY_S, self._queue.put, (("\0rebuild", None),))
+                        t = threading.Timer(RETRY_S, self._queue.put, ((Command.REBUILD, None),))
                         t.daemon = True
                         t.start()
-                retry = "\0all" in refs
+                retry = Command.RELIST_ALL in refs
                 if retry:
-                    refs.discard("\0all")
+                    refs.discard(Command.RELIST_ALL)
                     refs.update(self.places)
-                paths = {r[len(PATH_ITEM):] for r in refs if r.startswith(PATH_ITEM)}
-                refs -= {PATH_ITEM + p for p in paths}
+                attach = Command.ATTACH in refs
+                refs.discard(Command.ATTACH)
+                paths = {r.path for r in refs if isinstance(r, ChangedPath)}
+                refs = {r for r in refs if isinstance(r, str)}  # the refs left
                 try:
-                    if "\0attach" in refs:
-                        refs.discard("\0attach")
+                    if attach:
                         if self._attach() in ("loaded", "damaged"):
                             refs.update(self.places)  # the sources over the version now held
                         elif not self.layout.writes:
@@ -470,7 +490,7 @@ class Memory:
         while not self._stop.wait(max(every - (time.monotonic() - self.last_check), 0.05)):
             if time.monotonic() - self.last_check >= every:
                 self.last_check = time.monotonic()  # queued: not again before it is done
-                self._queue.put(("\0attach", None))
+                self._queue.put((Command.ATTACH, None))
 
     def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is
@@ -482,7 +502,7 @@ class Memory:
             return
         self.last_check = time.monotonic()
         done = threading.Event()
-        self._queue.put(("\0attach", done))
+        self._queue.put((Command.ATTACH, done))
         done.wait(timeout)
 
     last_check = 0.0  # when the copy's version was last asked for
@@ -494,13 +514,13 @@ class Memory:
 
     def _retry_all(self) -> None:
         """Look at every source again a little later."""
-        t = threading.Timer(RETRY_S, self._queue.put, (("\0all", None),))
+        t = threading.Timer(RETRY_S, self._queue.put, ((Command.RELIST_ALL, None),))
         t.daemon = True
         t.start()
 
     def reattach(self) -> None:
         """Look at the copy again (a team reader, told of a change)."""
-        self._queue.put(("\0attach", None))
+        self._queue.put((Command.ATTACH, None))
 
     def refresh_all(self, progress: Optional[Callable[[int, int], None]] = None) -> int:
         failed: list[Exception] = []  # a source that cannot be listed does not hold back the others
@@ -561,9 +581,9 @@ class Memory:
         chats = self.places.get("chats")
         if hasattr(chats, "before_change") and path.split("/", 1)[0] == "chats":
             # a store driver's conversation (§3.5): listed again first, then looked at in the copy
-            chats.before_change(lambda: self._queue.put((PATH_ITEM + path, done)))
+            chats.before_change(lambda: self._queue.put((ChangedPath(path), done)))
             return
-        self._queue.put((PATH_ITEM + path, done))
+        self._queue.put((ChangedPath(path), done))
 
     def changed(self, ref: str, wait: bool = True, timeout: float = 30.0, done=None) -> bool:
         """Bring ``ref`` (a file or a folder's prefix) up to date in the index; ``done``

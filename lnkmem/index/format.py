@@ -30,10 +30,10 @@ import msgspec
 import numpy as np
 
 from lnkmem.core.errors import DamagedIndex
+from lnkmem.core.wire import SOURCES  # (defined once, with the wire contract that names them)
 
 FORMAT = b"lnkmem-index-5"  # 5: long lines cut at word boundaries (issue 35); 4: postings in bit-packed blocks, passages deflated (issue 12)
 LOADING = b"loading"  # a meta key: a load of the copy committed in steps, not finished (wiped at open)
-SOURCES = ("home", "chats", "skills", "notes")
 SOURCE_CODE = {s: i for i, s in enumerate(SOURCES)}
 
 

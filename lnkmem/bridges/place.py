@@ -11,7 +11,7 @@ answers, so that no caller probes a place for what it is.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple, Optional, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol
 
 MAX_FILE = 4 * 1024 * 1024  # §3.2: files over 4 MiB are not indexed
 
@@ -72,6 +72,9 @@ class Place(Protocol):
     def listing_idle(self) -> bool:
         """No listing of its own under way (a search may wait for one)."""
 
+    def before_change(self, then: Callable[[], None]) -> None:
+        """A `changed` control named one of its paths: ``then()`` once it may be looked at."""
+
 
 class Writable(Place, Protocol):
     """A place the engine writes (the storage bridge's collections: the copy, the notes)."""
@@ -107,6 +110,11 @@ class PlaceBase:
 
     def listing_idle(self) -> bool:
         return True
+
+    def before_change(self, then: Callable[[], None]) -> None:
+        """A `changed` control named a path of this place: ``then()`` once the place is ready
+        to be looked at (a place with a listing of its own to refresh first says so later)."""
+        then()
 
 
 def check_relpath(path: str) -> str:

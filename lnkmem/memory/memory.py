@@ -579,8 +579,8 @@ class Memory:
         """A `changed` control's path as Link names it (§5.6, lnkmem.memory.changes);
         ``done.set()`` is called once it is in the index (no thread waits for it)."""
         chats = self.places.get("chats")
-        if hasattr(chats, "before_change") and path.split("/", 1)[0] == "chats":
-            # a store driver's conversation (§3.5): listed again first, then looked at in the copy
+        if chats is not None and path.split("/", 1)[0] == "chats":
+            # (a store driver's conversations, §3.5: listed again first, then looked at in the copy)
             chats.before_change(lambda: self._queue.put((ChangedPath(path), done)))
             return
         self._queue.put((ChangedPath(path), done))

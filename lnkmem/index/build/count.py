@@ -187,12 +187,8 @@ def index_file(source: str, entry: Entry, place, tmpdir: str, vocab: Optional[Vo
         data, version = place.read(entry.path)
     except (NotFound, Forbidden, OSError):
         return None
-    local = None
-    resolve = getattr(place, "resolve", None)
-    if resolve is not None and documents.is_document(entry.path):
-        local = resolve(entry.path)
     ref = ref_of(source, entry.path)
-    passages, kind = passages_of(source, entry.path, data, tmpdir, local)
+    passages, kind = passages_of(source, entry.path, data, tmpdir, None)  # (converted from its bytes)
     if kind == "binary":
         passages = []
     version = version if version else entry.version

@@ -90,7 +90,7 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
                 raise
             errors.append(e)
             continue
-        p.skipped += getattr(place, "skipped", 0)
+        p.skipped += place.skipped
         p.listed += len(entries)
         converting = source != "chats" and documents.converter() is not None
         if not sub:

@@ -451,7 +451,8 @@ class Bound:
         check(set(got) == want_refs, f"the copy's refs differ: {sorted(set(got) ^ want_refs)[:5]}")
         # the same passages as a clean index of the same files, read locally
         from lnkmem.bridges.local import LocalPlace
-        from lnkmem.memory.memory import Layout, Memory, NotesPlace
+        from lnkmem.memory.layout import Layout, NotesPlace
+        from lnkmem.memory.memory import Memory
         from lnkmem.memory.notes import LocalNotes
         ref_state = self.base / "bound-reference"
         shutil.rmtree(ref_state, ignore_errors=True)

@@ -81,7 +81,7 @@ def _rfc3339(t: float) -> str:
 
 
 def gather_status(cfg) -> dict:
-    from lnkmem.memory.memory import local_layout
+    from lnkmem.memory.layout import local_layout
     from lnkmem.core.errors import DamagedIndex
     from lnkmem.index.build import indexer
     from lnkmem.index.format import SOURCES

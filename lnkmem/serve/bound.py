@@ -364,7 +364,8 @@ class Bindings:
     def _own_memory(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str,
                     has_memory_place: bool):
         """The agent's memory: its places behind the bridges, its copy, its cache."""
-        from lnkmem.memory.memory import Layout, Memory, NotesPlace, agent_folder
+        from lnkmem.memory.layout import Layout, NotesPlace, agent_folder
+        from lnkmem.memory.memory import Memory
         from lnkmem.memory.config import FolderRefused
         from lnkmem.memory.notes import BridgeNotes, LocalNotes
         from lnkmem.replica.sync import Replica
@@ -428,7 +429,8 @@ class Bindings:
                                            f"agent {agent}")
 
     def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str) -> BoundSession:
-        from lnkmem.memory.memory import Layout, Memory
+        from lnkmem.memory.layout import Layout
+        from lnkmem.memory.memory import Memory
         from lnkmem.replica.sync import Replica
         team, b = first.team, first.bound
         tb = binding.teams.get(team.id)

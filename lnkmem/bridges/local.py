@@ -130,6 +130,7 @@ class LocalPlace(PlaceBase):
         self.skipped_by: dict[str, int] = {}  # why, for people (`lnk-lnkmem index`)
 
     local = True
+    forkable = True
 
     def _skip(self, why: str) -> None:
         self.skipped += 1

@@ -98,6 +98,15 @@ class PlaceBase:
     skipped_by: Mapping[str, int] = MappingProxyType({})
     ignore: Any = None
     moved: Optional[int] = None  # bytes moved through it so far (a bridge's: progress, for waiters)
+    forkable = False  # its files may be read by a build's forked worker (system calls beneath a root)
+
+    def open_root(self) -> Optional[int]:
+        """A descriptor of its root for a build's read-ahead (:meth:`advise`); None: none."""
+        return None
+
+    def advise(self, root: int, path: str) -> bool:
+        """Ask the kernel to read ``path`` ahead (beneath ``root``); whether it was asked."""
+        return False
 
     def serve(self, memory) -> None:
         pass

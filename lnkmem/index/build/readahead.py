@@ -63,8 +63,7 @@ class Readahead:
     def _root(self, source: str) -> Optional[int]:
         if source not in self.roots:
             place = self.places.get(source)
-            opener = getattr(place, "open_root", None)
-            self.roots[source] = opener() if opener is not None else None
+            self.roots[source] = place.open_root() if place is not None else None
         return self.roots[source]
 
     def _advise(self, i: int) -> None:

@@ -86,8 +86,7 @@ _dec = msgspec.msgpack.Decoder(_Msg)
 def forkable(place) -> bool:
     """Whether a place is read in the worker: a local folder (its reads are
     system calls beneath its root; a bridge's client stays in the parent)."""
-    from lnkmem.bridges.local import LocalPlace
-    return type(place) is LocalPlace
+    return place.forkable
 
 
 def share(places: Mapping[str, object], todo: list) -> list:

@@ -428,13 +428,18 @@ class Store:
         memory read before (:func:`memtrim.resident`)."""
         return lmdbfile.let_go_of_map(self.data, self.MAP_RESIDENT)
 
+    @property
+    def data_tables(self) -> tuple:
+        """Every table but ``meta``: what the index holds (a copy's load replaces them all)."""
+        return (self.files, self.passages, self.postings, self.segments, self.dead, self.vectors,
+                self.vec_pending)
+
     def free_share(self) -> float:
         """The share of data.mdb's pages that no table uses (freed by merges and
         deletions; LMDB reuses them for later writes but never shortens the file)."""
         with self.env.begin() as txn:
-            used = 2 + sum(pages_of(txn.stat(db)) for db in (
-                self.meta, self.files, self.passages, self.postings, self.segments, self.dead,
-                self.vectors, self.vec_pending)) + pages_of(self.env.stat())
+            used = 2 + sum(pages_of(txn.stat(db)) for db in (self.meta, *self.data_tables)) \
+                + pages_of(self.env.stat())
         total = self.env.info()["last_pgno"] + 1
         return max(0.0, 1 - used / total) if total else 0.0
 

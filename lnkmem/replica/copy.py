@@ -1203,19 +1203,14 @@ class _LoadTxns:
         """Leave the cache as it was: this transaction dropped; what earlier steps of an
         empty cache's load committed, dropped too (the cache was empty)."""
         if self._ctx is not None:
-            ctx, self._ctx = self._ctx, None
-            ctx.__exit__(CopyDamaged, CopyDamaged("aborted"), None)
+            self._ctx = None
+            self.txn.abort()
         if self.step is not None:
             with self.store.env.begin(write=True) as txn:
                 if txn.get(LOADING, db=self.store.meta) is not None:
-                    for db in _cache_tables(self.store):
+                    for db in self.store.data_tables:
                         txn.drop(db, delete=False)
                     txn.delete(LOADING, db=self.store.meta)
-
-
-def _cache_tables(store: Store) -> tuple:
-    return (store.files, store.passages, store.postings, store.segments, store.dead, store.vectors,
-            store.vec_pending)
 
 
 def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources, width,
@@ -1226,7 +1221,7 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
     try:
         txn = txns.txn
         old = _state_in(txn, store)
-        for db in _cache_tables(store):
+        for db in store.data_tables:
             txn.drop(db, delete=False)
         r = _Reader(manifest, fetch, of, sources, width, store, txns)
         try:

@@ -362,6 +362,22 @@ def test_a_zstd_bomb_passage_is_refused_within_its_limit_or_the_passage_bound():
             textpack.unpack(bad, zdict, 1 << 20)
 
 
+def test_a_zstd_frames_block_headers_bound_what_it_becomes():
+    """The bound read from a frame's block headers (which lets a passage be checked by a
+    stream instead of a one-shot buffer of the limit) is never below what the frame
+    becomes, from a few bytes to multi-block passages, and the passages read back whole."""
+    rng = random.Random(5)
+    words = ["kelp", "tide", "reef", "gull", "wrack", "swell"]
+    raws = [msgspec.msgpack.encode(["home/a.md", i, i, " ".join(rng.choices(words, k=n))])
+            for i, n in enumerate([1, 3, 40, 200, 2000, 60000, 120000] * 3)]
+    zdict = textpack.make_dict(raws)
+    for raw in raws + [bytes(300_000), rng.randbytes(200_000)]:
+        v = textpack.Packer(zdict).pack(raw)
+        assert textpack.unpack(v, zdict, 1 << 20) == raw == textpack.unpack(v, zdict)
+        if v[0] == textpack.ZSTD:
+            assert textpack.frame_bound(memoryview(v)[1:]) >= len(raw)
+
+
 # --- the index, through the real program ----------------------------------------------
 
 

@@ -479,7 +479,7 @@ def _reseal(files: dict, kind: str, old: str, obj) -> dict:
     """The copy with file ``old`` replaced by ``obj`` under its content name."""
     import json
     blob = zlib.compress(msgspec.msgpack.encode(obj), 3)
-    name = copyfmt._name(kind, blob)
+    name = copyfmt.blob_name(kind, blob)
     out = {k: v for k, v in files.items() if k != old}
     out[name] = blob
     m = json.loads(files["manifest.json"])

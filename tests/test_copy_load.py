@@ -170,3 +170,74 @@ def test_a_load_killed_midway_is_wiped_at_the_next_open_and_loads_again(source, 
         assert sorted(st.all_files()) == refs
     finally:
         st.close()
+
+
+@pytest.fixture(scope="module")
+def zsource(tmp_path_factory):
+    """A copy whose passages are packed with a zstd dictionary (enough text for one)."""
+    tmp = tmp_path_factory.mktemp("zsrc")
+    mem, _ = memory(tmp / "a", {f"n/f{i}.md": text(i, 12) for i in range(60)})
+    exp = copyfmt.export(mem.store, copyfmt.CopyState(), OF, part=30000)
+    files = dict(exp.blobs)
+    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    mem.store.close()
+    return files
+
+
+def _with_passage(files: dict, change) -> dict:
+    """The copy with one live passage of its first segment part replaced by
+    ``change(value, zdict, other_value)``: the part and the manifest renamed to match."""
+    import json
+    import zlib
+
+    import msgspec
+
+    from lnkmem.index.codec import textpack
+    m = json.loads(files["manifest.json"])
+    zdict = msgspec.msgpack.decode(zlib.decompress(files[m["dict"]]))
+    assert textpack.is_zstd_dict(zdict)
+    first = m["segments"][0][0]
+    part = msgspec.msgpack.decode(zlib.decompress(files[first]))  # [pids, lens, refs, terms, postings, passages]
+    passages = part[5]
+    assert passages[0][0] == textpack.ZSTD
+    other = next(i for i, r in enumerate(part[2]) if r != part[2][0])
+    passages[0] = change(passages[0], zdict, passages[other])
+    blob = zlib.compress(msgspec.msgpack.encode(part), 3)
+    out = {k: v for k, v in files.items() if k != first}
+    name = copyfmt.blob_name("seg", blob)
+    out[name] = blob
+    m["segments"][0][0] = name
+    out["manifest.json"] = json.dumps(m).encode()
+    return out
+
+
+def _packed(raw: bytes, zdict) -> bytes:
+    from lnkmem.index.codec import textpack
+    return textpack.Packer(zdict).pack(raw)
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda v, z, o: b"", "has no text"),
+    (lambda v, z, o: o, "names another ref than its segment"),
+    (lambda v, z, o: v[:-3], "is not understood"),
+    (lambda v, z, o: v + b"\x00\x01", "is not understood"),
+    (lambda v, z, o: _packed(b"\xc1" * 400, z), "is not understood"),  # no msgpack
+    (lambda v, z, o: _packed(bytes(8 << 20), z), "is not understood"),  # 8 MiB of zeros in a few KB
+    (lambda v, z, o: bytes([9]) + v[1:], "is not understood"),
+])
+def test_a_copy_passage_that_is_not_one_the_engine_makes_is_never_loaded(zsource, tmp_path, damage, says):
+    """One passage of a copy's segment damaged (empty, another file's, truncated, bytes
+    after its end, not msgpack, a decompression bomb, a kind of value never made): the
+    copy is refused naming the passage, and an empty cache stays empty."""
+    assert check_copy(zsource).passages
+    bad = _with_passage(zsource, damage)
+    with pytest.raises(copyfmt.CopyDamaged, match=says):
+        check_copy(bad)
+    dst = Store(str(tmp_path / "cache"))
+    try:
+        with pytest.raises(copyfmt.CopyDamaged, match=says):
+            copyfmt.load_copy(dst, copyfmt.decode_manifest(bad["manifest.json"]), fetcher(bad), "v1", OF,
+                              {"home", "chats", "skills", "notes"}, step=STEP)
+        assert dst.file_count() == 0 and bm25(dst, "narwhal", 10) == []
+    finally:
+        dst.close()

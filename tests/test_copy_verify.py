@@ -53,7 +53,7 @@ def unpack(blob: bytes) -> list:
 def put(bridges, kind: str, obj, agent="a1", raw: bytes = None) -> str:
     """Write one content-addressed file into the copy; its name."""
     blob = raw if raw is not None else zlib.compress(msgspec.msgpack.encode(obj), 3)
-    name = copyfmt._name(kind, blob)
+    name = copyfmt.blob_name(kind, blob)
     (bridges.copy_dir(agent) / name).write_bytes(blob)
     return name
 
@@ -323,7 +323,7 @@ def test_vectors_of_another_width(tmp_path):
     wide = 16
     vec[1] = bytes(n * (wide + 4))  # rows 16 wide under a dim of 8: misattributed rows
     blob = zlib.compress(msgspec.msgpack.encode(vec))
-    name = copyfmt._name("vec", blob)
+    name = copyfmt.blob_name("vec", blob)
     files2 = dict(files)
     files2[name] = blob
     files2["manifest.json"] = json.dumps({**json.loads(files["manifest.json"]), "vectors": [name]}).encode()
@@ -331,7 +331,7 @@ def test_vectors_of_another_width(tmp_path):
         check_copy(files2)
     vec[1], vec[2] = bytes(n * (wide + 4)), wide  # consistent, but not the model's width
     blob = zlib.compress(msgspec.msgpack.encode(vec))
-    name = copyfmt._name("vec", blob)
+    name = copyfmt.blob_name("vec", blob)
     files2[name] = blob
     files2["manifest.json"] = json.dumps({**json.loads(files["manifest.json"]), "vectors": [name]}).encode()
     check_copy(files2)

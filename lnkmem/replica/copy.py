@@ -80,6 +80,7 @@ LOAD_STEP = 16 << 20  # an empty cache's load commits after about this many byte
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
 SPARSE = 4  # ids beyond SPARSE x passages + DENSE_SLACK are renumbered at load
 DENSE_SLACK = 1 << 16
+MASK_IDS = 1 << 24  # a segment's ids below this are checked against a mask of them (16 MiB at most)
 _NAME = re.compile(r"(seg|page|head|dict|vec)-[0-9a-f]{40}-([0-9]{1,12})\.bin")
 _OLD_NAME = re.compile(r"(seg|table|vec)-[0-9a-f]{40}\.bin")
 
@@ -172,7 +173,7 @@ def _pack(obj) -> bytes:
     return zlib.compress(encoder.encode(obj), 3)
 
 
-def _name(kind: str, blob: bytes) -> str:
+def blob_name(kind: str, blob: bytes) -> str:
     return f"{kind}-{hashlib.sha256(blob).hexdigest()[:40]}-{len(blob)}.bin"
 
 
@@ -375,7 +376,7 @@ class Export:
         blob = obj if isinstance(obj, bytes) else _pack(obj)
         if len(blob) > MAX_BLOB:  # never made: no part holds more than one item over `part`
             raise ValueError(f"a {kind} file of {len(blob)} bytes, over {MAX_BLOB}")
-        return _name(kind, blob), blob
+        return blob_name(kind, blob), blob
 
     def _make(self) -> Iterator[tuple[str, bytes]]:
         store, state = self.store, self.state
@@ -652,7 +653,7 @@ def _blob(fetch: Callable[[str], bytes], name: str) -> bytes:
     data = fetch(name)
     if len(data) > limit:
         raise _bad(f"{name} is {len(data)} bytes, over {limit}")
-    made = _name(name.split("-", 1)[0], data)
+    made = blob_name(name.split("-", 1)[0], data)
     if (made if size is not None else made.rsplit("-", 1)[0] + ".bin") != name:
         raise _bad(f"{name}: its content does not match its name")
     limit = RATIO * len(data) + SLACK
@@ -725,9 +726,57 @@ def _check_names(manifest: Manifest, of: Optional[str]) -> None:
         raise _bad("the copy has vectors but names no model")
 
 
+def reading_order(manifest: Manifest) -> list[str]:
+    """The files of a copy in the order a load reads them."""
+    m = manifest
+    if m.format == OLD_FORMAT:
+        first = m.pages[:1]
+    else:
+        first = [m.head] + ([m.dict] if m.dict else []) + list(m.pages)
+    return first + [n for parts in m.segments for n in parts] + list(m.vectors)
+
+
+class ReadAhead:
+    """A copy's files fetched and checked (their hash, their decompression) one ahead of
+    the reader, on a thread of its own: the bridge's transfer, the hash and zlib run
+    while the reader checks and writes the file before (each lets go of the GIL), and at
+    most two files are held at once. A file asked out of order is fetched then."""
+
+    def __init__(self, fetch: Callable[[str], bytes], names: Iterable[str]):
+        from concurrent.futures import ThreadPoolExecutor
+        self.fetch = fetch
+        self.names = list(names)
+        self.at = 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="lnkmem-copy-read")
+        self.ahead = None  # (name, future) of the next file
+        self._next()
+
+    def _next(self) -> None:
+        self.ahead = None
+        if self.at < len(self.names):
+            name = self.names[self.at]
+            self.at += 1
+            self.ahead = (name, self.pool.submit(_blob, self.fetch, name))
+
+    def __call__(self, name: str) -> bytes:
+        if self.ahead is None or self.ahead[0] != name:
+            return _blob(self.fetch, name)
+        got = self.ahead[1]
+        self._next()  # (queued behind it: it starts once this one is fetched)
+        return got.result()
+
+    def close(self) -> None:
+        """Nothing more is read: what is ahead is dropped (a transfer under way ends first)."""
+        if self.ahead is not None:
+            self.ahead[1].cancel()
+            self.ahead = None
+        self.pool.shutdown(wait=True)
+
+
 class _Reader:
     """One pass over a copy: each file fetched, checked and (with a write txn) written
-    into the cache, then dropped before the next is fetched."""
+    into the cache, then dropped before the next is fetched (the next is fetched and
+    checked meanwhile: :class:`ReadAhead`)."""
 
     def __init__(self, manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str],
                  sources, width, store: Optional[Store] = None, txns: Optional["_LoadTxns"] = None):
@@ -737,6 +786,7 @@ class _Reader:
         self.ok_refs: dict[str, bool] = {}  # refs checked that the table does not hold
         self.ref_ix: dict[str, int] = {}  # the table's refs -> their index (filled with its pages)
         self.order: Optional[np.ndarray] = None  # sorted old pids when renumbered: new pid = index + 1
+        self.blob: Callable[[str], bytes] = lambda name: _blob(fetch, name)
 
     @property
     def txn(self):
@@ -764,20 +814,29 @@ class _Reader:
         return (np.searchsorted(self.order, a) + 1).astype("<u4")
 
     def run(self) -> Verified:
+        _check_names(self.m, self.of)
+        ahead = ReadAhead(self.fetch, reading_order(self.m))
+        self.blob = ahead
+        try:
+            return self._run()
+        finally:
+            ahead.close()
+            self.blob = lambda name: _blob(self.fetch, name)
+
+    def _run(self) -> Verified:
         m = self.m
-        _check_names(m, self.of)
         old = m.format == OLD_FORMAT
         # the head (dead passages, next id, model, whose) and the dictionary
         if old:  # one dead list for every segment
-            table = _decode(_blob(self.fetch, m.pages[0]), _Table, m.pages[0])
+            table = _decode(self.blob(m.pages[0]), _Table, m.pages[0])
             dead = np.sort(_u4(table.dead, m.pages[0], ">u4").astype(np.int64))
             head = _Head([], table.next_pid, table.model, table.of)
             zdict = table.zdict
             tombs = [dead] * len(m.segments)
         else:
             table = None
-            head = _decode(_blob(self.fetch, m.head), _Head, m.head)
-            zdict = _decode(_blob(self.fetch, m.dict), bytes, m.dict) if m.dict else None
+            head = _decode(self.blob(m.head), _Head, m.head)
+            zdict = _decode(self.blob(m.dict), bytes, m.dict) if m.dict else None
             if len(head.tombs) != len(m.segments):
                 raise _bad("the head's dead passages and the manifest's segments disagree")
             tombs = []
@@ -804,7 +863,7 @@ class _Reader:
         owned_r = array("q")  # ... and the index of the file owning each
         npages = len(m.pages)
         for i, name in enumerate(m.pages):
-            files = table.files if old else _decode(_blob(self.fetch, name), _Page, name).files
+            files = table.files if old else _decode(self.blob(name), _Page, name).files
             items = []
             for ref, rec_raw in files:
                 if not valid_ref(ref, self.sources):  # (each once: not kept, see check_ref)
@@ -910,8 +969,12 @@ class _Reader:
         tombed = 0
         nt = len(tomb)
         self._tomb = tomb
+        self._tomb_mask = None  # the dead ids as a mask, when they are few enough
+        if nt and int(tomb[-1]) < MASK_IDS:
+            self._tomb_mask = np.zeros(int(tomb[-1]) + 1, bool)
+            self._tomb_mask[tomb] = True
         for name in parts:
-            raw = _blob(self.fetch, name)
+            raw = self.blob(name)
             s = _decode(raw, _Segment, name)
             pids = _u4(s.pids, name).astype(np.int64)
             n = len(pids)
@@ -941,22 +1004,8 @@ class _Reader:
                 ix = np.fromiter((get(r, -2) for r in refs), np.int64, len(refs))
                 if not (whose[at] == ix).all():
                     raise _bad(f"{name}: the table gives a file a passage of another")
-                text_room = RATIO * len(raw) + SLACK  # the passages' bytes decompressed, in all
-                dec = passage_decoder.decode
                 blobs = [s.passages[i] for i in li.tolist()]
-                for i, blob in zip(li.tolist(), blobs):
-                    if not blob:
-                        raise _bad(f"{name}: live passage {int(pids[i])} has no text")
-                    try:
-                        one = textpack.unpack(blob, zdict, max(text_room, 1))
-                        text_room -= len(one)
-                        ref = dec(one).ref
-                    except ValueError as e:
-                        raise _bad(f"{name}: passage {int(pids[i])} is not understood ({e})") from None
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        raise _bad(f"{name}: passage {int(pids[i])} is not understood") from None
-                    if ref != s.refs[i]:
-                        raise _bad(f"{name}: passage {int(pids[i])} names another ref than its segment")
+                self._check_passages(name, blobs, refs, pids[li], zdict, RATIO * len(raw) + SLACK)
                 for r in refs:
                     if names and names[-1] == r:
                         runs[-1] += 1
@@ -982,10 +1031,11 @@ class _Reader:
                 if held is None:
                     held = np.sort(np.concatenate(pid_parts)) if pid_parts else np.empty(0, np.int64)
                     pid_parts = []
-                for t in s.terms:
-                    if not t or len(t) > MAX_TERM or (prev is not None and t <= prev):
-                        raise _bad(f"{name}: its terms are not distinct, sorted and short")
-                    prev = t
+                terms = s.terms  # (each compared in C: 10^7 terms at 10x)
+                if (prev is not None and terms[0] <= prev) or not all(map(bytes.__lt__, terms, terms[1:])) \
+                        or min(map(len, terms)) < 1 or max(map(len, terms)) > MAX_TERM:
+                    raise _bad(f"{name}: its terms are not distinct, sorted and short")
+                prev = terms[-1]
                 self._postings(name, s, held, sk)
             self.wrote(len(raw))  # (about what this part wrote: its passages and postings, decompressed)
             del raw, s
@@ -1004,11 +1054,34 @@ class _Reader:
                                            cat(rec_l, bool).astype(np.uint8).tobytes(),
                                            cat(rec_s, np.uint64).astype("<u8").tobytes()))
 
+    def _check_passages(self, name: str, blobs: list, refs: list, pids: np.ndarray, zdict, room: int) -> None:
+        """Each live passage of a part is one the engine makes, of the ref its segment
+        says, all of them decompressing to at most ``room`` bytes."""
+        if not all(blobs):
+            raise _bad(f"{name}: live passage {int(pids[blobs.index(b'')])} has no text")
+        try:
+            raws = textpack.unpack_many(blobs, zdict, room)
+        except textpack.BadPassage as e:
+            raise _bad(f"{name}: passage {int(pids[e.index])} is not understood ({e})") from None
+        dec = passage_decoder.decode
+        try:
+            got = [p.ref for p in map(dec, raws)]
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            for i, r in enumerate(raws):
+                try:
+                    dec(r)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    raise _bad(f"{name}: passage {int(pids[i])} is not understood") from None
+            raise
+        if got != refs:
+            i = next(i for i, (a, b) in enumerate(zip(got, refs)) if a != b)
+            raise _bad(f"{name}: passage {int(pids[i])} names another ref than its segment")
+
     def _postings(self, name: str, s: _Segment, held: np.ndarray, sk: bytes) -> None:
         n = len(held)
         vals = s.postings
         top = int(held[-1]) if n else -1
-        if n and top < 4 * n + DENSE_SLACK:  # a mask of the segment's ids: one gather a posting
+        if n and (top < 4 * n + DENSE_SLACK or top < MASK_IDS):  # a mask of the segment's ids: one gather a posting
             mask = np.zeros(top + 1, bool)
             mask[held] = True
 
@@ -1038,13 +1111,17 @@ class _Reader:
             if self.txn is not None:
                 batch = list(vals[a:b])
                 tomb = self._tomb
+                which = []
                 if len(tomb) and len(pp):  # the dead passages' postings dropped
-                    at = np.minimum(np.searchsorted(tomb, pp), len(tomb) - 1)
-                    hit = np.bincount(np.repeat(np.arange(len(counts)), counts)[tomb[at] == pp],
-                                      minlength=len(counts))
+                    dead = self._tomb_mask
+                    if dead is not None:
+                        is_dead = dead[np.minimum(pp, len(dead) - 1)] & (pp < len(dead))
+                    else:
+                        at = np.minimum(np.searchsorted(tomb, pp), len(tomb) - 1)
+                        is_dead = tomb[at] == pp
+                    hit = np.bincount(np.repeat(np.arange(len(counts)), counts)[is_dead], minlength=len(counts))
                     which = np.flatnonzero(hit).tolist()
                     if which:
-                        dead = np.zeros(int(tomb[-1]) + 1, bool) if int(tomb[-1]) < 1 << 26 else None
                         if dead is not None:
                             dead[tomb] = True
                             for i, v in zip(which, postings.join_many([[batch[i]] for i in which], dead)):
@@ -1055,7 +1132,9 @@ class _Reader:
                                 keep = ~np.isin(p.astype(np.int64), tomb)
                                 batch[i] = postings.pack(p[keep], tf[keep]) if keep.any() else b""
                 if self.order is None:
-                    items = [(sk + t, v) for t, v in zip(s.terms[a:b], batch) if len(v) > 1]
+                    items = zip(map(sk.__add__, s.terms[a:b]), batch)  # (keys made in C)
+                    if which or not counts.all():  # lists left empty (or sent empty) are not kept
+                        items = [(k, v) for k, v in items if len(v) > 1]
                 else:
                     items = []
                     for t, v in zip(s.terms[a:b], batch):
@@ -1070,7 +1149,7 @@ class _Reader:
         dim = None
         live = 0
         for name in m.vectors:
-            v = _decode(_blob(self.fetch, name), _Vectors, name)
+            v = _decode(self.blob(name), _Vectors, name)
             vp = _u4(v.pids, name)
             if not 1 <= v.dim <= MAX_DIM or (dim is not None and v.dim != dim):
                 raise _bad(f"{name}: vectors {v.dim} wide, not the copy's width")

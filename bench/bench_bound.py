@@ -428,6 +428,34 @@ def bench_scale(scale: float) -> dict:
     return r
 
 
+def cold_again(scale: float, runs: int = 1) -> dict:
+    """Only the cold load, again, from the copy that the last full run at ``scale`` left in
+    bench/out (its Home and copy kept there; each run a new empty cache): the time and peak
+    RSS a change of the load makes, without the re-index and write-back (at 10x: 12 min)."""
+    base = Path(OUT + f"-scale-{scale:g}")
+    if not (base / "link").is_dir():
+        raise SystemExit(f"no copy left at {base}: run --scale {scale:g} once first")
+    br = Bridges(base / "link", bindings={"a1": {"owner": "o1", "key": KEY}})
+    r: dict = {"scale": scale, "load": [loadavg()], "cold": []}
+    try:
+        for k in range(runs):
+            cache = base / f"cache-again{k}"
+            shutil.rmtree(cache, ignore_errors=True)
+            m, rss = scale_run(base, br, cache, f"again{k}")
+            before = rss.mark().get("VmRSS", 0) * 1024
+            s, c = ready(m, br)
+            r["cold"].append({"s": s, "rss": rss.peak("VmRSS") * 1024, "rss_before": before})
+            log(f"  cold load {s:.1f} s, peak RSS {r['cold'][-1]['rss'] / 2**20:.0f} MiB")
+            c.close()
+            rss.stop()
+            m.stop()
+            shutil.rmtree(cache, ignore_errors=True)
+    finally:
+        br.stop()
+    r["load"].append(loadavg())
+    return r
+
+
 def table_scale(rs: list) -> str:
     mib = 2 ** 20
     head = "| | " + " | ".join(f"{r['scale']:g}× ({r['files']} files, {r['home_bytes'] / 1e6:.0f} MB)" for r in rs) + " |"
@@ -465,10 +493,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the raw figures to this file")
     ap.add_argument("--scale", type=float, action="append", metavar="S",
                     help="the copy at scale S of bench/corpus.py instead (repeatable: 0.25, 1, 4, 10)")
+    ap.add_argument("--again", type=int, metavar="N",
+                    help="with --scale: only N cold loads, from the copy the last full run at that scale left")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = machine()
+    if a.again:
+        for s in a.scale or []:
+            r = cold_again(s, a.again)
+            print(f"scale {s:g}: cold load " + ", ".join(f"{c['s']:.1f} s / {c['rss'] / 2**20:.0f} MiB"
+                                                        for c in r["cold"]) + f" (load {r['load']})")
+        return 0
     if a.scale:
         rs = [bench_scale(s) for s in a.scale]
         text = table_scale(rs)

@@ -844,9 +844,10 @@ class Store:
         """What a merge killed before this open left, swept once (never behind a merge under way)."""
         self.merger.sweep_once()
 
-    def start_merger(self) -> None:
-        """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it."""
-        self.merger.start()
+    def start_merger(self, look: bool = True) -> None:
+        """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it
+        (``look``: it looks at once at what the index holds, else at its first wake)."""
+        self.merger.start(look)
 
     def stop_merger(self, timeout: float = 30.0) -> None:
         """Stop the merger thread (a merge under way stops at its next step) and wait for it."""

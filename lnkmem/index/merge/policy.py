@@ -90,13 +90,15 @@ class Merger:
             finally:
                 lock.release()
 
-    def start(self) -> None:
-        """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it."""
+    def start(self, look: bool = True) -> None:
+        """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it.
+        ``look``: at once at what the index holds (else at the first wake)."""
         if self.thread is not None and self.thread.is_alive():
             return
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._wake.set()  # a first look: what the index holds may want a merge already
+        if look:
+            self._wake.set()  # a first look: what the index holds may want a merge already
         self.thread = threading.Thread(target=self._loop, name="lnkmem-merge", daemon=True)
         self.thread.start()
 

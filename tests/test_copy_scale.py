@@ -129,6 +129,23 @@ def test_segments_split_at_a_small_bound_load_back_the_same(tmp_path):
         st.close()
 
 
+def test_the_table_made_a_group_of_pages_at_a_time_is_the_same_table(tmp_path):
+    """An export that holds a few bytes of the file table at once (each group of pages
+    a walk of the table) makes the very pages one holding the whole table makes."""
+    mem, _ = memory(tmp_path / "a", {f"n/f{i}.md": text(i) for i in range(300)})
+    st = mem.store
+    try:
+        whole = copyfmt.export(st, copyfmt.CopyState(), OF)
+        files = dict(whole.blobs)
+        assert len(whole.manifest.pages) >= 2
+        for group in (1, 6000):  # a page a walk; two or three pages a walk
+            some = copyfmt.export(st, copyfmt.CopyState(), OF, page_group=group)
+            assert dict(some.blobs) == files
+            assert some.manifest.pages == whole.manifest.pages
+    finally:
+        st.close()
+
+
 def test_one_changed_file_sends_one_page_of_the_table(bridges, tmp_path):
     """A Home of 600 files: the table is several pages; one changed file sends one page, the
     head, its segment and the manifest -- a small part of the table -- and the page and head

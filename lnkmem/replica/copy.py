@@ -68,13 +68,14 @@ MANIFEST = "manifest.json"
 MAX_MANIFEST = 1 << 20
 MAX_BLOB = 64 << 20  # a file of the copy, at most (rev. 3)
 OLD_MAX_BLOB = 1 << 30  # a file of an lnkmem-copy-3 copy (one segment a file), at most
-PART_BYTES = 16 << 20  # what a write-back puts in one file (`LNKMEM_COPY_PART` for tests)
+PART_BYTES = 8 << 20  # what a write-back puts in one file (`LNKMEM_COPY_PART` for tests)
 RATIO = 32  # decompressed bytes per compressed byte, at most (plus SLACK)
 SLACK = 1 << 20
 MAX_FILES = 100_000  # files one manifest may name
 MAX_DIM = 16384
 MAX_TERM = KEY_MAX - 4  # a posting's key is its segment (4 bytes) and its term: LMDB keys no more
 MAX_COPY_SEGMENTS = 256  # past this many segments the copy is written anew whole (a load's GETs)
+PAGE_GROUP_BYTES = 8 << 20  # the file table's bytes an export holds at once, about
 FILES_A_PAGE = 128  # the table's files a page, aimed at: pages are 2**k, made again past 4x either way
 LOAD_STEP = 16 << 20  # an empty cache's load commits after about this many bytes written
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
@@ -351,11 +352,13 @@ class Export:
     it is asked for (a write-back sends each before the next is made); once it is
     exhausted, ``manifest`` is the version they make."""
 
-    def __init__(self, store: Store, state: CopyState, of: Optional[str], part: Optional[int] = None):
+    def __init__(self, store: Store, state: CopyState, of: Optional[str], part: Optional[int] = None,
+                 page_group: int = PAGE_GROUP_BYTES):
         self.store = store
         self.state = state
         self.of = of
         self.part = part or part_bytes()
+        self.page_group = page_group  # the file table's bytes held at once, about
         self.gen = -1
         self.copy_segs: list[_CopySeg] = []  # the copy's segments this export makes
         self.seg_mark = 0
@@ -408,19 +411,28 @@ class Export:
                 pages = 1
                 while pages * FILES_A_PAGE < files:
                     pages *= 2
-            by_page: list[list] = [[] for _ in range(pages)]
-            for i, (ref, rec) in enumerate(store.file_items(txn)):  # a long ref's record keyed by its digest
-                by_page[page_of(ref, pages)].append((ref, rec))
-                if i % 8192 == 8191:
-                    store.let_go()  # the map's pages the walk read (10x: 120 MiB by its end)
-            for i in range(pages):
-                name, blob = self._out("page", _Page(by_page[i]))
-                by_page[i] = None  # type: ignore[call-overload]
-                self.pages.append(name)
-                if name not in known:
-                    self.sent.append(name)
-                    yield name, blob
-            del by_page
+            # made a group of pages at a time, each group a walk of the table (~8 MiB of
+            # records held at once: at 10x the whole table held was ~35 MiB of objects)
+            table = txn.stat(store.files)
+            held = (table["leaf_pages"] + table["overflow_pages"]) * table["psize"]
+            groups = max(1, min(pages, -(-held // self.page_group)))
+            for g in range(groups):
+                lo, hi = g * pages // groups, (g + 1) * pages // groups
+                by_page: list[list] = [[] for _ in range(lo, hi)]
+                for i, (ref, rec) in enumerate(store.file_items(txn)):  # a long ref's record keyed by its digest
+                    p = page_of(ref, pages)
+                    if lo <= p < hi:
+                        by_page[p - lo].append((ref, rec))
+                    if i % 8192 == 8191:
+                        store.let_go()  # the map's pages the walk read (10x: 120 MiB by its end)
+                for p in range(lo, hi):
+                    name, blob = self._out("page", _Page(by_page[p - lo]))
+                    by_page[p - lo] = None  # type: ignore[call-overload]
+                    self.pages.append(name)
+                    if name not in known:
+                        self.sent.append(name)
+                        yield name, blob
+                del by_page
             tombs = []
             for c in self.copy_segs:
                 pids = np.frombuffer(c.pids, "<u4")
@@ -485,12 +497,14 @@ class Export:
         more than MAX_COPY_SEGMENTS segments, it is written anew whole (compacted)."""
         store, state = self.store, self.state
         old = _copy_segs(txn, store, state)
-        local = []
-        for k, v in txn.cursor(db=store.segments):
-            stored, _ = seg_codec.stored(v)
-            local.append((int.from_bytes(k, "big"), bytes(k), np.frombuffer(stored.pids, "<u4").astype(np.int64)))
+        every = [bytes(k) for k in txn.cursor(db=store.segments).iternext(values=False)]
         if not old:
-            return [], [sk for _, sk, _ in local]
+            return [], every
+
+        def local():  # each segment's ids, one segment at a time (10x: 10 MB for all of them)
+            for sk in every:
+                stored, _ = seg_codec.stored(txn.get(sk, db=store.segments))
+                yield int.from_bytes(sk, "big"), sk, np.frombuffer(stored.pids, "<u4").astype(np.int64)
         # every passage live in the copy: (id, its segment, its digest), by id
         hp, hc, hs = [], [], []
         for ci, c in enumerate(old):
@@ -501,12 +515,12 @@ class Export:
         hp_a, hc_a, hs_a = np.concatenate(hp), np.concatenate(hc), np.concatenate(hs)
         if not len(hp_a) or len(old) > MAX_COPY_SEGMENTS:  # nothing live, or too many files to load
             self.compacted = True
-            return [], [sk for _, sk, _ in local]
+            return [], every
         order = np.argsort(hp_a, kind="stable")
         hp_a, hc_a, hs_a = hp_a[order], hc_a[order], hs_a[order]
         held_p, held_c = [], []
         todo = []
-        for seg, sk, pids in local:
+        for seg, sk, pids in local():
             at = np.searchsorted(dead, pids)
             live = pids[~((at < len(dead)) & (dead[np.minimum(at, max(len(dead) - 1, 0))] == pids))] \
                 if len(dead) else pids
@@ -543,7 +557,7 @@ class Export:
             still += int(live.sum())
         if total and (total - still) * 2 > total:  # more than half of what the copy holds is not live
             self.compacted = True
-            return [], [sk for _, sk, _ in local]
+            return [], every
         return kept, todo
 
     def _segment(self, txn, sk: bytes, dead: np.ndarray) -> Iterator[tuple[str, bytes]]:
@@ -554,14 +568,15 @@ class Export:
         stored, runs = seg_codec.stored(txn.get(sk, db=store.segments))
         pids = np.frombuffer(stored.pids, "<u4")
         lens = stored.lens
-        p64 = pids.astype(np.int64)
         if len(dead) and len(pids):
+            p64 = pids.astype(np.int64)
             at = np.minimum(np.searchsorted(dead, p64), len(dead) - 1)
             live = ~(dead[at] == p64)
+            del p64, at
         else:
             live = np.ones(len(pids), bool)
         sums = np.zeros(len(pids), np.uint64)
-        ref_at = np.repeat(np.arange(len(stored.names)), runs)
+        ref_at = np.repeat(np.arange(len(stored.names), dtype=np.int32), runs)
         cur: dict = {"i0": 0, "refs": [], "passages": [], "terms": [], "postings": [], "size": 0}
         made = 0
 
@@ -599,9 +614,10 @@ class Export:
         self._made = (pids.tobytes(), live.astype(np.uint8).tobytes(), sums.astype("<u8").tobytes())
 
 
-def export(store: Store, state: CopyState, of: Optional[str] = None, part: Optional[int] = None) -> Export:
+def export(store: Store, state: CopyState, of: Optional[str] = None, part: Optional[int] = None,
+           page_group: int = PAGE_GROUP_BYTES) -> Export:
     """The files that make the copy equal to the cache now (:class:`Export`)."""
-    return Export(store, state, of, part)
+    return Export(store, state, of, part, page_group)
 
 
 def written(store: Store, exp: Export, version: str) -> CopyState:

@@ -428,6 +428,22 @@ def bench_scale(scale: float) -> dict:
     return r
 
 
+def settled(pid: int, quiet_s: float = 5.0, most_s: float = 900.0) -> float:
+    """Seconds until process ``pid`` used under 2 % of a core for ``quiet_s`` (its
+    background work done: the merges after a load), at most ``most_s``."""
+    def cpu() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < most_s:
+        a = cpu()
+        time.sleep(quiet_s)
+        if cpu() - a < 0.02 * quiet_s:
+            return time.perf_counter() - t0 - quiet_s
+    return time.perf_counter() - t0
+
+
 def cold_again(scale: float, runs: int = 1) -> dict:
     """Only the cold load, again, from the copy that the last full run at ``scale`` left in
     bench/out (its Home and copy kept there; each run a new empty cache): the time and peak
@@ -444,8 +460,14 @@ def cold_again(scale: float, runs: int = 1) -> dict:
             m, rss = scale_run(base, br, cache, f"again{k}")
             before = rss.mark().get("VmRSS", 0) * 1024
             s, c = ready(m, br)
-            r["cold"].append({"s": s, "rss": rss.peak("VmRSS") * 1024, "rss_before": before})
-            log(f"  cold load {s:.1f} s, peak RSS {r['cold'][-1]['rss'] / 2**20:.0f} MiB")
+            one = {"s": s, "rss": rss.peak("VmRSS") * 1024, "anon": rss.peak("RssAnon") * 1024, "rss_before": before}
+            # then the merges the load's segments ask for, until the process is idle
+            rss.mark()
+            one["settle_s"] = settled(m.proc.pid)
+            one["settle_rss"] = rss.peak("VmRSS") * 1024
+            r["cold"].append(one)
+            log(f"  cold load {s:.1f} s, peak RSS {one['rss'] / 2**20:.0f} MiB (anonymous {one['anon'] / 2**20:.0f}); "
+                f"then idle after {one['settle_s']:.0f} s more, peak RSS meanwhile {one['settle_rss'] / 2**20:.0f} MiB")
             c.close()
             rss.stop()
             m.stop()
@@ -502,7 +524,8 @@ def main(argv=None) -> int:
     if a.again:
         for s in a.scale or []:
             r = cold_again(s, a.again)
-            print(f"scale {s:g}: cold load " + ", ".join(f"{c['s']:.1f} s / {c['rss'] / 2**20:.0f} MiB"
+            print(f"scale {s:g}: cold load " + ", ".join(f"{c['s']:.1f} s / {c['rss'] / 2**20:.0f} MiB, idle "
+                                                        f"{c['settle_s']:.0f} s later / {c['settle_rss'] / 2**20:.0f} MiB"
                                                         for c in r["cold"]) + f" (load {r['load']})")
         return 0
     if a.scale:

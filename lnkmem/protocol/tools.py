@@ -301,7 +301,7 @@ def remember(memory: Memory, args: RememberArgs, thread: Optional[str], wait: bo
 def call(memory: Memory, name: str, args, thread: Optional[str], wait: bool = True) -> tuple[str, dict]:
     """One tool call; ``wait=False``: `remember` returns before its change is
     indexed (the caller waits for that itself)."""
-    if getattr(memory, "refused", None):  # its folders reached through a link: nothing is read or written
+    if memory.refused:  # its folders reached through a link: nothing is read or written
         raise ToolError(f"this agent's memory is not served: {memory.refused}")
     if name == "search":
         return search(memory, args)

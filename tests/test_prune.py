@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lnkmem.index.codec import postings
-from lnkmem.index.rank import search
+from lnkmem.index.rank import prune as search
 from lnkmem.index.text import query as qlang
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store

@@ -5,7 +5,7 @@ in between, and each answers as it would alone."""
 
 import random
 
-from lnkmem.index.rank import search
+from lnkmem.index.rank import prune as search
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
 from tests.helpers import random_file

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from lnkmem.index.rank import search
+from lnkmem.index.rank import prune as search
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
 from tests.helpers import SOURCES, RandomText, assert_same_snapshot, random_file

@@ -297,7 +297,7 @@ class Ours:
     """Our BM25 in-process, on the index the program built."""
 
     def __init__(self, state: str):
-        from lnkmem.index.rank.prune import bm25
+        from lnkmem.index.rank.search import bm25
         from lnkmem.index.store import Store
         self.bm25 = bm25
         t0 = time.perf_counter()

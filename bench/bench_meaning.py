@@ -83,7 +83,7 @@ from lnkmem.bridges.local import LocalPlace  # noqa: E402
 from lnkmem.memory.embed import Embedder  # noqa: E402
 from lnkmem.index.build import indexer  # noqa: E402
 from lnkmem.index.rank import hybrid  # noqa: E402
-from lnkmem.index.rank.prune import bm25, scores_of  # noqa: E402
+from lnkmem.index.rank.search import bm25, scores_of  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 from lnkmem.index.rank.vectors import VectorIndex  # noqa: E402
 
@@ -617,7 +617,7 @@ def table(r: dict) -> str:
         tgt = f"≥ {target:.3f}" if target else "—"
         rows.append((name, f"{n10:.4f}", f"{r100:.4f}", f"{tn:.4f}", tgt, ok(n10 >= target) if target else ""))
 
-    from lnkmem.index.rank import prune as _search
+    from lnkmem.index.rank import search as _search
     row(f"Words: our BM25 (k1 {_search.K1:g}, b {_search.B:g})", "words", T_WORDS)
     row(f"Meaning: {MODEL} cosine (int8 vectors, brute force)", "meaning")
     for m in GRIDS:

@@ -48,7 +48,7 @@ import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
 from lnkmem.index.build import indexer  # noqa: E402
-from lnkmem.index.rank import prune as S  # noqa: E402
+from lnkmem.index.rank import search as S  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 
 SECTION = "prose"

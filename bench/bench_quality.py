@@ -50,7 +50,7 @@ import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
 from lnkmem.index.build import indexer  # noqa: E402
-from lnkmem.index.rank import prune as S  # noqa: E402
+from lnkmem.index.rank import search as S  # noqa: E402
 from lnkmem.index.codec import textpack  # noqa: E402
 from lnkmem.index.format import passage_decoder  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402

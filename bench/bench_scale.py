@@ -129,7 +129,7 @@ def one_update(st, places: dict, home: str, tmp: str, path: str, word: str, save
     """Seconds from appending a sentence with ``word`` to the Home file ``path`` until
     ``bm25`` finds that file (its old bytes go into ``saved``, to be put back)."""
     from lnkmem.index.build import indexer
-    from lnkmem.index.rank.prune import bm25
+    from lnkmem.index.rank.search import bm25
     full = os.path.join(home, path)
     with open(full, "rb") as f:
         saved[full] = f.read()
@@ -202,7 +202,7 @@ def _tree_hwm_kib(pid: int) -> int:
 def w_ours(a: dict) -> None:
     """Open our index, time the queries, then the one-file updates (files put back after)."""
     from lnkmem.bridges.local import LocalPlace
-    from lnkmem.index.rank.prune import bm25
+    from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     t0 = time.perf_counter()
     st = Store.open(os.path.join(a["state"], "index"))
@@ -504,7 +504,7 @@ def w_profile(a: dict) -> None:
     else:  # updates on a built index
         from lnkmem.bridges.local import LocalPlace
         from lnkmem.index.build import indexer
-        from lnkmem.index.rank.prune import bm25
+        from lnkmem.index.rank.search import bm25
         st = store_mod.Store.open(os.path.join(a["state"], "index"))
         places = {"home": LocalPlace(a["home"])}
         from lnkmem.index.text import analyze

@@ -378,7 +378,7 @@ _NO_MASKED_ARRAYS = r"""
 import os, sys
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.index.build import indexer
-from lnkmem.index.rank import prune as search
+from lnkmem.index.rank import search
 from lnkmem.index.store import Store
 home, state = sys.argv[1], sys.argv[2]
 st = Store.open(state)

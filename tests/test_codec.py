@@ -488,7 +488,7 @@ def test_a_copy_carries_compressed_passages_and_its_dictionary(tmp_path):
         pids = [int(p) for p in np.flatnonzero(src.snapshot.alive)]
         assert len(pids) > 100
         assert dst.passages_of(pids) == src.passages_of(pids)
-        from lnkmem.index.rank.prune import bm25
+        from lnkmem.index.rank.search import bm25
         for q in ("the plan", "meeting notes", "budget"):
             assert bm25(dst, q, 10) == bm25(src, q, 10)
     finally:

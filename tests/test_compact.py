@@ -12,7 +12,7 @@ import time
 
 import lmdb
 
-from lnkmem.index.rank import prune as search
+from lnkmem.index.rank import search
 from lnkmem.index.commit import Batch
 from lnkmem.index.lmdbfile import COMPACTING, compact_file
 from lnkmem.index.store import Store
@@ -120,7 +120,7 @@ def test_no_compaction_while_another_process_has_the_index_open(tmp_path):
 OPENER = r"""
 import sys
 from lnkmem.index.store import Store
-from lnkmem.index.rank import prune as search
+from lnkmem.index.rank import search
 st = Store.open(sys.argv[1])
 print(st.rebuilt_because, st.snapshot.live, search.bm25(st, sys.argv[2], 10), flush=True)
 st.close()

@@ -98,7 +98,7 @@ def test_a_merge_shared_with_its_helper_process_works_confined(home, tmp_path):
     st = Store.open(str(home.state / "index"))
     try:
         assert len(st.snapshot.segs) == 1
-        from lnkmem.index.rank.prune import bm25
+        from lnkmem.index.rank.search import bm25
         for i in (0, 11, 23):
             hits = bm25(st, f"note{i}x", 5)
             assert [st.snapshot.refs[st.snapshot.refid[p]] for p, _ in hits] == [f"home/docs/n{i:02d}.md"]

@@ -22,7 +22,7 @@ import pytest
 
 from lnkmem.bridges.remote import NotFound
 from lnkmem.replica import copy as copyfmt
-from lnkmem.index.rank.prune import bm25
+from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 from tests.test_copy_scale import OF, memory, text
 from tests.test_copy_verify import check_copy

@@ -26,7 +26,7 @@ import pytest
 from lnkmem.bridges.http import BridgeClient
 from lnkmem.bridges.remote import Collection
 from lnkmem.replica import copy as copyfmt
-from lnkmem.index.rank.prune import bm25
+from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 from lnkmem.replica.sync import Replica, WriteBack
 from tests.bridges import KEY, Bridges, Layout

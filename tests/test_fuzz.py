@@ -727,7 +727,7 @@ def test_copy_files_fuzzed(tmp_path):
     import random
     from lnkmem.bridges.place import NotFound
     from lnkmem.replica import copy as copyfmt
-    from lnkmem.index.rank.prune import bm25
+    from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     from tests.test_copy_verify import OF, check_copy, store_copy
     mine = store_copy(tmp_path / "a", {f"d/f{i}.md": f"alpha{i} beta gamma {i}\n" * 3 for i in range(12)}, OF)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from lnkmem.index.codec import postings
-from lnkmem.index.rank import prune as search
+from lnkmem.index.rank import search
 from lnkmem.index.commit import Batch, NewFile
 from lnkmem.index.format import Passage
 from lnkmem.index.store import Store

@@ -229,7 +229,7 @@ def test_ties_are_broken_by_ref_then_place_without_sorting_every_ref():
 
     import numpy as np
 
-    from lnkmem.index.rank.prune import top
+    from lnkmem.index.rank.topk import top
     from lnkmem.index.codec.refs import Refs
     from lnkmem.index.snapshot import Snapshot
     rnd = random.Random(5)

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from lnkmem.index.rank.prune import bm25
+from lnkmem.index.rank.search import bm25
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import IndexInUse, Store
 from tests.helpers import random_file

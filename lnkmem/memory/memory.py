@@ -607,8 +607,8 @@ class Memory(ServedMemory):
         pass the query's exclusions, phrases and dates)."""
         from lnkmem.index.text import query as qlang
         from lnkmem.index.rank.hybrid import fuse
-        from lnkmem.index.rank.prune import scores_of
-        from lnkmem.index.rank.prune import words as by_words
+        from lnkmem.index.rank.search import scores_of
+        from lnkmem.index.rank.search import words as by_words
         from lnkmem.index.lmdbfile import DAMAGE_ERRORS
         self.check_copy()
         q = qlang.parse(query)

@@ -60,7 +60,7 @@ def _hit_header(n: int, h: Hit) -> str:
 
 
 def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
-    from lnkmem.index.rank.prune import parse_when
+    from lnkmem.index.rank.dates import parse_when
     try:  # before anything else: a bad date changes nothing
         after = parse_when(args.after, "after") if args.after is not None else None
         before = parse_when(args.before, "before") if args.before is not None else None

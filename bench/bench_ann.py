@@ -223,9 +223,10 @@ def exact_scaling(vecs: np.ndarray, qs: np.ndarray, sizes: list[int]) -> list[tu
         reps = -(-n // len(q8))
         held = held_of(np.tile(q8, (reps, 1))[:n], np.tile(sc, reps)[:n])
         cpu: list = []
-        _, ts = timed(lambda q: exact_top(vi, held, q, 100), qs[:100], cpu)
+        # (held bound now: the lambda must not name what ``del`` unbinds below)
+        _, ts = timed(lambda q, held=held: exact_top(vi, held, q, 100), qs[:100], cpu)
         out.append((n, common.pct(ts, 50), common.pct(ts, 99), common.pct(cpu, 50)))
-        del held
+        del held  # (the rows go before the next size's are made)
     return out
 
 

@@ -46,7 +46,32 @@ def main() -> int:
     ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
     args = ap.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
-    base = Path(tempfile.mkdtemp(prefix="lnkmem-upload-"))
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="lnkmem-upload-") as tmp:  # the bridge's files: removed after
+        rows = measure(Path(tmp), sizes, args)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    mach = machine() + load_note()
+    lines = ["## Uploads: time against body size (issue 33)", "",
+             f"`.venv/bin/python bench/bench_upload.py` — {when}, on {mach}.", "",
+             "| Body | before: one `bytes` body | after: `Collection.write` (pieces of "
+             f"{CHUNK // 1024} KiB) | raw `sendall` |", "|---|---|---|---|"]
+    for mb, got in rows:
+        b = f"{got['before']:.2f} s" if "before" in got else "not measured"
+        lines.append(f"| {mb:g} MB | {b} | {got['after']:.2f} s | {got['raw']:.2f} s |")
+    lines += ["", "One fake storage bridge on a Unix socket (it reads the whole body, then writes and "
+              "renames a file); one create-only PUT per figure, best of "
+              f"{args.repeat}; each body read back from the bridge's disk and compared. Before: the "
+              "body handed to httpx whole, as `BridgeClient` sent it until issue 33 (httpcore slices "
+              "what is left of it after every `send`: quadratic). Raw: the request written with "
+              f"`socket.sendall`. Total {time.monotonic() - t0:.0f} s."]
+    print("\n".join(lines))
+    if args.record:
+        write_section("upload", lines)
+    return 0
+
+
+def measure(base: Path, sizes: list[float], args) -> list:
+    """(size, {way: best seconds}) of each size, the fake bridge's files in ``base``."""
     config = base / "bridges.json"
     config.write_text('{"bindings": {"a1": {"owner": "o1", "key": "%s"}}}' % KEY)
     sock = base / "storage.sock"
@@ -56,7 +81,6 @@ def main() -> int:
     auth = auth_header(KEY, "storage", "o1", "a1")
     stored = base / "storage" / "stores" / "a1" / "memory" / "lnkmem"
     rows = []
-    t0 = time.monotonic()
     try:
         for mb in sizes:
             data = os.urandom(int(mb * 1e6))
@@ -88,25 +112,7 @@ def main() -> int:
     finally:
         client.close()
         server.stop()
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    mach = machine() + load_note()
-    lines = ["## Uploads: time against body size (issue 33)", "",
-             f"`.venv/bin/python bench/bench_upload.py` — {when}, on {mach}.", "",
-             "| Body | before: one `bytes` body | after: `Collection.write` (pieces of "
-             f"{CHUNK // 1024} KiB) | raw `sendall` |", "|---|---|---|---|"]
-    for mb, got in rows:
-        b = f"{got['before']:.2f} s" if "before" in got else "not measured"
-        lines.append(f"| {mb:g} MB | {b} | {got['after']:.2f} s | {got['raw']:.2f} s |")
-    lines += ["", "One fake storage bridge on a Unix socket (it reads the whole body, then writes and "
-              "renames a file); one create-only PUT per figure, best of "
-              f"{args.repeat}; each body read back from the bridge's disk and compared. Before: the "
-              "body handed to httpx whole, as `BridgeClient` sent it until issue 33 (httpcore slices "
-              "what is left of it after every `send`: quadratic). Raw: the request written with "
-              f"`socket.sendall`. Total {time.monotonic() - t0:.0f} s."]
-    print("\n".join(lines))
-    if args.record:
-        write_section("upload", lines)
-    return 0
+    return rows
 
 
 def raw_put(path: str, auth: str, target: str, data: bytes) -> None:

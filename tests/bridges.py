@@ -16,11 +16,18 @@ from typing import Iterator, Optional
 import msgspec
 
 from fakes.harness import FakeServer
-from tests.helpers import Many
+from tests.helpers import Many, until
 
 KEY = "a1" * 32
 OTHER_KEY = "b2" * 32
 FAST_WRITEBACK = {"LNKMEM_WRITEBACK_S": "0.3"}  # a copy written back soon after a change
+
+
+def hits(c, q: str) -> list:
+    """The refs a search for ``q`` over connection ``c`` finds (never an error)."""
+    r = c.search(q)
+    assert not r.get("isError"), r
+    return [h["ref"] for h in r["structuredContent"]["hits"]]
 
 
 class Bridges:
@@ -83,6 +90,17 @@ class Bridges:
         if index:
             b["index"] = index
         return {"agent": agent, "bound": b}
+
+    def bound_and_flushed(self, m: Many, c, *searchable: tuple[str, str], agent: str = "a1",
+                          timeout: float = 60) -> None:
+        """Bound ``c`` (a connection to ``m``) as ``agent``, wait until each ``(ref, word)`` of
+        ``searchable`` is searchable (the ref among the hits for the word), then a `flush`
+        control: the copy holds them once it returns."""
+        assert c.first(self.bound(agent=agent)) == {"ok": True}
+        for ref, word in searchable:
+            assert until(lambda: ref in hits(c, word), timeout=timeout), (ref, word)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": agent}}) == {"ok": True}
 
     def flags(self) -> list[str]:
         return ["--files-bridge", str(self.files_sock), "--storage-bridge", str(self.storage_sock)]

@@ -29,9 +29,9 @@ from lnkmem.replica import copy as copyfmt
 from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 from lnkmem.replica.sync import Replica, WriteBack
-from tests.bridges import KEY, Bridges, Layout
+from tests.bridges import KEY, Bridges, Layout, hits
 from tests.helpers import Home, until
-from tests.test_copy_verify import check_copy, hits, manifest, named_files
+from tests.test_copy_verify import check_copy, manifest, named_files
 
 OF = "agent o1/a1"
 WORDS = ("narwhal walrus penguin orca seal krill plankton kelp reef tide current salt shore "
@@ -153,10 +153,7 @@ def test_one_changed_file_sends_one_page_of_the_table(bridges, tmp_path):
     for i in range(600):
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
     with bridges.serve_many(tmp_path, "p") as m, m.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/notes/f599.md" in hits(c, "uniq599x0"), timeout=60)
-        with m.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m, c, ("home/notes/f599.md", "uniq599x0"))
         before = manifest(bridges)
         assert len(before["pages"]) >= 4, before["pages"]
         table_bytes = sum(copyfmt.blob_size(n) for n in before["pages"])
@@ -271,10 +268,7 @@ def test_files_of_a_killed_write_back_are_deleted_at_the_next(bridges, tmp_path)
     for i in range(0, 400, 7):  # every page changes
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1) + "\nmore about lighthouses\n")
     with bridges.serve_many(tmp_path, "k") as m2, m2.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/notes/f007.md" in hits(c, "lighthouses"), timeout=60)
-        with m2.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m2, c, ("home/notes/f007.md", "lighthouses"))
     after = manifest(bridges)
     assert sent - set(after["pages"]), "the pages sent before the kill were all sent again"
     assert set(bridges.copy_files()) == named_files(after)
@@ -292,10 +286,7 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     for i in range(200):
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
     with bridges.serve_many(tmp_path, "k") as m, m.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/notes/f007.md" in hits(c, "uniq7x0"), timeout=60)
-        with m.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m, c, ("home/notes/f007.md", "uniq7x0"))
     first = named_files(manifest(bridges))
     for i in range(0, 200, 5):  # pages and the head change
         bridges.write_home(f"notes/f{i:03}.md", text(i, 1) + "\nmore about lighthouses\n")
@@ -327,11 +318,7 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     assert landed != first and first - landed  # the dead writer's version, some files of the first gone from it
     assert first - landed <= set(bridges.copy_files())  # ... but still in the bucket
     with bridges.serve_many(tmp_path, "k") as m2, m2.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/notes/f005.md" in hits(c, "lighthouses"), timeout=60)
-        assert until(lambda: "home/notes/f001.md" in hits(c, "harbours"), timeout=60)
-        with m2.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m2, c, ("home/notes/f005.md", "lighthouses"), ("home/notes/f001.md", "harbours"))
     assert set(bridges.copy_files()) == named_files(manifest(bridges))
     check_copy(bridges.copy_files())
 
@@ -341,10 +328,7 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
 def test_a_file_named_over_the_bound_is_refused_before_it_is_fetched(bridges, tmp_path):
     bridges.write_home("docs/plan.md", "The narwhal migration plan.\n")
     with bridges.serve_many(tmp_path, "make") as m, m.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
-        with m.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m, c, ("home/docs/plan.md", "narwhal"), timeout=20)
     big = f"seg-{'0' * 40}-{300_000_000}.bin"  # 300 MB, by its name
     man = manifest(bridges)
     man["segments"].append([big])
@@ -352,10 +336,7 @@ def test_a_file_named_over_the_bound_is_refused_before_it_is_fetched(bridges, tm
     (bridges.copy_dir() / big).write_bytes(b"x")  # what a GET would get (never asked for)
     bridges.storage.request("DELETE", "/_log")
     with bridges.serve_many(tmp_path, "t") as m, m.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
-        with m.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m, c, ("home/docs/plan.md", "narwhal"), timeout=20)
     assert not [e for e in bridges.storage.log() if e["method"] == "GET" and big in e["path"]]
     after = manifest(bridges)
     assert big not in named_files(after) and set(bridges.copy_files()) == named_files(after)
@@ -406,18 +387,12 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
     bridges.write_home("docs/plan.md", "The narwhal migration plan.\n")
     bridges.write_home("docs/other.md", "Penguins prefer the south.\n")
     with bridges.serve_many(tmp_path, "make") as m, m.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
-        with m.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m, c, ("home/docs/plan.md", "narwhal"), timeout=20)
     old = _as_previous_format(bridges)
     bridges.storage.request("DELETE", "/_log")
     bridges.files.request("DELETE", "/_log")
     with bridges.serve_many(tmp_path, "t") as m, m.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)
-        with m.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(m, c, ("home/docs/plan.md", "narwhal"), timeout=20)
     log = bridges.storage.log()
     table_gets = [e for e in log if e["method"] == "GET" and old["table"] in e["path"]]
     assert len(table_gets) == 1 and table_gets[0]["status"] == 200  # read, once

@@ -23,7 +23,7 @@ import pytest
 from lnkmem.bridges.place import NotFound
 from lnkmem.replica import copy as copyfmt
 from lnkmem.index.codec import textpack
-from tests.bridges import KEY, OTHER_KEY, Bridges, Layout
+from tests.bridges import KEY, OTHER_KEY, Bridges, Layout, hits
 from tests.helpers import Home, until
 
 OF = "agent o1/a1"
@@ -74,12 +74,6 @@ def make_copy(bridges, tmp_path, agent="a1", key=KEY) -> None:
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": agent}}) == {"ok": True}
     check_copy(bridges.copy_files(agent), f"agent o1/{agent}")
-
-
-def hits(c, q: str) -> list:
-    r = c.search(q)
-    assert not r.get("isError"), r
-    return [h["ref"] for h in r["structuredContent"]["hits"]]
 
 
 def served_from_sources_and_replaced(bridges, tmp_path, name: str, bad_version: str, forbidden=(),
@@ -376,10 +370,7 @@ def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
 def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
     env = {"LNKMEM_RECHECK_S": "0.5"}
     with bridges.serve_many(tmp_path, "a", env=env) as a, a.connect() as ca:
-        assert ca.first(bridges.bound()) == {"ok": True}
-        assert until(lambda: "home/docs/plan.md" in hits(ca, "narwhal"), timeout=20)
-        with a.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.bound_and_flushed(a, ca, ("home/docs/plan.md", "narwhal"), timeout=20)
         bridges.storage.request("DELETE", "/_log")
         time.sleep(1.6)
         looks = [e for e in bridges.storage.log() if e["method"] == "GET" and e["path"].endswith("manifest.json")]
@@ -387,10 +378,7 @@ def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
         # another engine indexes a new file and writes the copy; nobody tells the first one
         bridges.write_home("docs/new.md", "Walruses arrive at dawn.\n")
         with bridges.serve_many(tmp_path, "b") as b, b.connect() as cb:
-            assert cb.first(bridges.bound()) == {"ok": True}
-            assert until(lambda: "home/docs/new.md" in hits(cb, "walruses"), timeout=20)
-            with b.connect() as ctl:
-                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+            bridges.bound_and_flushed(b, cb, ("home/docs/new.md", "walruses"), timeout=20)
         assert until(lambda: "home/docs/new.md" in hits(ca, "walruses"), timeout=5)
 
 

@@ -1,4 +1,4 @@
-"""MaxScore (search._maxscore) answers exactly what scoring every posting answers.
+"""MaxScore (prune.maxscore) answers exactly what scoring every posting answers.
 
 Real LMDB stores built through Store.commit, with segments holding dead passages
 (replaced and removed files), merged and unmerged, filters by source, folder and
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lnkmem.index.codec import postings
-from lnkmem.index.rank import search
+from lnkmem.index.rank import prune, search, terms
 from lnkmem.index.text import query as qlang
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
@@ -218,10 +218,10 @@ def test_a_few_dead_passages_in_a_large_segment_leave_its_lists_packed(tmp_path,
         weights = {w: 1.0 for w in WORDS[:3]}
         with st.env.begin() as txn:
             segs = st.segment_keys(txn)
-            terms = search._terms(st, txn, snap, segs, weights, search.K1, search.B)
-            live = {w: len(search._live_postings(st, txn, snap, segs, w)[0]) for w in weights}
+            ranked = terms.ranked_terms(st, txn, snap, segs, weights, terms.K1, terms.B)
+            live = {w: len(terms.live_postings(st, txn, snap, segs, w)[0]) for w in weights}
         bk = big.to_bytes(4, "big")
-        for tm in terms:
+        for tm in ranked:
             assert tm.dead and tm.df == live[tm.term]
             assert [dec for key, v, dec in tm.lists if key.startswith(bk)] == [None]
     finally:
@@ -231,16 +231,16 @@ def test_a_few_dead_passages_in_a_large_segment_leave_its_lists_packed(tmp_path,
 @pytest.mark.parametrize("merge", [False, True])
 def test_one_word_answers_drop_the_dead_alike_before_and_after_the_snapshot_s_facts(tmp_path, merge):
     """A one-word search drops dead passages by checking every posting against the live
-    ones until a search has found which segments hold dead ones (search._facts), then by
+    ones until a search has found which segments hold dead ones (terms.snapshot_facts), then by
     looking those dead up in each list: both give the same answers, with no dead passage."""
     st = _store_with_dead_passages(str(tmp_path / "ix"), random.Random(11), merge)
     try:
         snap = st.refresh()
         probe = WORDS[:20] + WORDS[150:170]
-        assert search._facts_known(snap) is None
+        assert terms.facts_known(snap) is None
         before = {w: search.words(st, w, 5000)[0] for w in probe}
         search.words(st, f"{WORDS[0]} {WORDS[200]}", 10)  # a ranked search of two words finds the facts
-        assert search._facts_known(snap) is not None and search._facts_known(snap)[1]  # dead passages held
+        assert terms.facts_known(snap) is not None and terms.facts_known(snap)[1]  # dead passages held
         for w in probe:
             after = search.words(st, w, 5000)[0]
             assert after == before[w], w
@@ -253,19 +253,19 @@ def test_one_word_answers_drop_the_dead_alike_before_and_after_the_snapshot_s_fa
 @pytest.mark.parametrize("merge,cached", [(False, True), (True, True), (True, False)])
 def test_one_word_block_by_block_answers_as_every_posting(tmp_path, monkeypatch, merge, cached):
     """A one-word search over long lists scores only the blocks whose largest score may
-    place (search._one_word): its answers, ties by ref included, are those of scoring
+    place (prune.one_word): its answers, ties by ref included, are those of scoring
     every posting, with dead passages in several segments, lists decoded and kept or read
     block by block from their bytes, after the mean passage length grew past the blocks'
     kept maxima, and for other k1 and b."""
-    monkeypatch.setattr(search, "LONG_LIST", 64)  # the test's lists are a few thousand long
+    monkeypatch.setattr(prune, "LONG_LIST", 64)  # the test's lists are a few thousand long
     rng = random.Random(31 if merge else 32)
     st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
     if not cached:
         st.decoded.CACHE_BYTES = 0
     used = _counting(monkeypatch, "blocks") if not cached else []
     took = []
-    real = search._score_blocks
-    monkeypatch.setattr(search, "_score_blocks", lambda *a: (took.append(sum(map(len, a[2]))), real(*a))[1])
+    real = prune._score_blocks
+    monkeypatch.setattr(prune, "_score_blocks", lambda *a: (took.append(sum(map(len, a[2]))), real(*a))[1])
 
     def check(words, **kw):
         for w in words:

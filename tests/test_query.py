@@ -198,7 +198,7 @@ def test_top_k_of_two_million_ties_is_one_pass():
 
     import numpy as np
 
-    from lnkmem.index.rank.search import top
+    from lnkmem.index.rank.topk import top
     from lnkmem.index.codec.refs import Refs
     from lnkmem.index.snapshot import Snapshot
     n = 2_000_000
@@ -525,7 +525,9 @@ def test_a_date_filter_judges_every_file_not_only_the_best(tmp_path):
 
     from lnkmem.bridges.local import LocalPlace
     from lnkmem.index.build import indexer
-    from lnkmem.index.rank.search import CHECK_CAP, parse_when, words
+    from lnkmem.index.rank.checks import CHECK_CAP
+    from lnkmem.index.rank.dates import parse_when
+    from lnkmem.index.rank.search import words
     from lnkmem.index.store import Store
     home = tmp_path / "h"
     home.mkdir()
@@ -555,7 +557,7 @@ def test_top_k_is_the_best_by_score_then_ref_then_place(data):
     import numpy as np
 
     from lnkmem.index.codec.refs import Refs
-    from lnkmem.index.rank.search import top
+    from lnkmem.index.rank.topk import top
     from lnkmem.index.snapshot import Snapshot
     refs = ["home/c.md", "home/a.md", "chats/b.jsonl", "home/a.md2"]
     n = data.draw(st.integers(1, 3000))

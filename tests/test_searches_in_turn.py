@@ -5,7 +5,7 @@ in between, and each answers as it would alone."""
 
 import random
 
-from lnkmem.index.rank import search
+from lnkmem.index.rank import checks, search, terms
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
 from tests.helpers import random_file
@@ -75,16 +75,16 @@ def test_a_memory_s_facts_are_not_worked_out_again_after_another_searched(tmp_pa
         search.words(a, "w1 w2", 10)
         search.words(a, "w1 w2", 10, after=DATED[1])
         snap_a = a.snapshot
-        facts, times = snap_a.worked_out[search.FACTS], snap_a.worked_out[search.FILE_TIMES]
+        facts, times = snap_a.worked_out[terms.FACTS], snap_a.worked_out[checks.FILE_TIMES]
         assert facts[1] and times  # segments holding dead passages; files' times read
         search.words(b, "w1 w2", 10)
         search.words(b, "w1 w2", 10, after=DATED[1])
-        assert b.snapshot.worked_out[search.FACTS] is not facts
+        assert b.snapshot.worked_out[terms.FACTS] is not facts
         search.words(a, "w4 w5", 10)
         search.words(a, "w4 w5", 10, after=DATED[1])
         assert a.snapshot is snap_a
-        assert snap_a.worked_out[search.FACTS] is facts  # the same: not worked out again
-        assert snap_a.worked_out[search.FILE_TIMES] is times
+        assert snap_a.worked_out[terms.FACTS] is facts  # the same: not worked out again
+        assert snap_a.worked_out[checks.FILE_TIMES] is times
     finally:
         a.close()
         b.close()

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from lnkmem.index.rank import search
+from lnkmem.index.rank import checks, search, terms
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
 from tests.helpers import SOURCES, RandomText, assert_same_snapshot, random_file
@@ -151,9 +151,9 @@ def test_an_old_snapshot_is_let_go_once_a_commit_replaced_it(tmp_path):
         st.commit(Batch(removed=["home/f0.md"]))  # dead passages: the facts name their segment
         old = st.snapshot
         search.words(st, " ".join(VOCAB[:4]), 5)
-        assert search._facts_known(old) is not None  # computed for this snapshot
+        assert terms.facts_known(old) is not None  # computed for this snapshot
         search.words(st, " ".join(VOCAB[:4]), 5, after=0.0)  # files' times kept for this snapshot
-        assert old.worked_out.get(search.FILE_TIMES) is not None
+        assert old.worked_out.get(checks.FILE_TIMES) is not None
         gone = weakref.ref(old)
         del old
         st.commit(Batch(files=[TEXT.file(random.Random(9), "home/f9.md", "v1")]))
@@ -178,7 +178,7 @@ def test_a_list_s_dead_are_counted_once_a_snapshot_and_anew_after_each_change(tm
             first, _ = search.words(st, q, 10)
             again, _ = search.words(st, q, 10)  # with the counts kept for this snapshot
             kept = st.snapshot
-            assert search._facts_known(kept)[2]  # (counted by looking the dead up, and kept)
+            assert terms.facts_known(kept)[2]  # (counted by looking the dead up, and kept)
             fresh, _ = search.words(st, q, 10, prune=False)  # every posting scored, each list's live ones decoded
             assert first == again
             assert [p for p, _ in first] == [p for p, _ in fresh]

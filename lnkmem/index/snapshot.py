@@ -65,9 +65,9 @@ class Snapshot:
     seg_of: Optional[np.ndarray] = None  # int32 per pid -> its segment, -1: in none (a free id)
     segs: Optional[dict] = None  # segment -> its passages (dead ones included)
     # (under, refs counted, which refs start with it): keep()'s last folder test, since a
-    # search asks it more than once (search._maxscore, at each of its cuts)
+    # search asks it more than once (prune.maxscore, at each of its cuts)
     _under: Optional[tuple] = field(default=None, repr=False, compare=False)
-    # what searches work out once for this snapshot, by name (search.FACTS, search.FILE_TIMES):
+    # what searches work out once for this snapshot, by name (terms.FACTS, checks.FILE_TIMES):
     # kept with it, so that memories searched in turn in one process keep theirs
     worked_out: dict = field(default_factory=dict, repr=False, compare=False)
 

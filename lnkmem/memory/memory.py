@@ -24,6 +24,7 @@ from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
 from lnkmem.memory.layout import Layout, local_layout
 from lnkmem.memory.notes import LocalNotes
+from lnkmem.memory.served import ServedMemory
 
 from collections import OrderedDict
 
@@ -60,7 +61,10 @@ REWATCH_S = 30.0  # and watching tried again after this long
 WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
-class Memory:
+class Memory(ServedMemory):
+    """One agent's (or team's) memory; what the protocol layer reads of it before a
+    call is :class:`ServedMemory`'s."""
+
     def __init__(self, cfg: AgentConfig, layout: Optional[Layout] = None):
         self.cfg = cfg
         self.refused: Optional[str] = None  # why this memory is not served (a folder through a link)

@@ -33,6 +33,7 @@ from lnkmem.protocol import budget, inline, tooldefs
 from lnkmem.core.aio import LoopSignal, until
 from lnkmem.core.errors import ToolError
 from lnkmem.core.wire import convert
+from lnkmem.memory.served import MemoryHandle, ServedMemory
 
 log = logging.getLogger("lnkmem")
 
@@ -116,14 +117,14 @@ def _share(memory) -> MemoryShare:
 class Session:
     """One MCP conversation with one client, over one memory.
 
-    ``memory_for`` gives the memory; it may carry ``built`` (a threading.Event
-    set once the memory exists), ``cfg`` and ``serves_notes``, so that a session
-    answers `tools/list` and waits for the memory without blocking the loop.
+    ``memory_for`` gives the memory (:class:`MemoryHandle`): whether it is built,
+    its config and whether it serves notes are known before it is, so that a
+    session answers `tools/list` and waits for the memory without blocking the loop.
     """
 
-    def __init__(self, memory_for: Callable[[], Any], send: Callable[[bytes], None], pool: Executor,
+    def __init__(self, memory_for: MemoryHandle, send: Callable[[bytes], None], pool: Executor,
                  first_call_error: Optional[str] = None):
-        self._memory_for = memory_for  # the memory is looked up lazily: start fast
+        self.memory_for = memory_for  # the memory is looked up lazily: start fast
         self.send = send
         self.pool = pool
         self.inflight: dict[Any, asyncio.Task] = {}
@@ -135,27 +136,16 @@ class Session:
         self._room: Optional[asyncio.Event] = None
 
     @property
-    def memory(self):
-        return self._memory_for()
+    def memory(self) -> Optional[ServedMemory]:
+        return self.memory_for()
 
     # --- what is known before the memory is built ---------------------------
 
-    def _built(self) -> bool:
-        ev = getattr(self._memory_for, "built", None)
-        return ev is None or ev.is_set()
-
     def _served(self) -> list[str]:
-        notes = getattr(self._memory_for, "serves_notes", None)
+        notes = self.memory_for.serves_notes
         if notes is not None:
-            return tooldefs.served_names(bool(notes))
+            return tooldefs.served_names(notes)
         return tooldefs.tool_names(self.memory)
-
-    def _cfg(self):
-        cfg = getattr(self._memory_for, "cfg", None)
-        if cfg is None:
-            m = self.memory
-            cfg = getattr(m, "cfg", None)
-        return cfg
 
     # --- flow control ---------------------------------------------------------
 
@@ -379,7 +369,7 @@ class Session:
             raise RpcError(INVALID_PARAMS, "invalid params: `arguments` must be an object")
         meta = params.get("_meta")
         thread = meta.get(THREAD_KEY) if isinstance(meta, dict) else None
-        cfg = self._cfg()
+        cfg = self.memory_for.config()
         if cfg is not None and cfg.from_required and not (isinstance(thread, str) and thread):
             raise RpcError(INVALID_PARAMS, f"the thread is missing: params._meta[{THREAD_KEY!r}] must name the conversation")
         if not isinstance(thread, str):
@@ -412,20 +402,16 @@ class Session:
 
     async def _run(self, name: str, typed, thread: Optional[str]) -> dict:
         """The call: every wait on the loop, only the work itself on a pool thread."""
-        if not await until(self._built, OPEN_WAIT_S):
+        if not await until(self.memory_for.is_built, OPEN_WAIT_S):
             return _tool_error("the memory is still starting; try again in a moment")
         memory = self.memory
         room = memory.cfg.budget if memory is not None else None
-        if name == "search":  # the one tool that reads the index
-            opened = getattr(memory, "opened", None)
-            if opened is not None:
-                await until(opened.is_set, OPEN_WAIT_S)  # the tool says plainly if it is not
-            ready = getattr(memory, "ready", None)
-            if getattr(memory, "fresh", False) and ready is not None:
-                await until(ready.is_set, FIRST_PASS_WAIT_S)
-            idle = getattr(memory, "conversations_idle", None)
-            if idle is not None:  # a store driver's listing under way (§3.5): never more than 2 s
-                await until(idle, DRIVER_WAIT_S)
+        if name == "search" and memory is not None:  # the one tool that reads the index
+            await until(memory.opened.is_set, OPEN_WAIT_S)  # the tool says plainly if it is not
+            if memory.fresh:
+                await until(memory.ready.is_set, FIRST_PASS_WAIT_S)
+            # a store driver's listing under way (§3.5): never more than 2 s
+            await until(memory.conversations_idle, DRIVER_WAIT_S)
         share = _share(memory)
         loop = asyncio.get_running_loop()
         if name == "remember":

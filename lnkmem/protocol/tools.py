@@ -60,7 +60,7 @@ def _hit_header(n: int, h: Hit) -> str:
 
 
 def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
-    from lnkmem.index.rank.search import parse_when
+    from lnkmem.index.rank.dates import parse_when
     try:  # before anything else: a bad date changes nothing
         after = parse_when(args.after, "after") if args.after is not None else None
         before = parse_when(args.before, "before") if args.before is not None else None
@@ -301,7 +301,7 @@ def remember(memory: Memory, args: RememberArgs, thread: Optional[str], wait: bo
 def call(memory: Memory, name: str, args, thread: Optional[str], wait: bool = True) -> tuple[str, dict]:
     """One tool call; ``wait=False``: `remember` returns before its change is
     indexed (the caller waits for that itself)."""
-    if getattr(memory, "refused", None):  # its folders reached through a link: nothing is read or written
+    if memory.refused:  # its folders reached through a link: nothing is read or written
         raise ToolError(f"this agent's memory is not served: {memory.refused}")
     if name == "search":
         return search(memory, args)

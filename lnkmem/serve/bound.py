@@ -44,7 +44,7 @@ class _Client(BridgeClient):
     """A bridge client that knows when its bridge was down at Bound time: then
     every call fails at once, saying so, until the background retry binds it."""
 
-    down: Optional[str] = None
+    down: Optional[str] = None  # why its bridge was down at Bound time, until it takes the key; None: bound
 
     def mark_down(self, why: str) -> None:
         self.down = why
@@ -65,9 +65,6 @@ class BoundSession:
         self.first_call_error = deny
         self.mcp = None  # (mcp.Session, writer), set by the service
 
-    def memory_for(self):
-        return self.memory
-
     def detach(self) -> None:
         self.owner.detach(self)
 
@@ -80,7 +77,7 @@ class _Held:
     """What bindings and team bindings share: sessions, a memory, clients."""
 
     memory = None
-    clients: list[BridgeClient]
+    clients: list[_Client]
 
     def __init__(self):
         self.sessions: set[BoundSession] = set()
@@ -151,7 +148,7 @@ class Binding(_Held):
         """Bridges that were down at Bound time are bound again in the background;
         once one takes the key, what lives behind it is read again (§5.4 rev. 2)."""
         with self._watch_lock:
-            if self._watching or not any(getattr(c, "down", None) for c in self.clients):
+            if self._watching or not any(c.down for c in self.clients):
                 return
             self._watching = True
         threading.Thread(target=self._retry_down, name="lnkmem-rebind", daemon=True).start()
@@ -161,7 +158,7 @@ class Binding(_Held):
         while not self._closed.wait(wait):
             wait = min(wait * 1.5, REBIND_MAX_S)
             for c in self.clients:
-                if getattr(c, "down", None) is None:
+                if c.down is None:
                     continue
                 try:
                     c.bind(REBIND_PATIENCE_S)
@@ -181,7 +178,7 @@ class Binding(_Held):
                     for source in memory.places:
                         memory.changed(source, wait=False)
             with self._watch_lock:
-                if not any(getattr(c, "down", None) for c in self.clients):
+                if not any(c.down for c in self.clients):
                     self._watching = False
                     return
         with self._watch_lock:

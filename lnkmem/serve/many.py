@@ -26,6 +26,7 @@ from typing import Any, Optional
 from lnkmem.memory import changes
 from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig, check_id, from_serve_argv
+from lnkmem.memory.served import Made, MemoryHandle
 from lnkmem.core.errors import UsageError
 from lnkmem.core.knobs import knobs
 from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
@@ -379,7 +380,7 @@ class Service:
                 await _reply(writer, Refusal(f"agent {first.agent} is not served: {memory.refused}"))
                 return
             await _reply(writer, Ok())
-            await self.mcp(reader, writer, lambda: memory)
+            await self.mcp(reader, writer, Made(memory))
             return
         # bound or team
         session, err = await self.bindings.open(first)
@@ -388,11 +389,12 @@ class Service:
             return
         await _reply(writer, Ok())
         try:
-            await self.mcp(reader, writer, session.memory_for, session.first_call_error, session)
+            await self.mcp(reader, writer, Made(session.memory), session.first_call_error, session)
         finally:
             session.detach()
 
-    async def mcp(self, reader, writer, memory_for, first_call_error: Optional[str] = None, owner=None) -> None:
+    async def mcp(self, reader, writer, memory_for: MemoryHandle, first_call_error: Optional[str] = None,
+                  owner=None) -> None:
         """MCP over the connection, exactly as over stdio (§5.3), with the same
         bounds (§5.1): no more input is read while the session has its cap of
         calls under way or OUT_HIGH bytes of answers wait unread."""

@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lnkmem.memory.config import AgentConfig
+from lnkmem.memory.served import MemoryHandle
 from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
 
 log = logging.getLogger("lnkmem")
@@ -33,9 +34,10 @@ def undumpable() -> None:
         log.warning("could not make the process non-dumpable: %s", e)
 
 
-class _Later:
+class _Later(MemoryHandle):
     """The memory, built on a thread after start so that `initialize` and
-    `tools/list` are answered before the index (numpy, LMDB) is even imported."""
+    `tools/list` are answered before the index (numpy, LMDB) is even imported:
+    whether it serves notes, and its config, are the agent's config's."""
 
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
@@ -55,6 +57,12 @@ class _Later:
     def __call__(self):
         self.built.wait()
         return self.memory
+
+    def is_built(self) -> bool:
+        return self.built.is_set()
+
+    def config(self) -> AgentConfig:
+        return self.cfg
 
     def stop(self) -> None:
         if self.memory is not None:

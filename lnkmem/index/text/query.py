@@ -34,7 +34,7 @@ Either way:
   ``name@example.com``) are ranked as their parts and whole; the whole
   identifier's score is at least the most its parts can give, so the passage
   holding it exactly ranks above any passage holding only its parts, however
-  often (``search.flat_idfs``: its term scores flat; :attr:`Query.flat`). In
+  often (``terms.flat_idfs``: its term scores flat; :attr:`Query.flat`). In
   prose only identifiers that name one thing are flat (letters joined to a
   number of 3 digits or more: ``PIO-1384``, ``CVE-2024-38650``): a hyphenated
   word of prose (``IL-6``, ``well-known``) ranks as its parts and, weighted
@@ -91,7 +91,7 @@ class Query:
     prefixes: list[str] = field(default_factory=list)  # ranked, expanded from the dictionary
     meaning_text: str = ""  # what the query means, operators and exclusions left out (for embedding)
     prose: bool = False  # read as prose: its operators were punctuation
-    flat: set = field(default_factory=set)  # whole identifiers scored flat (search.flat_idfs)
+    flat: set = field(default_factory=set)  # whole identifiers scored flat (terms.flat_idfs)
 
     @property
     def plain(self) -> bool:

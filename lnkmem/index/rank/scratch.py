@@ -1,0 +1,69 @@
+"""A thread's score arrays over passage ids, kept between its searches
+(:data:`scratch`), and the union of the passages a search scored (:func:`union`)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+class Scratch(threading.local):
+    """A thread's arrays over passage ids, kept between its searches: a search's
+    cost is its postings', not the index's size (zeroing a score per passage of a
+    million-passage index, and scanning it for the union, cost more than a query
+    of rare words). A search writes only where it notes (``touched``, ``marked``),
+    and those places are zeroed after it; after an error the arrays are dropped."""
+
+    def __init__(self):
+        self.scores = np.zeros(0, np.float32)
+        self.seen = np.zeros(0, bool)
+        self.inc = np.zeros(0, bool)
+        self.touched: list = []  # pid arrays whose scores were written
+        self.marked: list = []  # pid arrays set in inc
+        self.seen_set = False  # whether the touched are set in seen too (a union of many: union)
+
+    def take(self, cap: int) -> None:
+        if len(self.scores) < cap:
+            n = max(cap, len(self.scores) * 5 // 4)
+            self.scores, self.seen, self.inc = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
+        self.touched, self.marked, self.seen_set = [], [], False
+
+    def clean(self) -> None:
+        for t in self.touched:
+            self.scores[t] = 0
+            if self.seen_set:
+                self.seen[t] = False
+        for m in self.marked:
+            self.inc[m] = False
+        self.touched, self.marked, self.seen_set = [], [], False
+
+    def drop(self) -> None:
+        self.__init__()
+
+
+scratch = Scratch()
+
+
+def union(touched: list, cap: int) -> np.ndarray:
+    """The pids of ``touched``'s arrays (those of ``scratch.touched``), ascending, each
+    once: marked in ``scratch.seen`` and read back when they are many, else sorted (no
+    pass over every id)."""
+    if len(touched) == 1 and _ascending(touched[0]):
+        return touched[0]
+    total = sum(len(t) for t in touched)
+    if total * 16 > cap:
+        seen = scratch.seen
+        scratch.seen_set = True  # (unmarked after the search: ``Scratch.clean``)
+        for t in touched:
+            seen[t] = True
+        return np.flatnonzero(seen[:cap])
+    # (a sort: np.unique's hashing is slower here; the stable one, since each list ascends
+    # and it merges runs: ~10x numpy's default on the concatenation of two or three)
+    c = np.sort(np.concatenate(touched).astype(np.int64), kind="stable")
+    return c[np.concatenate(([True], c[1:] != c[:-1]))] if len(c) else c
+
+
+def _ascending(p: np.ndarray) -> bool:
+    """``p`` strictly ascends (one segment's list does; several joined may not)."""
+    return len(p) < 2 or bool((p[1:] > p[:-1]).all())

@@ -1,0 +1,65 @@
+"""What the protocol layer is handed: a memory, and the way to it while it is made.
+
+A session (``lnkmem.protocol.mcp``) is handed a :class:`MemoryHandle`: calling it
+gives the memory (None where none is served: a team member refused the team's
+memory), waiting until it is made. What a session must know before that is the
+handle's, with its defaults here, those of a memory that exists already: it is
+built, its tools are those of the memory, and its config is the memory's.
+``serve`` makes its memory on a thread after `initialize` is answered, and its
+handle says these things from the agent's config alone.
+
+Before a call, a session reads the memory itself only through
+:class:`ServedMemory`, which :class:`lnkmem.memory.memory.Memory` declares.
+This module imports nothing heavy: a session answers `tools/list` before the
+index (numpy, LMDB) is imported.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional, Protocol
+
+from lnkmem.memory.config import AgentConfig
+
+
+class ServedMemory(Protocol):
+    """What a session reads of a memory before it runs a tool on it."""
+
+    cfg: AgentConfig
+    refused: Optional[str]  # why this memory is not served (its folders reached through a link), or None
+    opened: threading.Event  # its index open (or given up on): a search waits for it
+    ready: threading.Event  # its first full pass done
+    fresh: bool  # its index held nothing when opened: a first search waits for the first pass
+
+    def conversations_idle(self) -> bool:
+        """No store driver listing under way (a search waits for one, briefly)."""
+        ...
+
+
+class MemoryHandle:
+    """How a session reaches its memory; the defaults are those of a memory made already."""
+
+    serves_notes: Optional[bool] = None  # whether `remember` is served; None: as the memory says
+
+    def __call__(self) -> Optional[ServedMemory]:
+        """The memory, once made (waiting for it); None where none is served."""
+        raise NotImplementedError
+
+    def is_built(self) -> bool:
+        """Whether the memory is made (calling the handle would not wait)."""
+        return True
+
+    def config(self) -> Optional[AgentConfig]:
+        """The memory's config: its budget, and whether a call must name its thread."""
+        memory = self()
+        return memory.cfg if memory is not None else None
+
+
+class Made(MemoryHandle):
+    """A memory made already (or none: a session refused at its first call)."""
+
+    def __init__(self, memory: Optional[ServedMemory]):
+        self.memory = memory
+
+    def __call__(self) -> Optional[ServedMemory]:
+        return self.memory

@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import lmdb
 import msgspec
@@ -83,6 +83,24 @@ def _guarded(method):
 
 LOOKED_UP_BYTES = 4 << 20  # Store.looked_up's budget
 SMALL_SEGMENT_TERMS = 4096  # a segment of at most this many terms has them held as a set (Store.holding)
+
+
+def _guarded_walk(method):
+    """:func:`_guarded` for a Store method that yields: guarded while it is walked."""
+
+    @functools.wraps(method)
+    def walk(self, *a, **kw):
+        self.guard()
+        try:
+            yield from method(self, *a, **kw)
+        except DAMAGE_ERRORS as e:
+            raise self.damage(e) from None
+        except Exception:
+            self.check_map()
+            raise
+        self.check_map()
+
+    return walk
 
 
 @dataclass
@@ -518,9 +536,11 @@ class Store:
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.files)
             if cur.set_range(p):
-                for k, v in cur:
+                for i, (k, v) in enumerate(cur):
                     if not k.startswith(p):
                         break
+                    if i % 8192 == 8191:  # the map's pages the walk read (10x, every file: 140 MiB)
+                        self.let_go_of_map()
                     if b"\0" in k or exact:
                         ref, rec = file_entry(k, v)
                         if ref.startswith(prefix):
@@ -532,6 +552,24 @@ class Store:
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
         # only each record's head: a file's passage ids are not built (every restart's plan)
         return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix, head_decoder)}
+
+    @_guarded_walk
+    def heads_of(self, refs: Iterable[str]) -> Iterator[tuple[str, Optional[tuple[str, int]]]]:
+        """(ref, (version, size) or None where the index holds no such file) of each of
+        ``refs``, in their order, one lookup each in one read transaction: a whole listing
+        compared with the index without a dict of every file it holds (10x: ~40 MiB)."""
+        with self.env.begin() as txn:
+            for i, ref in enumerate(refs):
+                v = file_get(txn, self.files, ref)
+                yield ref, ((h := head_decoder.decode(v)).version, h.size) if v is not None else None
+                if i % 8192 == 8191:
+                    self.let_go_of_map()
+
+    @_guarded_walk
+    def refs_under(self, prefix: str) -> Iterator[str]:
+        """The ref of every file below ``prefix`` (a walk of the table, nothing kept)."""
+        for ref, _ in self._files_under(prefix, head_decoder):
+            yield ref
 
     def _records(self, refs: Iterable[str], dec):
         """(ref, record decoded by ``dec``) of each of ``refs`` the index holds (one lookup

@@ -44,6 +44,7 @@ back in this one.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import time
 import zlib
@@ -1149,8 +1150,11 @@ class _Reader:
                                 batch[i] = postings.pack(p[keep], tf[keep]) if keep.any() else b""
                 if self.order is None:
                     items = zip(map(sk.__add__, s.terms[a:b]), batch)  # (keys made in C)
-                    if which or not counts.all():  # lists left empty (or sent empty) are not kept
-                        items = [(k, v) for k, v in items if len(v) > 1]
+                    keep = counts > 0  # lists left empty (or sent empty) are not kept
+                    if which:
+                        keep[which] = [len(batch[i]) > 1 for i in which]
+                    if not keep.all():
+                        items = itertools.compress(items, keep.tolist())
                 else:
                     items = []
                     for t, v in zip(s.terms[a:b], batch):

@@ -100,12 +100,6 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
                                                  source, len(entries))
                 continue
         prefix = ref_of(source, sub)
-        # what the index holds there: below the prefix, and the prefix itself (a file, or the
-        # notes: one file named by its source), never its siblings ("home/a.md" vs "home/a.md2")
-        known = store.file_versions(prefix + "/")
-        rec = store.file_recs([prefix]).get(prefix)
-        if rec is not None:
-            known[prefix] = (rec.version, rec.size)
         # §3.3 rev. 2: documents indexed by name while lnk-documents was missing are
         # converted once it is installed (not those it failed on: they stay "name-failed")
         unconverted = set()
@@ -113,12 +107,19 @@ def plan(store: Store, places: Mapping[str, object], only: Optional[str] = None,
             unconverted = {r for r in store.refs_of_kind(prefix, "name") if documents.is_document(r)}
         todo = p.todo
         head = source + "/"
-        for e in entries:  # (per file: every restart looks at each; known is left with what went)
-            ref = head + e.path if e.path else source
-            v = known.pop(ref, None)
+        # each listed file looked up in the index (per file: every restart looks at each),
+        # then what the index holds there and the listing does not: below the prefix, and
+        # the prefix itself (a file, or the notes: one file named by its source), never its
+        # siblings ("home/a.md" vs "home/a.md2")
+        seen = set()
+        refs = (head + e.path if e.path else source for e in entries)
+        for e, (ref, v) in zip(entries, store.heads_of(refs)):
+            seen.add(ref)
             if v is None or v[0] != e.version or v[1] != e.size or ref in unconverted:
                 todo.append((source, e))
-        p.removed.extend(known)
+        p.removed.extend(ref for ref in store.refs_under(prefix + "/") if ref not in seen)
+        if prefix not in seen and store.file_recs([prefix]):
+            p.removed.append(prefix)
     return p
 
 

@@ -754,7 +754,7 @@ def test_copy_files_fuzzed(tmp_path):
             raw = zlib.decompress(data) if victim != "manifest.json" else data
             files[victim] = zlib.compress(raw + bytes(rng.randrange(1 << 22)))
         elif op == "rename" and victim != "manifest.json":
-            files[copyfmt._name(victim.split("-")[0], data + b"x")] = files.pop(victim)
+            files[copyfmt.blob_name(victim.split("-")[0], data + b"x")] = files.pop(victim)
         elif op == "swap":
             files = dict(theirs) if rng.random() < 0.5 else {**files, "manifest.json": theirs["manifest.json"]}
         elif op == "manifest":

@@ -256,8 +256,7 @@ def cmd_index(args) -> int:
 def _index_report(run: "Run", memory, took: float) -> list[str]:
     """What a person is told at the end, counted from the index itself when stopped."""
     store, plan = memory.store, run.plan
-    with store.env.begin() as txn:
-        n_files = txn.stat(store.files)["entries"]
+    n_files = store.file_count()
     if plan is None:
         return [f"{PROG}: stopped while listing; the index is as it was, run again to finish"]
     if run.stop and run.embedded is None:

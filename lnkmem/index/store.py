@@ -19,6 +19,7 @@ saved at that close is read instead (a restart is O(change), not O(index)).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -26,7 +27,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 import lmdb
 import msgspec
@@ -40,13 +41,14 @@ from lnkmem.index.codec import postings, textpack
 from lnkmem.index import snapshot as snapshots
 from lnkmem.index.commit import Batch
 from lnkmem.index.format import (FORMAT, LOADING, REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,
-                                 file_put, head_decoder, id_key, kind_decoder, passage_decoder, quantize,
+                                 head_decoder, id_key, kind_decoder, passage_decoder, quantize,
                                  vector_rows)
 from lnkmem.index.lmdbfile import (COMPACT_FREE, COMPACT_MIN, COMPACTING, DAMAGE_ERRORS, SEAL, SNAP,
                                    CoveringEnv, DamagedWhileServing, check_file, compact_file, deep_check,
                                    pages_of, wipe)
 from lnkmem.index.merge import policy, run
 from lnkmem.index.snapshot import Snapshot
+from lnkmem.index.tables import Reading, Tables, Writing
 
 
 class IndexInUse(Exception):
@@ -80,6 +82,8 @@ def _guarded(method):
 
     return call
 
+
+_T = TypeVar("_T")
 
 LOOKED_UP_BYTES = 4 << 20  # Store.looked_up's budget
 SMALL_SEGMENT_TERMS = 4096  # a segment of at most this many terms has them held as a set (Store.holding)
@@ -199,14 +203,11 @@ class Store:
         self.env = CoveringEnv(lmdb.open(
             self.path, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
         ), data)
-        self.meta = self.env.open_db(b"meta")
-        self.files = self.env.open_db(b"files")
-        self.passages = self.env.open_db(b"passages")
-        self.postings = self.env.open_db(b"postings")
-        self.segments = self.env.open_db(b"segments")
-        self.dead = self.env.open_db(b"dead")
-        self.vectors = self.env.open_db(b"vectors")
-        self.vec_pending = self.env.open_db(b"vec_pending")
+        t = self.tables = Tables(self.env)
+        # (the handles, for the index's own layers: callers above it read and write through
+        # reading() and writing())
+        self.meta, self.files, self.passages, self.postings = t.meta, t.files, t.passages, t.postings
+        self.segments, self.dead, self.vectors, self.vec_pending = t.segments, t.dead, t.vectors, t.vec_pending
         with self.env.begin() as txn:  # (read: an index opened and closed unchanged keeps its stamp)
             fmt = txn.get(b"format", db=self.meta)
         if fmt is None:
@@ -448,9 +449,8 @@ class Store:
 
     @property
     def data_tables(self) -> tuple:
-        """Every table but ``meta``: what the index holds (a copy's load replaces them all)."""
-        return (self.files, self.passages, self.postings, self.segments, self.dead, self.vectors,
-                self.vec_pending)
+        """Every table's handle but ``meta``'s: what the index holds (a copy's load replaces them all)."""
+        return self.tables.data
 
     def free_share(self) -> float:
         """The share of data.mdb's pages that no table uses (freed by merges and
@@ -513,21 +513,68 @@ class Store:
                 except (OSError, DamagedIndex):
                     pass
 
+    # --- transactions of the tables, typed (lnkmem.index.tables) -------------
+
+    @contextlib.contextmanager
+    def _through_guard(self) -> Iterator[None]:
+        """What :func:`_guarded` does around a call, around a transaction's ``with``."""
+        self.guard()
+        try:
+            yield
+        except DAMAGE_ERRORS as e:
+            raise self.damage(e) from None
+        except Exception:
+            self.check_map()
+            raise
+        self.check_map()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Reading]:
+        """A read transaction of the tables (:class:`tables.Reading`): one version of the
+        index, whatever commits meanwhile, for as long as the ``with`` lasts."""
+        with self._through_guard(), self.env.begin() as txn:
+            yield Reading(txn, self.tables)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[Writing]:
+        """A write transaction of the tables (:class:`tables.Writing`) under the write lock:
+        committed when the ``with`` ends, aborted when it raises."""
+        with self._through_guard(), self.write_lock, self.env.begin(write=True) as txn:
+            yield Writing(txn, self.tables)
+
+    def begin_writing(self) -> Writing:
+        """A write transaction the caller ends with its ``commit()`` or ``abort()`` (a copy's
+        load commits one every few MiB), begun by a caller that holds :attr:`write_lock`
+        until it ends (LMDB has one writer: a second one here would wait on it forever)."""
+        self.guard()
+        begun = self.env.begin(write=True)
+        return Writing(begun.__enter__(), self.tables, begun)
+
+    def with_map_room(self, write: Callable[[], _T], at_least: int = 0) -> _T:
+        """``write()``, its transactions given a map of at least ``at_least`` bytes, and run
+        again with the map twice as large whenever it fills the map (what it wrote then
+        was aborted: LMDB's MapFullError). Under :attr:`write_lock`."""
+        with self.write_lock:
+            if self.env.info()["map_size"] < at_least:
+                self.env.set_mapsize(at_least)
+            while True:
+                try:
+                    return write()
+                except lmdb.MapFullError:
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+
+    def reload_snapshot(self, check: bool = True) -> None:
+        """The snapshot read anew from the tables and published (:meth:`load_snapshot`): after
+        a caller wrote them through :meth:`writing` (a copy's load), under the write lock."""
+        with self.write_lock:
+            self.snapshot = self.load_snapshot(check)
+
     # --- reading ---------------------------------------------------------
 
     @_guarded
     def all_files(self) -> dict[str, FileRec]:
         with self.env.begin() as txn:
-            return {ref: file_decoder.decode(rec) for ref, rec in self.file_items(txn)}
-
-    def file_items(self, txn):
-        """(ref, record's bytes) of every file, in key order (a long ref's by its key)."""
-        for k, v in txn.cursor(db=self.files):
-            yield file_entry(k, v)
-
-    def put_file(self, txn, ref: str, rec: bytes) -> None:
-        """Write ``ref``'s record (its bytes) in ``txn`` (a copy's load)."""
-        file_put(txn, self.files, ref, rec)
+            return {ref: file_decoder.decode(rec) for ref, rec in Reading(txn, self.tables).files()}
 
     def _files_under(self, prefix: str, dec=file_decoder):
         """(ref, FileRec) of every file whose ref starts with ``prefix``."""
@@ -683,15 +730,6 @@ class Store:
                 return None
             got = self.decoded.put(key, postings.unpack(v))
         return got
-
-    def segment_postings(self, txn, seg: bytes):
-        """(term bytes, posting bytes) of one segment, in term order."""
-        cur = txn.cursor(db=self.postings)
-        if cur.set_range(seg):
-            for k, v in cur:
-                if not k.startswith(seg):
-                    break
-                yield bytes(k[4:]), v
 
     @_guarded
     def get_meta(self, key: bytes) -> Optional[bytes]:

@@ -57,9 +57,10 @@ import numpy as np
 from lnkmem.core import memtrim
 from lnkmem.core.knobs import knobs
 from lnkmem.index.codec import postings, textpack
-from lnkmem.index.format import (KEY_MAX, LOADING, FileRec, encoder, file_decoder, file_entry, file_key, file_value,
+from lnkmem.index.format import (KEY_MAX, LOADING, FileRec, encoder, file_decoder, file_key, file_value,
                                  id_key, passage_decoder, seg_codec)
 from lnkmem.index.store import Store
+from lnkmem.index.tables import Reading, Writing
 
 FORMAT = "lnkmem-copy-4"  # -4: bounded files, a paged table, the head and dictionary apart (issue 33)
 OLD_FORMAT = "lnkmem-copy-3"  # read once, then written back as FORMAT
@@ -254,9 +255,9 @@ def _digests(blobs: list) -> np.ndarray:
     return out
 
 
-def _copy_segs(txn, store: Store, state: "CopyState") -> list:
+def _copy_segs(r: Reading, state: "CopyState") -> list:
     """The copy's segments as recorded for the version the cache is of ([] when unknown)."""
-    raw = txn.get(b"copy-segs", db=store.meta)
+    raw = r.meta(b"copy-segs")
     if not raw or state.version is None or state.sweep:
         return []
     try:
@@ -284,12 +285,12 @@ def copy_state(store: Store) -> CopyState:
         return CopyState(version=version if isinstance(version, str) else None, sweep=True)
 
 
-def _put_state(txn, store: Store, state: CopyState) -> None:
-    txn.put(b"copy", msgspec.msgpack.encode(state), db=store.meta)
+def _put_state(w: Writing, state: CopyState) -> None:
+    w.put_meta(b"copy", msgspec.msgpack.encode(state))
 
 
-def _state_in(txn, store: Store) -> CopyState:
-    raw = txn.get(b"copy", db=store.meta)
+def _state_in(r: Reading) -> CopyState:
+    raw = r.meta(b"copy")
     if not raw:
         return CopyState()
     try:
@@ -301,33 +302,33 @@ def _state_in(txn, store: Store) -> CopyState:
 def dirty(store: Store, state: Optional[CopyState] = None) -> bool:
     """Whether the cache holds anything the copy does not."""
     state = state or copy_state(store)
-    with store.env.begin() as txn:
-        gen = int(txn.get(b"gen", db=store.meta))
-        pending = txn.stat(store.vec_pending)["entries"]
+    with store.reading() as r:
+        gen = r.meta_int(b"gen")
+        pending = r.count("vec_pending")
     return state.version is None or gen != state.gen or pending > 0
 
 
 def note_sent(store: Store, names: Iterable[str]) -> None:
     """Files about to be sent: remembered (before they are) so that one no manifest ends
     up naming is deleted later, even after a kill (§7.3 rev. 3)."""
-    with store.write_lock, store.env.begin(write=True) as txn:
-        state = _state_in(txn, store)
+    with store.writing() as w:
+        state = _state_in(w)
         have = set(state.doomed) | set(state.named)
         new = [n for n in names if n not in have]
         if new:
             state.doomed = state.doomed + new
-            _put_state(txn, store, state)
+            _put_state(w, state)
 
 
 def note_unknown(store: Store, found: Iterable[str]) -> None:
     """The place was listed (``found``: its copy files): those the version this cache holds
     does not name are doomed, and the place is not listed again for them."""
-    with store.write_lock, store.env.begin(write=True) as txn:
-        state = _state_in(txn, store)
+    with store.writing() as w:
+        state = _state_in(w)
         have = set(state.doomed) | set(state.named)
         state.doomed = state.doomed + [n for n in found if n not in have]
         state.unknown = False
-        _put_state(txn, store, state)
+        _put_state(w, state)
 
 
 def forget_doomed(store: Store, gone: Iterable[str]) -> None:
@@ -335,10 +336,10 @@ def forget_doomed(store: Store, gone: Iterable[str]) -> None:
     gone = set(gone)
     if not gone:
         return
-    with store.write_lock, store.env.begin(write=True) as txn:
-        state = _state_in(txn, store)
+    with store.writing() as w:
+        state = _state_in(w)
         state.doomed = [n for n in state.doomed if n not in gone]
-        _put_state(txn, store, state)
+        _put_state(w, state)
 
 
 # --- export: what a write-back sends, one file at a time -----------------------------------
@@ -385,14 +386,12 @@ class Export:
     def _make(self) -> Iterator[tuple[str, bytes]]:
         store, state = self.store, self.state
         known = set(state.named)
-        with store.env.begin() as txn:
-            self.gen = int(txn.get(b"gen", db=store.meta))
-            raw_model = txn.get(b"model", db=store.meta)
+        with store.reading() as txn:
+            self.gen = txn.meta_int(b"gen")
+            raw_model = txn.meta(b"model")
             model = raw_model.decode() if raw_model else None
-            self.seg_mark = int(txn.get(b"next_seg", db=store.meta))
-            dead = np.frombuffer(b"".join(bytes(k) for k in txn.cursor(db=store.dead).iternext(values=False)),
-                                 ">u4").astype(np.int64)
-            dead.sort()
+            self.seg_mark = txn.meta_int(b"next_seg")
+            dead = txn.dead_ids()
             kept, todo = self._plan(txn, dead)
             segments: list[list[str]] = [c.parts for c in kept]
             self.copy_segs = list(kept)
@@ -406,7 +405,7 @@ class Export:
                 self.copy_segs.append(_CopySeg(names, *self._made))
                 segments.append(names)
             # the file table, in pages: a page is made of the files whose ref falls in it
-            files = txn.stat(store.files)["entries"]
+            files = txn.count("files")
             pages = len(state.pages)
             if not pages or not FILES_A_PAGE // 4 * pages <= files <= FILES_A_PAGE * 4 * pages:
                 pages = 1
@@ -414,13 +413,12 @@ class Export:
                     pages *= 2
             # made a group of pages at a time, each group a walk of the table (~8 MiB of
             # records held at once: at 10x the whole table held was ~35 MiB of objects)
-            table = txn.stat(store.files)
-            held = (table["leaf_pages"] + table["overflow_pages"]) * table["psize"]
+            held = txn.table_bytes("files")
             groups = max(1, min(pages, -(-held // self.page_group)))
             for g in range(groups):
                 lo, hi = g * pages // groups, (g + 1) * pages // groups
                 by_page: list[list] = [[] for _ in range(lo, hi)]
-                for i, (ref, rec) in enumerate(store.file_items(txn)):  # a long ref's record keyed by its digest
+                for i, (ref, rec) in enumerate(txn.files()):  # a long ref's record keyed by its digest
                     p = page_of(ref, pages)
                     if lo <= p < hi:
                         by_page[p - lo].append((ref, rec))
@@ -438,11 +436,11 @@ class Export:
             for c in self.copy_segs:
                 pids = np.frombuffer(c.pids, "<u4")
                 tombs.append(np.sort(pids[np.frombuffer(c.live, np.uint8) == 0]).astype("<u4").tobytes())
-            hname, blob = self._out("head", _Head(tombs, int(txn.get(b"next_pid", db=store.meta)), model, self.of))
+            hname, blob = self._out("head", _Head(tombs, txn.meta_int(b"next_pid"), model, self.of))
             if hname not in known:
                 self.sent.append(hname)
                 yield hname, blob
-            zdict = txn.get(b"zdict", db=store.meta)
+            zdict = txn.meta(b"zdict")
             dname = None
             if zdict:
                 dname, blob = self._out("dict", _pack(bytes(zdict)))
@@ -453,16 +451,16 @@ class Export:
             # when the model changed, the chunks pile up, or passage ids were given again
             # since the last write (an old chunk names the id's former passage)
             vec_names = list(state.vectors)
-            reuse = txn.get(b"pid_reuse", db=store.meta)
+            reuse = txn.meta(b"pid_reuse")
             rebuild = (state.vec_model != model or len(vec_names) >= MAX_VECTOR_CHUNKS
                        or (reuse is not None and int(reuse) > state.gen)
                        or not all(n in known for n in vec_names))
-            self.vec_sent = [int.from_bytes(k, "big") for k in txn.cursor(db=store.vec_pending).iternext(values=False)]
+            self.vec_sent = txn.pending_vector_ids()
             if rebuild:
                 vec_names = []
-                source = ((int.from_bytes(k, "big"), bytes(v)) for k, v in txn.cursor(db=store.vectors))
+                source = txn.vectors()
             else:
-                source = ((p, txn.get(id_key(p), db=store.vectors)) for p in self.vec_sent)
+                source = ((p, txn.vector(p)) for p in self.vec_sent)
             pids, rows, size = [], [], 0
             for p, v in source:
                 if v:
@@ -496,15 +494,15 @@ class Export:
         a copy segment keeps its file while any of its passages is live, the rest marked
         in the head; once more than half of the copy's passages are not live, or it has
         more than MAX_COPY_SEGMENTS segments, it is written anew whole (compacted)."""
-        store, state = self.store, self.state
-        old = _copy_segs(txn, store, state)
-        every = [bytes(k) for k in txn.cursor(db=store.segments).iternext(values=False)]
+        state = self.state
+        old = _copy_segs(txn, state)
+        every = txn.segment_keys()
         if not old:
             return [], every
 
         def local():  # each segment's ids, one segment at a time (10x: 10 MB for all of them)
             for sk in every:
-                stored, _ = seg_codec.stored(txn.get(sk, db=store.segments))
+                stored, _ = seg_codec.stored(txn.segment(sk))
                 yield int.from_bytes(sk, "big"), sk, np.frombuffer(stored.pids, "<u4").astype(np.int64)
         # every passage live in the copy: (id, its segment, its digest), by id
         hp, hc, hs = [], [], []
@@ -532,7 +530,7 @@ class Export:
             if ok.all() and seg >= state.seg_mark:  # made since: a merge of the copy's, or ids given again
                 for a in range(0, len(live), 4096):  # (a few MiB of passages at a time)
                     some = live[a:a + 4096].tolist()
-                    blobs = [txn.get(id_key(p), db=store.passages) for p in some]
+                    blobs = [txn.passage(p) for p in some]
                     if not (hs_a[j[a:a + 4096]] == _digests([bytes(b) if b is not None else b"" for b in blobs])).all():
                         ok = np.zeros(len(live), bool)
                         break
@@ -566,7 +564,7 @@ class Export:
         in term order, a part closed once it holds `part` bytes (so a part holds one
         item over it at most). Sets ``_made``: its ids, which are live, their digests."""
         store = self.store
-        stored, runs = seg_codec.stored(txn.get(sk, db=store.segments))
+        stored, runs = seg_codec.stored(txn.segment(sk))
         pids = np.frombuffer(stored.pids, "<u4")
         lens = stored.lens
         if len(dead) and len(pids):
@@ -592,7 +590,7 @@ class Export:
         names = stored.names
         n = len(pids)
         for i in range(n):
-            blob = txn.get(id_key(int(pids[i])), db=store.passages)
+            blob = txn.passage(int(pids[i]))
             blob = bytes(blob) if blob is not None and live[i] else b""
             if blob:
                 sums[i] = int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") | 1
@@ -603,7 +601,7 @@ class Export:
             if cur["size"] >= self.part:
                 yield close(i + 1)
                 made += 1
-        for t, v in store.segment_postings(txn, sk):
+        for t, v in txn.segment_postings(sk):
             cur["terms"].append(t)
             cur["postings"].append(bytes(v))
             cur["size"] += len(t) + len(v) + 8
@@ -625,17 +623,17 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
     """Record that the copy is now ``version``, made of ``exp``: what it names, and the
     files no longer named (doomed: deleted once the manifest has landed). The new state."""
     m = exp.manifest
-    with store.write_lock, store.env.begin(write=True) as txn:
+    with store.writing() as w:
         for p in exp.vec_sent:
-            txn.delete(id_key(p), db=store.vec_pending)
-        old = _state_in(txn, store)
+            w.drop_pending_vector(p)
+        old = _state_in(w)
         named = m.names()
         keep = set(named)
         doomed = [n for n in dict.fromkeys(old.doomed + old.named + exp.sent) if n not in keep]
         state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed,
                           unknown=old.unknown)  # still to be listed: the place may hold files no one knows
-        _put_state(txn, store, state)
-        txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, exp.copy_segs)), db=store.meta)
+        _put_state(w, state)
+        w.put_meta(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, exp.copy_segs)))
     return state
 
 
@@ -906,7 +904,7 @@ class _Reader:
                 items.append((file_key(ref), file_value(ref, rec_raw)))  # any length (LMDB keys ≤ 511 bytes)
             if self.txn is not None and items:
                 items.sort()
-                self.txn.cursor(db=self.store.files).putmulti(items)
+                self.txn.put_files(items)
                 self.wrote(sum(len(k) + len(v) for k, v in items))
             del files, items
         table = None
@@ -928,7 +926,7 @@ class _Reader:
         seen = np.zeros(len(every), bool)
         self.ref_ix = ref_ix
         # segments, part by part
-        next_seg = int(self.txn.get(b"next_seg", db=self.store.meta)) if self.txn is not None else 1
+        next_seg = self.txn.meta_int(b"next_seg") if self.txn is not None else 1
         seg_map: dict[int, list[str]] = {}
         self.copy_segs: list[_CopySeg] = []
         for parts, tomb in zip(m.segments, tombs):
@@ -940,32 +938,31 @@ class _Reader:
             raise _bad("the table's files and the segments' live passages disagree")
         vecs = self._vectors(head)
         if self.txn is not None:
-            txn, store = self.txn, self.store
+            txn = self.txn
             if m.model:
-                txn.put(b"model", m.model.encode(), db=store.meta)
+                txn.put_meta(b"model", m.model.encode())
             else:
-                txn.delete(b"model", db=store.meta)
+                txn.delete_meta(b"model")
             if zdict:  # the copy's passages are packed with its dictionary
-                txn.put(b"zdict", zdict, db=store.meta)
+                txn.put_meta(b"zdict", zdict)
             else:
-                txn.delete(b"zdict", db=store.meta)
+                txn.delete_meta(b"zdict")
             next_pid = len(self.order) + 1 if self.order is not None else head.next_pid
-            txn.put(b"next_seg", str(next_seg).encode(), db=store.meta)
-            txn.put(b"next_pid", str(next_pid).encode(), db=store.meta)
+            txn.put_meta(b"next_seg", str(next_seg).encode())
+            txn.put_meta(b"next_pid", str(next_pid).encode())
             self.seg_map = seg_map
             self.next_seg = next_seg
         del vecs
         return Verified(m, refs, len(every), self.order is not None, self.fetch)
 
     def _renumber_files(self) -> None:
-        txn, db = self.txn, self.store.files
+        txn = self.txn
         items = []
-        for k, v in txn.cursor(db=db):
-            ref, rec = file_entry(k, v)
+        for ref, rec in txn.files():
             r = file_decoder.decode(rec)
             new = self.remap(np.asarray(r.pids, np.int64)).tolist() if r.pids else []
-            items.append((bytes(k), file_value(ref, encoder.encode(FileRec(r.version, r.size, new, r.kind, r.mtime)))))
-        txn.cursor(db=db).putmulti(items)
+            items.append((file_key(ref), file_value(ref, encoder.encode(FileRec(r.version, r.size, new, r.kind, r.mtime)))))
+        txn.put_files(items)
         self.wrote(sum(len(k) + len(v) for k, v in items))
 
     def _segment(self, parts: list[str], every, whose, seen, zdict, seg: int, tomb: np.ndarray,
@@ -1041,7 +1038,7 @@ class _Reader:
                 rec_s.append(sums)
                 if self.txn is not None:
                     items = sorted(zip((id_key(p) for p in new.tolist()), blobs))
-                    self.txn.cursor(db=self.store.passages).putmulti(items)
+                    self.txn.put_passages(items)
                     del items
                 del blobs
             if s.terms:
@@ -1064,8 +1061,8 @@ class _Reader:
         pids_all = np.concatenate(new_parts) if new_parts else np.empty(0, "<u4")
         if self.txn is not None:
             if len(pids_all):
-                self.txn.put(sk, seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
-                                                        np.asarray(runs, np.int64)), db=self.store.segments)
+                self.txn.put_segment(sk, seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
+                                                                np.asarray(runs, np.int64)))
             cat = (lambda xs, d: np.concatenate(xs) if xs else np.empty(0, d))
             self.copy_segs.append(_CopySeg(list(parts), cat(rec_p, np.int64).astype("<u4").tobytes(),
                                            cat(rec_l, bool).astype(np.uint8).tobytes(),
@@ -1161,7 +1158,7 @@ class _Reader:
                         if len(v) > 1:
                             p, tf = postings.unpack(v)
                             items.append((sk + t, postings.pack(self.remap(p.astype(np.int64)), tf)))
-                self.txn.cursor(db=self.store.postings).putmulti(items, append=True)
+                self.txn.put_postings(items, append=True)
             a = b
 
     def _vectors(self, head: _Head) -> int:
@@ -1190,7 +1187,7 @@ class _Reader:
         return live
 
     def _load_vectors(self, v: _Vectors, vp: np.ndarray) -> int:
-        txn, store = self.txn, self.store
+        txn = self.txn
         width = v.dim + 4
         order = self.order
         live = 0
@@ -1201,12 +1198,11 @@ class _Reader:
                 if j >= len(order) or order[j] != pid:
                     continue
                 pid = j + 1
-            key = id_key(pid)
-            if txn.get(key, db=store.passages) is None:
+            if txn.passage(pid) is None:
                 continue
-            items.append((key, v.rows[i * width:(i + 1) * width]))
+            items.append((id_key(pid), v.rows[i * width:(i + 1) * width]))
         items.sort()
-        txn.cursor(db=store.vectors).putmulti(items)
+        txn.put_vectors(items)
         self.wrote(len(items) * (width + 4))
         live += len(items)
         return live
@@ -1232,22 +1228,14 @@ def load_copy(store: Store, manifest: Manifest, fetch: Callable[[str], bytes], v
     of about ``step`` bytes (LMDB holds a transaction's dirty pages in memory until its
     commit), invisible to readers until the last (the snapshot and the generation move only
     then) and marked as loading until it, so that a load cut short is wiped at the next open."""
-    import lmdb
     with store.write_lock:
         store.forget_listed()  # (the lock is reentrant) every file replaced
         size = sum(blob_size(n) or 0 for n in manifest.names())
         least = 4 * size + (64 << 20)  # room for what it holds decompressed, ids and B-trees
-        if store.env.info()["map_size"] < least:
-            store.env.set_mapsize(least)
-        while True:
-            try:
-                v = _load_txn(store, manifest, fetch, version, of, sources, width, step)
-                break
-            except lmdb.MapFullError:
-                store.env.set_mapsize(store.env.info()["map_size"] * 2)
+        v = store.with_map_room(lambda: _load_txn(store, manifest, fetch, version, of, sources, width, step), least)
         store.let_go_of_map()
         memtrim.trim()  # the load's heap handed back before the snapshot is read
-        store.snapshot = store.load_snapshot(check=False)  # (the load checked files and passages agree)
+        store.reload_snapshot(check=False)  # (the load checked files and passages agree)
         store.let_go()
     return v
 
@@ -1260,9 +1248,9 @@ def load(store: Store, v: Verified, version: str, fetch: Optional[Callable[[str]
 def damaged(store: Store, version: str) -> None:
     """The copy at ``version`` failed its checks: the cache is not of it, and the next
     write-back replaces all of it, conditionally on that version (§7.2)."""
-    with store.write_lock, store.env.begin(write=True) as txn:
-        old = _state_in(txn, store)
-        _put_state(txn, store, CopyState(version=version, sweep=True, doomed=old.doomed))
+    with store.writing() as w:
+        old = _state_in(w)
+        _put_state(w, CopyState(version=version, sweep=True, doomed=old.doomed))
 
 
 class _LoadTxns:
@@ -1276,12 +1264,12 @@ class _LoadTxns:
         self._begin()
 
     def _begin(self) -> None:
-        self._ctx = self.store.env.begin(write=True)
-        self.txn = self._ctx.__enter__()
+        self.txn = self.store.begin_writing()  # (load_copy holds the write lock)
+        self._open = True
 
     def _commit(self) -> None:
-        ctx, self._ctx = self._ctx, None
-        ctx.__exit__(None, None, None)
+        self._open = False
+        self.txn.commit()
 
     def wrote(self, n: int) -> None:
         if self.step is None:
@@ -1289,39 +1277,37 @@ class _LoadTxns:
         self.written += n
         if self.written >= self.step:
             self.written = 0
-            self.txn.put(LOADING, b"1", db=self.store.meta)
+            self.txn.put_meta(LOADING, b"1")
             self._commit()
             self.store.let_go()  # (the map's pages this step read and wrote)
             self._begin()
 
     def finish(self) -> None:
-        self.txn.delete(LOADING, db=self.store.meta)
+        self.txn.delete_meta(LOADING)
         self._commit()
 
     def abort(self) -> None:
         """Leave the cache as it was: this transaction dropped; what earlier steps of an
         empty cache's load committed, dropped too (the cache was empty)."""
-        if self._ctx is not None:
-            self._ctx = None
+        if self._open:
+            self._open = False
             self.txn.abort()
         if self.step is not None:
-            with self.store.env.begin(write=True) as txn:
-                if txn.get(LOADING, db=self.store.meta) is not None:
-                    for db in self.store.data_tables:
-                        txn.drop(db, delete=False)
-                    txn.delete(LOADING, db=self.store.meta)
+            with self.store.writing() as w:
+                if w.meta(LOADING) is not None:
+                    w.clear_data()
+                    w.delete_meta(LOADING)
 
 
 def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources, width,
               step: Optional[int]) -> Verified:
-    with store.env.begin() as txn:
-        empty = txn.stat(store.files)["entries"] == 0 and txn.stat(store.passages)["entries"] == 0
+    with store.reading() as txn:
+        empty = txn.count("files") == 0 and txn.count("passages") == 0
     txns = _LoadTxns(store, step if empty else None)
     try:
         txn = txns.txn
-        old = _state_in(txn, store)
-        for db in store.data_tables:
-            txn.drop(db, delete=False)
+        old = _state_in(txn)
+        txn.clear_data()
         r = _Reader(manifest, fetch, of, sources, width, store, txns)
         try:
             v = r.run()
@@ -1331,8 +1317,8 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
             # a check this module lacks: still a copy not to load, never a reason to stop
             raise CopyDamaged(f"the copy is not understood ({type(e).__name__}: {e})") from e
         txn = txns.txn
-        gen = int(txn.get(b"gen", db=store.meta)) + 1
-        txn.put(b"gen", str(gen).encode(), db=store.meta)
+        gen = txn.meta_int(b"gen") + 1
+        txn.put_meta(b"gen", str(gen).encode())
         named = manifest.names()
         keep = set(named)
         # the files of the version this cache held (and any it sent) that this one does not
@@ -1343,12 +1329,12 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
             # the copy's files are no longer the cache's segments; the previous format: written
             # in this one), and the files of the place it does not name deleted then
             state = CopyState(version, -1, doomed=doomed, sweep=True)
-            txn.delete(b"copy-segs", db=store.meta)
+            txn.delete_meta(b"copy-segs")
         else:
             state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,
                               list(manifest.pages), named, doomed, unknown=old.version is None)
-            txn.put(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, r.copy_segs)), db=store.meta)
-        _put_state(txn, store, state)
+            txn.put_meta(b"copy-segs", msgspec.msgpack.encode(_CopySegs(version, r.copy_segs)))
+        _put_state(txn, state)
         txns.finish()
     except BaseException:
         txns.abort()

@@ -801,7 +801,7 @@ class _Reader:
         self.ok_refs: dict[str, bool] = {}  # refs checked that the table does not hold
         self.ref_ix: dict[str, int] = {}  # the table's refs -> their index (filled with its pages)
         self.order: Optional[np.ndarray] = None  # sorted old pids when renumbered: new pid = index + 1
-        self.blob: Callable[[str], bytes] = lambda name: _blob(fetch, name)
+        self.ahead: Optional[ReadAhead] = None  # while it runs
 
     @property
     def txn(self):
@@ -830,13 +830,16 @@ class _Reader:
 
     def run(self) -> Verified:
         _check_names(self.m, self.of)
-        ahead = ReadAhead(self.fetch, reading_order(self.m))
-        self.blob = ahead
+        self.ahead = ReadAhead(self.fetch, reading_order(self.m))
         try:
             return self._run()
         finally:
-            ahead.close()
-            self.blob = lambda name: _blob(self.fetch, name)
+            self.ahead.close()
+            self.ahead = None
+
+    def blob(self, name: str) -> bytes:
+        """A file of the copy, fetched and checked (read ahead while the reader runs)."""
+        return self.ahead(name) if self.ahead is not None else _blob(self.fetch, name)
 
     def _run(self) -> Verified:
         m = self.m

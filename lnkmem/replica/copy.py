@@ -1014,21 +1014,26 @@ class _Reader:
                 if seen[at].any() or not _distinct(at):
                     raise _bad(f"{name}: a passage is in two segments")
                 seen[at] = True
-                refs = [s.refs[i] for i in li.tolist()]
+                refs = s.refs if len(li) == n else [s.refs[i] for i in li.tolist()]
                 for r in set(refs):
                     self.check_ref(r, name)
                 get = self.ref_ix.get
-                ix = np.fromiter((get(r, -2) for r in refs), np.int64, len(refs))
+                ix = np.fromiter(map(get, refs, itertools.repeat(-2, len(refs))), np.int64, len(refs))
                 if not (whose[at] == ix).all():
                     raise _bad(f"{name}: the table gives a file a passage of another")
-                blobs = [s.passages[i] for i in li.tolist()]
+                blobs = s.passages if len(li) == n else [s.passages[i] for i in li.tolist()]
                 self._check_passages(name, blobs, refs, pids[li], zdict, RATIO * len(raw) + SLACK)
-                for r in refs:
-                    if names and names[-1] == r:
-                        runs[-1] += 1
-                    else:
-                        names.append(r)
-                        runs.append(1)
+                # the segment's refs as runs (a file's passages follow one another): where the
+                # file index changes (each ref's index is its own: checked against whose above)
+                if len(ix):
+                    starts = np.flatnonzero(np.concatenate(([True], ix[1:] != ix[:-1])))
+                    counts = np.diff(np.append(starts, len(ix))).tolist()
+                    run_refs = [refs[i] for i in starts.tolist()]
+                    if names and names[-1] == run_refs[0]:
+                        runs[-1] += counts[0]
+                        run_refs, counts = run_refs[1:], counts[1:]
+                    names.extend(run_refs)
+                    runs.extend(counts)
                 new = self.remap(lp)
                 pid_parts.append(pids)
                 new_parts.append(new)
@@ -1040,9 +1045,12 @@ class _Reader:
                 sums[li] = _digests(blobs)
                 rec_s.append(sums)
                 if self.txn is not None:
-                    items = sorted(zip((id_key(p) for p in new.tolist()), blobs))
+                    keys = new.astype(">u4").tobytes()  # (each id's key: 4 bytes, big-endian)
+                    items = zip((keys[i:i + 4] for i in range(0, len(keys), 4)), blobs)
+                    if len(new) > 1 and not (new[1:] > new[:-1]).all():  # (a part's ids ascend)
+                        items = sorted(items)
                     self.txn.put_passages(items)
-                    del items
+                    del items, keys
                 del blobs
             if s.terms:
                 if held is None:

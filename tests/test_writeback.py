@@ -301,3 +301,21 @@ def test_a_flush_waits_for_a_write_back_that_is_still_moving(bridges, tmp_path):
         wb.stop()
         store.close()
         c.close()
+
+
+def test_no_merge_starts_while_a_write_back_holds_merges(tmp_path):
+    """A write-back holds merges off (its peak is then its own, not its own and a merge's):
+    while held, the merges the index asks for wait; once released, they run."""
+    from tests.test_copy_scale import memory, text
+    mem, _ = memory(tmp_path / "a", {f"n/f{i}.md": text(i) for i in range(40)}, batches=12)
+    st = mem.store
+    try:
+        before = len(st.segment_sizes())
+        assert before >= 2 and st.merge_plan(factor=2), before  # (the policy asks for a merge)
+        with st.merges_held():
+            assert st.maybe_merge(factor=2) is False
+            assert len(st.segment_sizes()) == before
+        assert st.maybe_merge(factor=2) is True
+        assert len(st.segment_sizes()) < before
+    finally:
+        st.close()

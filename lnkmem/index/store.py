@@ -920,6 +920,11 @@ class Store:
         """What a merge killed before this open left, swept once (never behind a merge under way)."""
         self.merger.sweep_once()
 
+    def merges_held(self):
+        """A context in which no merge starts (one under way finishes first):
+        :meth:`merge.policy.Merger.held`."""
+        return self.merger.held()
+
     def start_merger(self, look: bool = True) -> None:
         """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it
         (``look``: it looks at once at what the index holds, else at its first wake)."""

@@ -494,14 +494,15 @@ class WriteBack:
                 # what the indexing left (its heap, the map's pages it read) goes back first:
                 # the write-back's peak is what it holds on top of what is left (10x: the
                 # re-index left ~350 MiB)
-                store.let_go_of_map()
-                memtrim.trim()
-                exp = copyfmt.export(store, state, self.replica.of)
-                for name, blob in exp.blobs:
-                    copyfmt.note_sent(store, [name])  # before it is: a kill leaves it known
-                    self.replica.put_blob(name, blob)
-                    del blob
-                memtrim.trim()  # (the export's heap)
+                with store.merges_held():  # no merge beside it: its peak is its own
+                    store.let_go_of_map()
+                    memtrim.trim()
+                    exp = copyfmt.export(store, state, self.replica.of)
+                    for name, blob in exp.blobs:
+                        copyfmt.note_sent(store, [name])  # before it is: a kill leaves it known
+                        self.replica.put_blob(name, blob)
+                        del blob
+                    memtrim.trim()  # (the export's heap)
                 try:
                     version = self.replica.put_manifest(copyfmt.encode_manifest(exp.manifest), state.version)
                 except Conflict:

@@ -4,6 +4,7 @@ here or on a merger thread of the store's own (:class:`Merger`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Optional
@@ -62,6 +63,24 @@ class Merger:
         self.swept = False
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._holds = 0  # callers holding merges off (:meth:`held`)
+        self._holds_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def held(self):
+        """No merge starts while this is held, and one under way is waited for first: a
+        write-back's peak is then its own, not its own and a merge's (10x: the merges of a
+        re-index's segments ran beside the first write-back). Merges resume at the release."""
+        with self._holds_lock:
+            self._holds += 1
+        try:
+            with self.store.merge_lock:  # (a merge under way finishes first)
+                pass
+            yield
+        finally:
+            with self._holds_lock:
+                self._holds -= 1
+            self._wake.set()
 
     def maybe_merge(self, factor: Optional[int] = None) -> bool:
         """Merge what the policy (:func:`plan`) asks for: on the merger thread when
@@ -74,8 +93,8 @@ class Merger:
         merged = False
         self.sweep_once()
         while True:
-            if self.store.merge_lock.locked():
-                return merged  # a merge under way (another thread's): never wait behind it
+            if self.store.merge_lock.locked() or self._holds:
+                return merged  # a merge under way (another thread's), or merges held: never wait
             segs = plan(self.store, factor)
             if not segs or not self.store.merge(segs):
                 return merged
@@ -124,7 +143,7 @@ class Merger:
             wake.wait()
             wake.clear()
             merged = False
-            while not stop.is_set():
+            while not stop.is_set() and not self._holds:  # (held: until the release wakes it)
                 try:
                     segs = plan(store)
                     if not segs or not store.merge(segs, stop.is_set):

@@ -39,16 +39,18 @@ def _postings_match_text(st: Store) -> None:
         for w in rec.text.split():
             want.setdefault(w, {})
             want[w][p] = want[w].get(p, 0) + 1
-    with st.env.begin() as txn:
-        listed = {int.from_bytes(k, "big") for k in st.segment_keys(txn)}
-        for k, v in txn.cursor(db=st.postings):
-            s = int.from_bytes(k[:4], "big")
-            assert s in listed, f"postings of segment {s}, not listed"
-            p, _ = postings.unpack(v)
-            assert len(p) and (np.diff(p.astype(np.int64)) > 0).all()
-            assert (snap.seg_of[p] == s).all()
+    with st.reading() as r:
+        listed = 0
+        for sk in r.segment_keys():
+            s = int.from_bytes(sk, "big")
+            for _, v in r.segment_postings(sk):
+                p, _ = postings.unpack(v)
+                assert len(p) and (np.diff(p.astype(np.int64)) > 0).all()
+                assert (snap.seg_of[p] == s).all()
+                listed += 1
+        assert r.count("postings") == listed, "postings of a segment not listed"
         for w in VOCAB:
-            p, t = st.postings_of(txn, w)
+            p, t = st.postings_of(r, w)
             keep = snap.alive[p]
             got = dict(zip(p[keep].tolist(), t[keep].tolist()))
             assert got == want.get(w, {}), w
@@ -143,15 +145,15 @@ def test_a_passage_killed_during_a_merge_stays_dead_marked_and_the_next_merge_dr
         (new,) = snap.segs
         assert (snap.seg_of[a] == -1).all()  # a's ids free: no segment, no dead mark
         assert (snap.seg_of[b] == new).all() and not snap.alive[b].any()
-        with st.env.begin() as txn:
-            marks = {int.from_bytes(k, "big") for k, _ in txn.cursor(db=st.dead)}
+        with st.reading() as r:
+            marks = set(r.dead_ids().tolist())
         assert marks == set(b)
         assert_same_snapshot(snap, st.load_snapshot())
         _postings_match_text(st)
         assert st.merge_plan() == [new]  # more than half of it dead: merged alone
         assert st.maybe_merge()
-        with st.env.begin() as txn:
-            assert txn.stat(st.dead)["entries"] == 0
+        with st.reading() as r:
+            assert r.count("dead") == 0
         assert (st.snapshot.seg_of[b] == -1).all()
         assert_same_snapshot(st.snapshot, st.load_snapshot())
         _postings_match_text(st)

@@ -216,10 +216,10 @@ def test_a_few_dead_passages_in_a_large_segment_leave_its_lists_packed(tmp_path,
         # the commonest words' lists in the big segment stay packed, their live counts exact
         st.decoded = postings.Decoded()
         weights = {w: 1.0 for w in WORDS[:3]}
-        with st.env.begin() as txn:
-            segs = st.segment_keys(txn)
-            ranked = terms.ranked_terms(st, txn, snap, segs, weights, terms.K1, terms.B)
-            live = {w: len(terms.live_postings(st, txn, snap, segs, w)[0]) for w in weights}
+        with st.reading() as r:
+            segs = r.segment_keys()
+            ranked = terms.ranked_terms(st, r, snap, segs, weights, terms.K1, terms.B)
+            live = {w: len(terms.live_postings(st, r, snap, segs, w)[0]) for w in weights}
         bk = big.to_bytes(4, "big")
         for tm in ranked:
             assert tm.dead and tm.df == live[tm.term]

@@ -54,6 +54,14 @@ def test_a_reading_reads_what_the_index_holds(tmp_path):
             assert all(r.segment(sk) is not None for sk in segs)
             terms = [t for sk in segs for t, _ in r.segment_postings(sk)]
             assert b"pangolin" in terms and b"narwhal" in terms
+            for sk in segs:  # a segment's terms, its lists one at a time: what a search reads
+                stored = dict(r.segment_postings(sk))
+                assert r.segment_terms(sk) == list(stored)
+                assert all(r.posting_list(sk + t) == v for t, v in stored.items())
+                assert r.posting_list(sk + b"no such term") is None
+                w1 = sorted(t for t in stored if t.startswith(b"w1"))
+                assert r.segment_terms(sk, b"w1") == w1 and r.segment_terms(sk, b"w1", 2) == w1[:2]
+                assert r.segment_terms(sk, b"w1", 0) == [] and r.segment_terms(sk, b"zz") == []
             assert r.table_bytes("postings") > 0
             assert r.vector(live[0]) is None and list(r.vectors()) == [] and r.pending_vector_ids() == []
             with pytest.raises(KeyError):
@@ -142,5 +150,7 @@ def test_a_damaged_index_gives_no_transaction(tmp_path):
         with pytest.raises(DamagedIndex):
             with st.writing():
                 pass
+        with pytest.raises(DamagedIndex):  # a search: refused by its refresh, before its reading
+            bm25(st, "pangolin", 10)
     finally:
         st.close()

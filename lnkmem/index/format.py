@@ -190,11 +190,6 @@ def file_get(txn, db, ref: str) -> Optional[bytes]:
     return rec if got == ref else None
 
 
-def file_put(txn, db, ref: str, rec: bytes) -> None:
-    """Write ``ref``'s record (its bytes ``rec``) into the ``files`` table ``db``."""
-    txn.put(file_key(ref), file_value(ref, rec), db=db)
-
-
 # --- a segment's postings, summed ---------------------------------------------------------
 #
 # LMDB keeps no checksum of a page: a bit flipped in a posting list's bytes decodes to

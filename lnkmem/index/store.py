@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional, TypeVar
+from typing import Callable, ContextManager, Iterable, Iterator, Optional, TypeVar
 
 import lmdb
 import msgspec
@@ -48,7 +48,7 @@ from lnkmem.index.lmdbfile import (COMPACT_FREE, COMPACT_MIN, COMPACTING, DAMAGE
                                    pages_of, wipe)
 from lnkmem.index.merge import policy, run
 from lnkmem.index.snapshot import Snapshot
-from lnkmem.index.tables import Reading, Tables, Writing
+from lnkmem.index.tables import Reading, ReadingBegun, Tables, Writing
 
 
 class IndexInUse(Exception):
@@ -145,11 +145,11 @@ class Store:
         self.left_merged = False  # a merge left some (a compaction at close drops them)
         self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
         # short lists search only looks up, decoded whole and kept apart, so that many
-        # of them never evict the long ones above (search.LOOKUP_WHOLE)
+        # of them never evict the long ones above (rank.prune.LOOKUP_WHOLE)
         self.looked_up = postings.Decoded(LOOKED_UP_BYTES)
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
         self._seg_terms: dict[bytes, Optional[frozenset]] = {}  # by segment key: its terms when few (holding)
-        self.block_max: dict = {}  # by list key: its blocks' largest scores' part (search._block_max)
+        self.block_max: dict = {}  # by list key: its blocks' largest scores' part (one word's block-max: rank.prune)
         try:
             self._open()
         except BaseException:
@@ -528,10 +528,20 @@ class Store:
             raise
         self.check_map()
 
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[Reading]:
+    def reading(self, guarded: bool = True) -> ContextManager[Reading]:
         """A read transaction of the tables (:class:`tables.Reading`): one version of the
-        index, whatever commits meanwhile, for as long as the ``with`` lasts."""
+        index, whatever commits meanwhile, for as long as the ``with`` lasts.
+
+        ``guarded=False``: without the guard (~10 us a call: a look at the file, the
+        map's faults, two generators' contexts), for a caller that passed it just before
+        and turns what LMDB raises into damage itself: a search (:meth:`refresh`, then
+        ``Memory.rank``'s handlers)."""
+        if not guarded:
+            return ReadingBegun(self.env, self.tables)
+        return self._guarded_reading()
+
+    @contextlib.contextmanager
+    def _guarded_reading(self) -> Iterator[Reading]:
         with self._through_guard(), self.env.begin() as txn:
             yield Reading(txn, self.tables)
 
@@ -555,7 +565,7 @@ class Store:
         again with the map twice as large whenever it fills the map (what it wrote then
         was aborted: LMDB's MapFullError). Under :attr:`write_lock`."""
         with self.write_lock:
-            if self.env.info()["map_size"] < at_least:
+            if at_least and self.env.info()["map_size"] < at_least:
                 self.env.set_mapsize(at_least)
             while True:
                 try:
@@ -670,15 +680,13 @@ class Store:
                 out.append(passage_decoder.decode(textpack.unpack(v, zdict)) if v is not None else None)
             return out
 
-    def segment_keys(self, txn) -> list[bytes]:
-        return [bytes(k) for k in txn.cursor(db=self.segments).iternext(values=False)]
-
-    def postings_of(self, txn, term: str, segs: Optional[list[bytes]] = None) -> tuple[np.ndarray, np.ndarray]:
-        """(pids, tfs) of a term across all segments, dead ones included."""
+    def postings_of(self, r: Reading, term: str, segs: Optional[list[bytes]] = None) -> tuple[np.ndarray, np.ndarray]:
+        """(pids, tfs) of a term across all segments (``segs``, else every listed one) as
+        ``r`` reads them, dead ones included."""
         t = term.encode()
         pids, tfs = [], []
-        for sk in segs if segs is not None else self.segment_keys(txn):
-            got = self.decoded_list(txn, sk + t)
+        for sk in segs if segs is not None else r.segment_keys():
+            got = self.decoded_list(r, sk + t)
             if got is None:
                 continue
             ps, ts = got
@@ -686,7 +694,7 @@ class Store:
             tfs.append(ts)
         return postings.joined(pids, tfs, np.uint32)
 
-    def holding(self, txn, segs: list[bytes], term: bytes) -> list[bytes]:
+    def holding(self, r: Reading, segs: list[bytes], term: bytes) -> list[bytes]:
         """Those of ``segs`` that may hold a list of ``term``: a small segment (a changed
         file's, a few commits') only where its terms, read once and held as a set, have
         it, so a search does not look every term up in each of them (a segment's terms
@@ -700,32 +708,24 @@ class Store:
             try:
                 terms = known[sk]
             except KeyError:
-                terms = known[sk] = self._terms_if_few(txn, sk)
+                terms = known[sk] = self._terms_if_few(r, sk)
             if terms is None or term in terms:
                 out.append(sk)
         return out
 
-    def _terms_if_few(self, txn, sk: bytes) -> Optional[frozenset]:
+    @staticmethod
+    def _terms_if_few(r: Reading, sk: bytes) -> Optional[frozenset]:
         """The terms of segment ``sk`` (bytes), or None when it has more than
         :data:`SMALL_SEGMENT_TERMS`."""
-        cur = txn.cursor(db=self.postings)
-        if not cur.set_range(sk):
-            return frozenset()
-        n, out = len(sk), []
-        for k in cur.iternext(values=False):
-            if k[:n] != sk:
-                break
-            if len(out) >= SMALL_SEGMENT_TERMS:
-                return None
-            out.append(bytes(k[n:]))
-        return frozenset(out)
+        terms = r.segment_terms(sk, most=SMALL_SEGMENT_TERMS + 1)
+        return frozenset(terms) if len(terms) <= SMALL_SEGMENT_TERMS else None
 
-    def decoded_list(self, txn, key: bytes) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    def decoded_list(self, r: Reading, key: bytes) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """(pids, tfs) of one segment's list of a term (segment key + term), decoded once and
         kept in :attr:`decoded`; None when the segment has no such list."""
         got = self.decoded.get(key)
         if got is None:
-            v = txn.get(key, db=self.postings)
+            v = r.posting_list(key)
             if v is None:
                 return None
             got = self.decoded.put(key, postings.unpack(v))
@@ -773,12 +773,7 @@ class Store:
             return
         with self.write_lock:
             self.forget_listed()
-            while True:
-                try:
-                    allocated, delta = commits.write(self, batch)
-                    break
-                except lmdb.MapFullError:
-                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            allocated, delta = self.with_map_room(lambda: commits.write(self, batch))
             if allocated and self.events.allocated is not None:
                 self.events.allocated(allocated)  # before any search sees them as live
             # extended by what changed; read anew only after another process wrote
@@ -816,23 +811,21 @@ class Store:
         """Store unit vectors (int8 with a scale) of passages still live and, when
         ``passages`` are given, still the passages embedded; returns those stored."""
         expect = [encoder.encode(p) for p in passages] if passages is not None else None
-        stored = []
-        with self.write_lock:
-            while True:
-                try:
-                    with self.env.begin(write=True) as txn:
-                        stored = []
-                        zdict = txn.get(b"zdict", db=self.meta)
-                        for i, (pid, v) in enumerate(zip(pids, vecs)):
-                            now = txn.get(id_key(pid), db=self.passages)
-                            if now is None or (expect is not None and textpack.unpack(now, zdict) != expect[i]):
-                                continue  # replaced meanwhile
-                            txn.put(id_key(pid), quantize(v), db=self.vectors)
-                            txn.put(id_key(pid), b"", db=self.vec_pending)
-                            stored.append(pid)
-                    break
-                except lmdb.MapFullError:
-                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+
+        def write() -> list[int]:
+            stored = []
+            with self.env.begin(write=True) as txn:
+                zdict = txn.get(b"zdict", db=self.meta)
+                for i, (pid, v) in enumerate(zip(pids, vecs)):
+                    now = txn.get(id_key(pid), db=self.passages)
+                    if now is None or (expect is not None and textpack.unpack(now, zdict) != expect[i]):
+                        continue  # replaced meanwhile
+                    txn.put(id_key(pid), quantize(v), db=self.vectors)
+                    txn.put(id_key(pid), b"", db=self.vec_pending)
+                    stored.append(pid)
+            return stored
+
+        stored = self.with_map_room(write)
         if stored:
             self.changed()
         return stored

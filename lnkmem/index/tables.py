@@ -1,8 +1,8 @@
 """An index's tables in one transaction, named for what they hold: :class:`Reading` (a read
 transaction) and :class:`Writing` (a write transaction), which :class:`~lnkmem.index.store.Store`
-hands out (``store.reading()``, ``store.writing()``, ``store.stepped_writing()``), so that
-a caller above the index (the copy: export, verify, load) never holds LMDB's handles or
-knows how a table keys its records.
+hands out (``store.reading()``, ``store.writing()``, ``store.begin_writing()``), so that
+a caller above the store (the ranking; the copy: export, verify, load) never holds LMDB's
+handles or knows how a table keys its records.
 
 Thin on purpose: each method is one LMDB call (or one cursor walk) on the table it names;
 what is written many at a time (a load's 10^7 postings) goes to ``cursor.putmulti`` as the
@@ -104,6 +104,30 @@ class Reading:
         """Segment ``sk``'s stored record (:data:`format.seg_codec`), None when not listed."""
         return self.txn.get(sk, db=self.tables.segments)
 
+    def posting_list(self, key: bytes) -> Optional[bytes]:
+        """One segment's posting list of a term, as stored (``key``: the segment's key then
+        the term's bytes), None where the segment has none. (A search asks it for each of
+        its terms in each segment: one LMDB lookup, nothing more.)"""
+        return self.txn.get(key, db=self.tables.postings)
+
+    def segment_terms(self, sk: bytes, prefix: bytes = b"", most: Optional[int] = None) -> list[bytes]:
+        """The terms (bytes) of segment ``sk`` that start with ``prefix``, in term order, the
+        first ``most`` of them (None: all): its posting lists' keys walked, no list read."""
+        out: list[bytes] = []
+        if most is not None and most <= 0:
+            return out
+        cur = self.txn.cursor(db=self.tables.postings)
+        start = sk + prefix
+        if cur.set_range(start):
+            n = len(sk)
+            for k in cur.iternext(values=False):
+                if not k.startswith(start):
+                    break
+                out.append(bytes(k[n:]))
+                if len(out) == most:
+                    break
+        return out
+
     def segment_postings(self, sk: bytes) -> Iterator[tuple[bytes, bytes]]:
         """(term bytes, posting list bytes) of segment ``sk``, in term order."""
         cur = self.txn.cursor(db=self.tables.postings)
@@ -127,6 +151,24 @@ class Reading:
     def pending_vector_ids(self) -> list[int]:
         """The passages whose vectors were stored since the copy last carried them."""
         return [int.from_bytes(k, "big") for k in self.txn.cursor(db=self.tables.vec_pending).iternext(values=False)]
+
+
+class ReadingBegun(Reading):
+    """A :class:`Reading` that is its own ``with``'s context, its read transaction begun
+    with it and ended with the ``with``: what ``store.reading(guarded=False)`` hands out (a
+    search, whose refresh passed the store's guard just before: one object, no generator's
+    context, since every search begins one)."""
+
+    __slots__ = ()
+
+    def __init__(self, env, tables: Tables):
+        super().__init__(env.begin(), tables)
+
+    def __enter__(self) -> Reading:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.txn.__exit__(*exc)
 
 
 class Writing(Reading):

@@ -18,6 +18,7 @@ from lnkmem.index.rank.terms import Term, alive_in, ranked_terms, tf_score
 from lnkmem.index.rank.topk import top
 from lnkmem.index.snapshot import Snapshot
 from lnkmem.index.store import Store
+from lnkmem.index.tables import Reading
 
 
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
@@ -31,7 +32,7 @@ AVGDL_ROOM = 1.05  # block maxima are computed at this much more than the mean l
 # stay bounds while the mean grows that much (a BM25 term's score rises with the mean length)
 
 
-def one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w: float, want: int,
+def one_word(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], term: str, w: float, want: int,
               k1: float, b: float) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """The ``want`` best passages of one ranked word and their scores, taking its long lists
     block by block (block-max): each block's largest score, kept per list, bounds every
@@ -43,13 +44,13 @@ def one_word(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str, w:
         return None
     t = term.encode()
     total = 0
-    for sk in store.holding(txn, segs, t):  # from the headers: a rare word costs nothing more
-        v = txn.get(sk + t, db=store.postings)
+    for sk in store.holding(r, segs, t):  # from the headers: a rare word costs nothing more
+        v = r.posting_list(sk + t)
         if v is not None:
             total += max(plists.stated_count(v), 0)
     if total < LONG_LIST:
         return None
-    terms = ranked_terms(store, txn, snap, segs, {term: w}, k1, b)
+    terms = ranked_terms(store, r, snap, segs, {term: w}, k1, b)
     if not terms:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     tm = terms[0]
@@ -150,7 +151,7 @@ def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: f
     return got
 
 
-def maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
+def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weights: dict, checks: Checks,
               scores: np.ndarray, touched: list, want: int, sources, under, k1: float, b: float,
               flat: Sequence[str] = ()) -> Optional[np.ndarray]:
     """Score ``weights``' terms into ``scores`` with MaxScore (Turtle and Flood):
@@ -163,7 +164,7 @@ def maxscore(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict
     ``under`` and the query's exclusions; None when no list had a posting."""
     cap = len(snap.alive)
     avgdl = snap.avgdl
-    terms = ranked_terms(store, txn, snap, segs, weights, k1, b, flat)
+    terms = ranked_terms(store, r, snap, segs, weights, k1, b, flat)
     if not terms:
         return None
     terms.sort(key=lambda x: -x.ub)

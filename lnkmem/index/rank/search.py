@@ -75,16 +75,16 @@ def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, 
     avgdl = snap.avgdl
     touched = scratch.touched
 
-    def postings(txn, segs, term):
-        return live_postings(store, txn, snap, segs, term)
+    def postings(r, segs, term):
+        return live_postings(store, r, snap, segs, term)
 
-    with store.env.begin() as txn:
-        segs = store.segment_keys(txn)
-        weights = query_weights(store, txn, segs, q)
+    with store.reading(guarded=False) as r:  # (refresh passed the guard: one a call, ~10 us)
+        segs = r.segment_keys()
+        weights = query_weights(r, segs, q)
         if q.excluded:
             banned = np.zeros(cap, bool)
             for term in q.excluded:
-                banned[postings(txn, segs, term)[0]] = True
+                banned[postings(r, segs, term)[0]] = True
             checks.banned = banned
         checks.snap = snap
         held: dict[str, np.ndarray] = {}  # term -> bool by pid: the passages holding it
@@ -92,7 +92,7 @@ def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, 
         def holding(term: str) -> np.ndarray:
             if term not in held:
                 m = held[term] = np.zeros(cap, bool)
-                m[postings(txn, segs, term)[0]] = True
+                m[postings(r, segs, term)[0]] = True
             return held[term]
 
         def require(has: np.ndarray) -> None:
@@ -113,7 +113,7 @@ def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, 
         pruned = None
         if prune and len(weights) > 1 and not checks.on_text and not checks.dated and not q.scored \
                 and snap.segs is not None and snap.seg_of is not None:
-            pruned = maxscore(store, txn, snap, segs, weights, checks, scores, touched, want, sources, under, k1, b,
+            pruned = maxscore(store, r, snap, segs, weights, checks, scores, touched, want, sources, under, k1, b,
                                q.flat)
         else:
             # one ranked word and nothing to filter by: its postings' scores are the
@@ -122,12 +122,12 @@ def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, 
                 and (sources is None or set(sources) >= set(SOURCE_CODE))
             if alone and prune and snap.segs is not None and snap.seg_of is not None:
                 (term, w), = weights.items()
-                got = one_word(store, txn, snap, segs, term, w, want, k1, b)
+                got = one_word(store, r, snap, segs, term, w, want, k1, b)
                 if got is not None:
                     return list(zip(got[0].tolist(), got[1].tolist())), checks
             listed = []
             for term, w in weights.items():
-                pids, tfs = postings(txn, segs, term)
+                pids, tfs = postings(r, segs, term)
                 if len(pids):
                     listed.append((term, pids, tfs, idf_of(snap, len(pids)) * w))
             flat = flat_idfs({t: idf for t, _, _, idf in listed}, k1, q.flat)
@@ -195,9 +195,9 @@ def scores_of(store: Store, query: Union[str, qlang.Query], pids, k1: float = K1
         return out
     acc = np.zeros(len(want), np.float32)
     avgdl = snap.avgdl
-    with store.env.begin() as txn:
-        segs = store.segment_keys(txn)
-        terms = ranked_terms(store, txn, snap, segs, query_weights(store, txn, segs, q), k1, b, q.flat)
+    with store.reading(guarded=False) as r:  # (refresh passed the guard)
+        segs = r.segment_keys()
+        terms = ranked_terms(store, r, snap, segs, query_weights(r, segs, q), k1, b, q.flat)
         terms.sort(key=lambda x: -x.ub)  # MaxScore's order of adding
         for tm in terms:
             for ps, ts in lists_for(store, tm, want):

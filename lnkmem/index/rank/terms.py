@@ -17,6 +17,7 @@ from lnkmem.index.codec import postings as plists
 from lnkmem.index.text import query as qlang
 from lnkmem.index.snapshot import Snapshot
 from lnkmem.index.store import Store
+from lnkmem.index.tables import Reading
 
 
 K1 = 1.2  # tuned on BEIR SciFact train (docs/BENCHMARKS.md)
@@ -85,23 +86,16 @@ class Term:
         self.dead = False  # a list of it was left holding postings of dead passages (FEW_DEAD)
 
 
-def _expand(store: Store, txn, segs: list[bytes], prefix: str, room: int) -> list[str]:
+def _expand(r: Reading, segs: list[bytes], prefix: str, room: int) -> list[str]:
     """Terms of the dictionary starting with ``prefix``, the first ``room`` in order."""
     p = prefix.encode()
     found: set[bytes] = set()
     for sk in segs:
-        cur = txn.cursor(db=store.postings)
-        n = 0
-        if cur.set_range(sk + p):
-            for k in cur.iternext(values=False):
-                if not k.startswith(sk + p) or n >= room:
-                    break
-                found.add(bytes(k[4:]))
-                n += 1
+        found.update(r.segment_terms(sk, p, room))
     return [t.decode() for t in sorted(found)[:room]]
 
 
-def query_weights(store: Store, txn, segs: list[bytes], q: qlang.Query) -> dict:
+def query_weights(r: Reading, segs: list[bytes], q: qlang.Query) -> dict:
     """The query's ranked terms and their weights, its prefixes expanded from the
     dictionary (an excluded term never ranked)."""
     weights = dict(q.weights)
@@ -109,7 +103,7 @@ def query_weights(store: Store, txn, segs: list[bytes], q: qlang.Query) -> dict:
     for prefix in q.prefixes:
         if room <= 0:
             break
-        for t in _expand(store, txn, segs, prefix, min(qlang.MAX_EXPANSIONS, room)):
+        for t in _expand(r, segs, prefix, min(qlang.MAX_EXPANSIONS, room)):
             if t not in q.excluded:
                 weights.setdefault(t, 1.0)
             room -= 1
@@ -154,7 +148,7 @@ def _found_at(ps: np.ndarray, dead: np.ndarray) -> np.ndarray:
     return at[ps[at] == dead[inside]]
 
 
-def live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: str) -> tuple[np.ndarray, np.ndarray]:
+def live_postings(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], term: str) -> tuple[np.ndarray, np.ndarray]:
     """(pids as intp, tfs) of ``term``'s live postings in ``snap``: a segment's list is only
     checked against the live passages where the segment holds a dead one (a merged or
     fresh index has none: its lists as decoded) or that is not known yet (:func:`snapshot_facts`),
@@ -165,8 +159,8 @@ def live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: st
     # not wait for them (2-10 ms at 1.27M passages), it checks its lists instead
     facts = facts_known(snap) if snap.segs is not None else None
     pids, tfs = [], []
-    for sk in store.holding(txn, segs, t):
-        got = store.decoded_list(txn, sk + t)
+    for sk in store.holding(r, segs, t):
+        got = store.decoded_list(r, sk + t)
         if got is None:
             continue
         ps, ts = got
@@ -183,7 +177,7 @@ def live_postings(store: Store, txn, snap: Snapshot, segs: list[bytes], term: st
     return plists.joined(pids, tfs, np.intp)
 
 
-def ranked_terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: dict, k1: float, b: float,
+def ranked_terms(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weights: dict, k1: float, b: float,
            flat: Sequence[str] = ()) -> list:
     """The ranked terms that have a live posting: each one's lists (a segment's still
     packed when every posting in it is live: its header gives the count and the
@@ -197,12 +191,12 @@ def ranked_terms(store: Store, txn, snap: Snapshot, segs: list[bytes], weights: 
     for term, w in weights.items():
         tm = Term(term, w, k1)
         t = term.encode()
-        for sk in store.holding(txn, segs, t):
+        for sk in store.holding(r, segs, t):
             key = sk + t
             got = store.decoded.get(key)
             v = None
             if got is None:
-                v = txn.get(key, db=store.postings)
+                v = r.posting_list(key)
                 if v is None:
                     continue
             seg = int.from_bytes(sk, "big")

@@ -94,15 +94,8 @@ def _guarded_walk(method):
 
     @functools.wraps(method)
     def walk(self, *a, **kw):
-        self.guard()
-        try:
+        with self.through_guard():
             yield from method(self, *a, **kw)
-        except DAMAGE_ERRORS as e:
-            raise self.damage(e) from None
-        except Exception:
-            self.check_map()
-            raise
-        self.check_map()
 
     return walk
 
@@ -516,7 +509,7 @@ class Store:
     # --- transactions of the tables, typed (lnkmem.index.tables) -------------
 
     @contextlib.contextmanager
-    def _through_guard(self) -> Iterator[None]:
+    def through_guard(self) -> Iterator[None]:
         """What :func:`_guarded` does around a call, around a transaction's ``with``."""
         self.guard()
         try:
@@ -542,14 +535,14 @@ class Store:
 
     @contextlib.contextmanager
     def _guarded_reading(self) -> Iterator[Reading]:
-        with self._through_guard(), self.env.begin() as txn:
+        with self.through_guard(), self.env.begin() as txn:
             yield Reading(txn, self.tables)
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[Writing]:
         """A write transaction of the tables (:class:`tables.Writing`) under the write lock:
         committed when the ``with`` ends, aborted when it raises."""
-        with self._through_guard(), self.write_lock, self.env.begin(write=True) as txn:
+        with self.through_guard(), self.write_lock, self.env.begin(write=True) as txn:
             yield Writing(txn, self.tables)
 
     def begin_writing(self) -> Writing:

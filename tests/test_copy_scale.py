@@ -435,7 +435,8 @@ def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(t
     assert first.segments[0] in m.segments  # b and c still live in the first segment's file
     head = msgspec.msgpack.decode(zlib.decompress(bucket[m.head]))
     assert set(np.frombuffer(head[0][m.segments.index(first.segments[0])], "<u4").tolist()) >= old_ids
-    monkeypatch.setattr(copyfmt, "CHECK_POSTINGS", batch)  # (3: lists checked a few at a time)
+    from lnkmem.replica import load as copy_load
+    monkeypatch.setattr(copy_load, "CHECK_POSTINGS", batch)  # (3: lists checked a few at a time)
     dst = Store(str(tmp_path / "cache"))
     copyfmt.load(dst, check_copy(bucket), "v")
     try:

@@ -1,0 +1,151 @@
+"""The cache's state relative to the copy: the version it is of, the files the copy
+names, the files doomed (deleted once a manifest that does not name them has landed),
+the copy's segments as the cache knows them (ids, live, digests)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Optional
+
+import msgspec
+import numpy as np
+
+from lnkmem.index.store import Store
+from lnkmem.index.tables import Reading, Writing
+
+# --- local state of the cache relative to the copy ------------------------------------
+
+class CopyState(msgspec.Struct):
+    version: Optional[str] = None  # the copy version this cache is of
+    gen: int = -1  # the cache generation last written to (or read from) the copy
+    seg_mark: int = 0  # the cache's next segment number when this version was written (or read)
+    vectors: list[str] = msgspec.field(default_factory=list)
+    vec_model: Optional[str] = None
+    pages: list[str] = msgspec.field(default_factory=list)
+    named: list[str] = msgspec.field(default_factory=list)  # every file the copy at `version` is made of
+    # files sent by this cache but named by no manifest it wrote (a write-back killed or
+    # beaten to the manifest), or named by a version this cache replaced and not yet
+    # deleted: each deleted at a later write-back unless a manifest names it again
+    doomed: list[str] = msgspec.field(default_factory=list)
+    # the copy's files are not all known here (a damaged version, one loaded renumbered
+    # or of the previous format): the write-back that replaces it deletes every file of
+    # the place its new manifest does not name
+    sweep: bool = False
+    # loaded into a cache that knew nothing of the copy (a new machine): files of the place
+    # that no manifest names (a writer killed once its manifest was on its way left them)
+    # are unknown here; the next sweep lists the place once and dooms them
+    unknown: bool = False
+
+
+class CopySegment(msgspec.Struct, array_like=True):
+    """One segment of the copy as the cache knows it: its parts, every passage id it holds,
+    which are live in it, and each live passage's digest (its stored bytes): a local
+    segment made since (a merge) whose live passages are all these, by id and digest,
+    needs nothing sent."""
+    parts: list[str]
+    pids: bytes  # u32
+    live: bytes  # one byte a pid
+    sums: bytes  # u64 a pid (0 where not live)
+
+
+class CopySegments(msgspec.Struct, array_like=True):
+    version: Optional[str]
+    segs: list[CopySegment]
+
+
+def passage_digests(blobs: list) -> np.ndarray:
+    """Each stored passage's 64-bit digest (0 for none)."""
+    out = np.zeros(len(blobs), np.uint64)
+    for i, b in enumerate(blobs):
+        if b:
+            out[i] = int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little") | 1
+    return out
+
+
+def copy_segments(r: Reading, state: "CopyState") -> list:
+    """The copy's segments as recorded for the version the cache is of ([] when unknown)."""
+    raw = r.meta(b"copy-segs")
+    if not raw or state.version is None or state.sweep:
+        return []
+    try:
+        cs = msgspec.msgpack.decode(raw, type=CopySegments)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+    known = set(state.named)
+    if cs.version != state.version or not all(n in known for c in cs.segs for n in c.parts):
+        return []
+    return cs.segs
+
+
+def copy_state(store: Store) -> CopyState:
+    raw = store.get_meta(b"copy")
+    if not raw:
+        return CopyState()
+    try:
+        return msgspec.msgpack.decode(raw, type=CopyState)
+    except (msgspec.DecodeError, msgspec.ValidationError):  # a cache of the previous format's copy
+        try:
+            old = msgspec.msgpack.decode(raw)
+            version = old.get("version") if isinstance(old, dict) else None
+        except msgspec.DecodeError:
+            version = None
+        return CopyState(version=version if isinstance(version, str) else None, sweep=True)
+
+
+def put_state(w: Writing, state: CopyState) -> None:
+    w.put_meta(b"copy", msgspec.msgpack.encode(state))
+
+
+def state_in(r: Reading) -> CopyState:
+    raw = r.meta(b"copy")
+    if not raw:
+        return CopyState()
+    try:
+        return msgspec.msgpack.decode(raw, type=CopyState)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return CopyState(sweep=True)
+
+
+def dirty(store: Store, state: Optional[CopyState] = None) -> bool:
+    """Whether the cache holds anything the copy does not."""
+    state = state or copy_state(store)
+    with store.reading() as r:
+        gen = r.meta_int(b"gen")
+        pending = r.count("vec_pending")
+    return state.version is None or gen != state.gen or pending > 0
+
+
+def note_sent(store: Store, names: Iterable[str]) -> None:
+    """Files about to be sent: remembered (before they are) so that one no manifest ends
+    up naming is deleted later, even after a kill (§7.3 rev. 3)."""
+    with store.writing() as w:
+        state = state_in(w)
+        have = set(state.doomed) | set(state.named)
+        new = [n for n in names if n not in have]
+        if new:
+            state.doomed = state.doomed + new
+            put_state(w, state)
+
+
+def note_unknown(store: Store, found: Iterable[str]) -> None:
+    """The place was listed (``found``: its copy files): those the version this cache holds
+    does not name are doomed, and the place is not listed again for them."""
+    with store.writing() as w:
+        state = state_in(w)
+        have = set(state.doomed) | set(state.named)
+        state.doomed = state.doomed + [n for n in found if n not in have]
+        state.unknown = False
+        put_state(w, state)
+
+
+def forget_doomed(store: Store, gone: Iterable[str]) -> None:
+    """Files deleted from the copy's place: nothing is left to do about them."""
+    gone = set(gone)
+    if not gone:
+        return
+    with store.writing() as w:
+        state = state_in(w)
+        state.doomed = [n for n in state.doomed if n not in gone]
+        put_state(w, state)
+
+

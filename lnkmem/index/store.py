@@ -608,12 +608,8 @@ class Store:
         """(ref, (version, size) or None where the index holds no such file) of each of
         ``refs``, in their order, one lookup each in one read transaction: a whole listing
         compared with the index without a dict of every file it holds (10x: ~40 MiB)."""
-        with self.env.begin() as txn:
-            for i, ref in enumerate(refs):
-                v = file_get(txn, self.files, ref)
-                yield ref, ((h := head_decoder.decode(v)).version, h.size) if v is not None else None
-                if i % 8192 == 8191:
-                    self.let_go_of_map()
+        for ref, h in self._lookups(refs, head_decoder):
+            yield ref, (h.version, h.size) if h is not None else None
 
     @_guarded_walk
     def refs_under(self, prefix: str) -> Iterator[str]:
@@ -621,14 +617,20 @@ class Store:
         for ref, _ in self._files_under(prefix, head_decoder):
             yield ref
 
-    def _records(self, refs: Iterable[str], dec):
-        """(ref, record decoded by ``dec``) of each of ``refs`` the index holds (one lookup
-        each), one at a time."""
+    def _lookups(self, refs: Iterable[str], dec):
+        """(ref, its record decoded by ``dec`` or None where the index holds no such file) of
+        each of ``refs``, one lookup each in one read transaction, letting go of the map's
+        pages as it goes."""
         with self.env.begin() as txn:
-            for ref in refs:
+            for i, ref in enumerate(refs):
                 v = file_get(txn, self.files, ref)
-                if v is not None:
-                    yield ref, dec.decode(v)
+                yield ref, dec.decode(v) if v is not None else None
+                if i % 8192 == 8191:
+                    self.let_go_of_map()
+
+    def _records(self, refs: Iterable[str], dec):
+        """(ref, record decoded by ``dec``) of each of ``refs`` the index holds, one at a time."""
+        return ((ref, rec) for ref, rec in self._lookups(refs, dec) if rec is not None)
 
     @_guarded
     def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:

@@ -330,3 +330,26 @@ def test_cheap_searches_answer_alike_and_are_cancelled_alike(many):
         assert "gone" not in c.pending  # no answer before these two
     finally:
         c.close()
+
+
+def test_a_memorys_cold_first_search_does_not_keep_its_cheap_searches_on_the_pool():
+    """A memory's first search pays once for its caches (its ignore rules read, its lists
+    decoded: 7-33 ms where the next took 1-4 in bench_many's agents); remembered, it sent
+    the next 16 to the pool, where under many sessions they wait for the GIL behind one
+    another (serve-many's 50-session p99 was 25-28 ms in its first round, 7 after). A slow
+    search after it still sends the memory's next searches back to the pool."""
+    from lnkmem.protocol import inline
+
+    costs = inline.SearchCosts()
+    costs.record(0.030)  # the first search: cold
+    for _ in range(inline.WARM - 2):
+        costs.record(0.002)
+    assert not costs.cheap()  # a memory's first WARM searches are measured on the pool
+    costs.record(0.002)
+    assert costs.cheap()
+    costs.record(0.012)  # a slow one, later
+    for _ in range(inline.RECENT - 1):
+        costs.record(0.002)
+        assert not costs.cheap()
+    costs.record(0.002)
+    assert costs.cheap()

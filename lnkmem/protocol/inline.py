@@ -14,9 +14,14 @@ no copy behind it, no model to ask for a query vector, every place on this
 machine: nothing in the search waits for another thread or the network), its
 query short and its limit small, and that memory's last ``RECENT`` searches
 each took under ``INLINE_MAX_S``. A memory's first ``WARM`` searches, and all
-the next ``RECENT`` after any slow one, run on the pool and are measured there
-(by the thread's CPU time, so that waiting for the GIL is not counted as the
-search's cost). A search inline holds the loop (every session's Hellos,
+the next ``RECENT`` after any slow one, run on the pool. Every search is
+measured by its thread's CPU time, on the pool and inline alike, so that
+waiting for the GIL (another thread's search, an index's commit) is not counted
+as the search's cost. A memory's very first search is not remembered: it pays
+once for what every later search finds ready (its ignore rules read, its lists
+decoded, its snapshot's facts; 7-33 ms where the next ones took 1-4 in
+bench_many's agents), and held the next ``RECENT`` on the pool, where under
+many sessions they wait for the GIL behind one another. A search inline holds the loop (every session's Hellos,
 controls and answers) no longer than a pool thread's search already could
 for one switch interval, except for a search far slower than its memory's
 last ``RECENT``; one such sends that memory's next ``RECENT`` back to the pool.
@@ -38,13 +43,17 @@ class SearchCosts:
 
     def __init__(self) -> None:
         self.recent: deque[float] = deque(maxlen=RECENT)
+        self.searches = 0
         self.settled_local: bool | None = None  # worked out once: nothing in its searches waits
 
     def record(self, seconds: float) -> None:
-        self.recent.append(seconds)
+        """A search's CPU seconds (the first search's are not remembered: its cold caches)."""
+        self.searches += 1
+        if self.searches > 1:
+            self.recent.append(seconds)
 
     def cheap(self) -> bool:
-        return len(self.recent) >= WARM and max(self.recent) < INLINE_MAX_S
+        return self.searches >= WARM and bool(self.recent) and max(self.recent) < INLINE_MAX_S
 
 
 def settled_local(memory) -> bool:

@@ -430,11 +430,11 @@ class Session:
                 return await self._work(_run_tool, memory, name, typed, thread, room)
         costs = share.search_costs
         if inline.runs_inline(costs, memory, typed):  # cheap: on the loop, no thread handed over
-            t0 = time.perf_counter()
+            t0 = time.thread_time()  # (the loop's CPU: a wait for the GIL is not the search's cost)
             try:
                 return _run_tool(memory, name, typed, thread, room)
             finally:
-                costs.record(time.perf_counter() - t0)
+                costs.record(time.thread_time() - t0)
         async with share.threads:
             result, cost = await self._work(_measured, memory, name, typed, thread, room)
         costs.record(cost)

@@ -375,18 +375,23 @@ def bench_scale(scale: float) -> dict:
         r["reindex_rss_before"] = rss.mark().get("VmRSS", 0) * 1024
         r["reindex_s"], c = ready(m, br)
         r["reindex_rss"] = rss.peak("VmRSS") * 1024
+        r["reindex_anon"] = rss.peak("RssAnon") * 1024
         log(f"  re-index {r['reindex_s']:.1f} s, peak RSS {r['reindex_rss'] / 2**20:.0f} MiB")
         # the first write-back
         br.storage.request("DELETE", "/_log")
-        r["wb_rss_before"] = rss.mark().get("VmRSS", 0) * 1024
+        before = rss.mark()
+        r["wb_rss_before"] = before.get("VmRSS", 0) * 1024
+        r["wb_anon_before"] = before.get("RssAnon", 0) * 1024
         r["wb_s"] = control(m, flush)
         r["wb_rss"] = rss.peak("VmRSS") * 1024
+        r["wb_anon"] = rss.peak("RssAnon") * 1024
         p = copy_puts(br)
         r["wb_bytes"] = sum(e["size"] for e in p)
         r["wb_largest"] = max(e["size"] for e in p)
         r["copy_bytes"], r["copy_files"] = copy_size(br)
         log(f"  first write-back {r['wb_s']:.1f} s, RSS {r['wb_rss_before'] / 2**20:.0f} -> "
-            f"{r['wb_rss'] / 2**20:.0f} MiB, {r['wb_bytes'] / 1e6:.1f} MB PUT, largest {r['wb_largest'] / 1e6:.1f} MB")
+            f"{r['wb_rss'] / 2**20:.0f} MiB (anonymous {r['wb_anon_before'] / 2**20:.0f} -> {r['wb_anon'] / 2**20:.0f}), "
+            f"{r['wb_bytes'] / 1e6:.1f} MB PUT, largest {r['wb_largest'] / 1e6:.1f} MB")
         # 30 changed files, then a flush
         homefiles = sorted(p for p in br.home("a1").rglob("*.md"))
         br.storage.request("DELETE", "/_log")
@@ -416,9 +421,10 @@ def bench_scale(scale: float) -> dict:
         r["cold_rss_before"] = rss.mark().get("VmRSS", 0) * 1024
         r["cold_s"], c = ready(m, br)
         r["cold_rss"] = rss.peak("VmRSS") * 1024
+        r["cold_anon"] = rss.peak("RssAnon") * 1024
         r["cold_gets"] = sum(1 for e in br.storage.log() if e["method"] == "GET" and "/lnkmem/" in e["path"])
         r["cold_reads"] = sum(1 for e in br.files.log() if "/v1/read" in e["path"])  # sources read again: 0
-        log(f"  cold load {r['cold_s']:.1f} s, peak RSS {r['cold_rss'] / 2**20:.0f} MiB")
+        log(f"  cold load {r['cold_s']:.1f} s, peak RSS {r['cold_rss'] / 2**20:.0f} MiB (anonymous {r['cold_anon'] / 2**20:.0f})")
         c.close()
         rss.stop()
         m.stop()
@@ -486,14 +492,15 @@ def table_scale(rs: list) -> str:
     def row(label, f):
         rows.append(f"| {label} | " + " | ".join(f(r) for r in rs) + " |")
     row("re-indexing from the sources: time, peak RSS", lambda r: f"{r['reindex_s']:.1f} s, {r['reindex_rss'] / mib:.0f} MiB")
-    row("first write-back (`flush`): time, RSS before → peak", lambda r: f"{r['wb_s']:.1f} s, "
-        f"{r['wb_rss_before'] / mib:.0f} → {r['wb_rss'] / mib:.0f} MiB")
+    row("first write-back (`flush`): time, RSS before → peak (anonymous)", lambda r: f"{r['wb_s']:.1f} s, "
+        f"{r['wb_rss_before'] / mib:.0f} → {r['wb_rss'] / mib:.0f} MiB"
+        + (f" ({r['wb_anon_before'] / mib:.0f} → {r['wb_anon'] / mib:.0f})" if "wb_anon" in r else ""))
     row("… bytes PUT, largest file PUT", lambda r: f"{r['wb_bytes'] / 1e6:.1f} MB, {r['wb_largest'] / 1e6:.1f} MB")
     row("… the copy: size, files", lambda r: f"{r['copy_bytes'] / 1e6:.1f} MB, {r['copy_files']}")
     row(f"{CHANGED} changed files, then `flush`: bytes PUT (table pages)", lambda r: f"{r['change_bytes'] / 1e6:.2f} MB "
         f"({r['change_pages'] / 1e6:.2f}) in {r['change_puts']} PUTs")
-    row("cold load (empty cache, copy present): ready after, peak RSS", lambda r: f"{r['cold_s']:.1f} s, "
-        f"{r['cold_rss'] / mib:.0f} MiB")
+    row("cold load (empty cache, copy present): ready after, peak RSS (anonymous)", lambda r: f"{r['cold_s']:.1f} s, "
+        f"{r['cold_rss'] / mib:.0f} MiB" + (f" ({r['cold_anon'] / mib:.0f})" if "cold_anon" in r else ""))
     row("… files GET from the copy; files read from the sources", lambda r: f"{r['cold_gets']}; "
         f"{r.get('cold_reads', '?')}")
     row("cold load vs re-indexing (goal ≥ 3×)", lambda r: f"{r['reindex_s'] / r['cold_s']:.1f}× "

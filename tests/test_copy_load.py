@@ -241,3 +241,24 @@ def test_a_copy_passage_that_is_not_one_the_engine_makes_is_never_loaded(zsource
         assert dst.file_count() == 0 and bm25(dst, "narwhal", 10) == []
     finally:
         dst.close()
+
+
+def test_a_cache_of_the_previous_formats_copy_keeps_its_version_once_a_write_back_has_begun(tmp_path):
+    """A cache whose state an older engine wrote (a state this one cannot read) is of the
+    version it names, with the copy's files not all known (so the write-back that replaces
+    it lists the place). A write-back notes each file before it sends it; a kill after
+    that note must leave the cache still of that version: it forgot it, and the next start
+    took it for a cache of no version and loaded the whole copy again."""
+    import msgspec
+    st = Store(str(tmp_path / "cache"))
+    try:
+        with st.writing() as w:
+            w.put_meta(b"copy", msgspec.msgpack.encode({"version": "v7", "gen": "of the old format"}))
+        before = copyfmt.copy_state(st)
+        assert (before.version, before.sweep) == ("v7", True)
+        copyfmt.note_sent(st, ["seg-" + "0" * 40 + "-10.bin"])  # a write-back's first file, then a kill
+        after = copyfmt.copy_state(st)
+        assert (after.version, after.sweep) == ("v7", True)
+        assert after.doomed == ["seg-" + "0" * 40 + "-10.bin"]
+    finally:
+        st.close()

@@ -77,13 +77,15 @@ def copy_segments(r: Reading, state: "CopyState") -> list:
     return cs.segs
 
 
-def copy_state(store: Store) -> CopyState:
-    raw = store.get_meta(b"copy")
+def decode_state(raw: Optional[bytes]) -> CopyState:
+    """The cache's state as its ``copy`` meta key holds it. A state this format cannot
+    read (a cache of the previous format's copy) keeps its version, if it names one, and
+    says that the copy's files are not all known (``sweep``)."""
     if not raw:
         return CopyState()
     try:
         return msgspec.msgpack.decode(raw, type=CopyState)
-    except (msgspec.DecodeError, msgspec.ValidationError):  # a cache of the previous format's copy
+    except (msgspec.DecodeError, msgspec.ValidationError):
         try:
             old = msgspec.msgpack.decode(raw)
             version = old.get("version") if isinstance(old, dict) else None
@@ -92,18 +94,17 @@ def copy_state(store: Store) -> CopyState:
         return CopyState(version=version if isinstance(version, str) else None, sweep=True)
 
 
+def copy_state(store: Store) -> CopyState:
+    return decode_state(store.get_meta(b"copy"))
+
+
 def put_state(w: Writing, state: CopyState) -> None:
     w.put_meta(b"copy", msgspec.msgpack.encode(state))
 
 
 def state_in(r: Reading) -> CopyState:
-    raw = r.meta(b"copy")
-    if not raw:
-        return CopyState()
-    try:
-        return msgspec.msgpack.decode(raw, type=CopyState)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return CopyState(sweep=True)
+    """The state as a transaction reads it (:func:`decode_state`)."""
+    return decode_state(r.meta(b"copy"))
 
 
 def dirty(store: Store, state: Optional[CopyState] = None) -> bool:

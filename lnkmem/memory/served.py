@@ -17,9 +17,15 @@ index (numpy, LMDB) is imported.
 from __future__ import annotations
 
 import threading
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from lnkmem.memory.config import AgentConfig
+
+if TYPE_CHECKING:  # (names only: nothing heavy is imported for them)
+    from lnkmem.bridges.place import PlaceBase
+    from lnkmem.index.store import Store
+    from lnkmem.memory.embed import Embedder
+    from lnkmem.memory.layout import Layout
 
 
 class ServedMemory(Protocol):
@@ -30,6 +36,11 @@ class ServedMemory(Protocol):
     opened: threading.Event  # its index open (or given up on): a search waits for it
     ready: threading.Event  # its first full pass done
     fresh: bool  # its index held nothing when opened: a first search waits for the first pass
+    error: Optional[str]  # why its index cannot be searched, or None
+    store: Optional["Store"]  # its index, once open
+    places: dict[str, "PlaceBase"]  # its sources by name (home, chats, skills, notes)
+    layout: "Layout"  # where they are, and its copy (``layout.replica``) when bound
+    embedder: Optional["Embedder"]  # its model, when Link serves one
 
     def conversations_idle(self) -> bool:
         """No store driver listing under way (a search waits for one, briefly)."""

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from lnkmem.memory.served import ServedMemory
+
 INLINE_MAX_S = 0.005  # the GIL's switch interval: a pool thread may hold the loop off this long today
 RECENT = 16  # a memory's searches remembered; one slow among them keeps its searches on the pool
 WARM = 4  # a memory's first searches run on the pool: measured before any runs inline
@@ -56,19 +58,16 @@ class SearchCosts:
         return self.searches >= WARM and bool(self.recent) and max(self.recent) < INLINE_MAX_S
 
 
-def settled_local(memory) -> bool:
+def settled_local(memory: ServedMemory) -> bool:
     """A memory whose searches wait for nothing: its index open and whole, no copy
     behind it (a team reader looks at the copy again before a search), no model (a
     query vector is asked over HTTP), and every place local (no bridge)."""
-    try:
-        if memory.embedder is not None or memory.layout.replica is not None:
-            return False
-        return all(bool(p.local) for p in memory.places.values())
-    except AttributeError:  # not a Memory as we know it: the pool
+    if memory.embedder is not None or memory.layout.replica is not None:
         return False
+    return all(bool(p.local) for p in memory.places.values())
 
 
-def runs_inline(costs: SearchCosts, memory, args) -> bool:
+def runs_inline(costs: SearchCosts, memory: ServedMemory, args) -> bool:
     """Whether this search (typed ``SearchArgs``) runs on the loop."""
     if not costs.cheap():
         return False

@@ -97,6 +97,14 @@ class Body:
             self.replayable = iter(data) is not data
         self.started = False  # a piece was handed to the transport
 
+    def release(self) -> None:
+        """Let go of the data (it cannot be sent after this). A request's body is reached
+        from objects that live on in reference cycles until a collection (the retry's
+        predicate and its call state, httpx's request): without this, a write-back's parts
+        piled up between collections (10x: ~28 of them, +60 MiB at its peak)."""
+        self._view = None
+        self._parts = None
+
     def pieces(self) -> Iterator[memoryview]:
         """The body in pieces of at most CHUNK bytes (ValueError when it is not ``length`` long)."""
         if self._parts is not None and not self.replayable and self.started:
@@ -224,6 +232,9 @@ class BridgeClient:
             raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})", sent=False) from None
         except (httpx.TransportError, httpx.DecodingError) as e:
             raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})") from None
+        finally:
+            if hasattr(content, "close"):  # (left at its last piece, it held a slice of the body)
+                content.close()
         if r.status_code == 429 or r.status_code >= 500:
             after = r.headers.get("Retry-After", "")
             # 429 and 503 say the request was turned away; another 5xx may come after it was done
@@ -261,6 +272,9 @@ class BridgeClient:
             if e.sent and not safe:
                 raise Unanswered(f"{e}; the request may have been done") from None
             raise BridgeDown(str(e)) from None
+        finally:
+            if body is not None and body is not content:  # (a caller's own Body is the caller's to release)
+                body.release()
 
     def bind(self, patience: float = 5.0) -> None:
         """POST /v1/bind: the bridge takes the key (§8.1); Refused or BridgeDown otherwise."""

@@ -140,16 +140,19 @@ class _BridgePlace(PlaceBase):
         full = self._full(path)
         h = {"If-Match": quote(expect)} if expect else {"If-None-Match": "*"}
         body = Body(data, length)
-        for _ in range(5):
-            try:
-                return unquote(etag(check(self._send("PUT", full, h, body), f"write {full}")))
-            except Unanswered:
-                if not body.replayable:
-                    raise
-                version = self._written(path, body, expect)
-                if version is not None:
-                    return version
-        raise BridgeDown(f"write {full}: the bridge kept losing its answers")
+        try:
+            for _ in range(5):
+                try:
+                    return unquote(etag(check(self._send("PUT", full, h, body), f"write {full}")))
+                except Unanswered:
+                    if not body.replayable:
+                        raise
+                    version = self._written(path, body, expect)
+                    if version is not None:
+                        return version
+            raise BridgeDown(f"write {full}: the bridge kept losing its answers")
+        finally:
+            body.release()  # (http.Body.release: what outlives the request no longer holds the data)
 
     def _written(self, path: str, body: Body, expect: Optional[str]) -> Optional[str]:
         """After a lost answer: the version when the file holds ``body`` now; None when it is

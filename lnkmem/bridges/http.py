@@ -233,7 +233,7 @@ class BridgeClient:
         except (httpx.TransportError, httpx.DecodingError) as e:
             raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})") from None
         finally:
-            if hasattr(content, "close"):  # (left at its last piece, it held a slice of the body)
+            if hasattr(content, "close"):  # (a send given up midway leaves it at a piece: a slice of the body)
                 content.close()
         if r.status_code == 429 or r.status_code >= 500:
             after = r.headers.get("Retry-After", "")

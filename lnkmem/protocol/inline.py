@@ -21,10 +21,11 @@ as the search's cost. A memory's very first search is not remembered: it pays
 once for what every later search finds ready (its ignore rules read, its lists
 decoded, its snapshot's facts; 7-33 ms where the next ones took 1-4 in
 bench_many's agents), and held the next ``RECENT`` on the pool, where under
-many sessions they wait for the GIL behind one another. A search inline holds the loop (every session's Hellos,
-controls and answers) no longer than a pool thread's search already could
-for one switch interval, except for a search far slower than its memory's
-last ``RECENT``; one such sends that memory's next ``RECENT`` back to the pool.
+many sessions they wait for the GIL behind one another. A search inline holds
+the loop (every session's Hellos, controls and answers) no longer than a pool
+thread's search already could for one switch interval, except for a search far
+slower than its memory's last ``RECENT``; one such sends that memory's next
+``RECENT`` back to the pool.
 """
 
 from __future__ import annotations

@@ -8,12 +8,15 @@ exclusion, and repeated query words; each query is ranked with pruning off and o
 from __future__ import annotations
 
 import random
+import threading
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from lnkmem.index.codec import postings
-from lnkmem.index.rank import prune, search, terms
+from lnkmem.index.rank import prune, scratch, search, terms
 from lnkmem.index.text import query as qlang
 from lnkmem.index.commit import Batch
 from lnkmem.index.store import Store
@@ -118,6 +121,42 @@ def test_a_search_after_others_scores_from_zero(tmp_path):
         first = search.words(st, q, 10)[0]
         for other in ("t2 t3 t4", "t0 t250", "t7"):
             search.words(st, other, 10)
+        assert search.words(st, q, 10)[0] == first
+    finally:
+        st.close()
+
+
+def test_the_score_arrays_held_between_searches_do_not_grow_with_the_threads_that_searched(tmp_path):
+    """A search's arrays over every passage id (~8 MB a set at 1.27M passages) are held
+    between searches, but not one set per thread that ever searched: `serve-many`'s 16
+    tool threads kept ~100 MB of them at 10x. Twelve pool threads search at once; once
+    they are done, at most a couple of sets stay, zeroed (the next searches still score
+    from zero)."""
+    rng = random.Random(5)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, False)
+    threads = 12
+    gate = threading.Barrier(threads)
+
+    def held() -> int:  # bytes allocated by the scratch module and alive now
+        snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, scratch.__file__)])
+        return sum(s.size for s in snap.statistics("filename"))
+
+    try:
+        q = "t0 t1 t200 t300"
+        first = search.words(st, q, 10)[0]
+        tracemalloc.start()
+        try:
+            one_set = 6 * len(st.snapshot.alive)  # scores (float32) and two masks, an entry an id
+
+            def one(_):
+                gate.wait(10)  # every thread of the pool searches (they hold their sets at once)
+                return search.words(st, "t0 t5 t9", 10)[0]
+            with ThreadPoolExecutor(threads) as pool:
+                answers = list(pool.map(one, range(threads)))
+                assert all(a == answers[0] for a in answers)
+                assert held() <= (scratch.KEEP_IDLE + 1) * one_set, (held(), one_set)  # the pool's threads still alive
+        finally:
+            tracemalloc.stop()
         assert search.words(st, q, 10)[0] == first
     finally:
         st.close()

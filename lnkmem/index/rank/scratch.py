@@ -1,5 +1,5 @@
-"""A thread's score arrays over passage ids, kept between its searches
-(:data:`scratch`), and the union of the passages a search scored (:func:`union`)."""
+"""A search's score arrays over passage ids, borrowed from a few kept between
+searches (:data:`scratch`), and the union of the passages a search scored (:func:`union`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,19 @@ import threading
 import numpy as np
 
 
+KEEP_IDLE = 2  # sets of arrays kept between searches, whatever the threads that search
+
+
 class Scratch(threading.local):
-    """A thread's arrays over passage ids, kept between its searches: a search's
-    cost is its postings', not the index's size (zeroing a score per passage of a
-    million-passage index, and scanning it for the union, cost more than a query
-    of rare words). A search writes only where it notes (``touched``, ``marked``),
-    and those places are zeroed after it; after an error the arrays are dropped."""
+    """A thread's arrays over passage ids while it searches: a search's cost is its
+    postings', not the index's size (zeroing a score per passage of a million-passage
+    index, and scanning it for the union, cost more than a query of rare words). A
+    search writes only where it notes (``touched``, ``marked``), and those places
+    are zeroed after it. The arrays are borrowed from a few kept between searches
+    (:data:`KEEP_IDLE`) and given back once zeroed, so memory holds a set per search
+    under way, not per thread that ever searched (at 1.27M passages a set is ~8 MB:
+    `serve-many`'s 16 tool threads kept ~100 MB of them); after an error the set is
+    dropped."""
 
     def __init__(self):
         self.scores = np.zeros(0, np.float32)
@@ -24,24 +31,38 @@ class Scratch(threading.local):
         self.seen_set = False  # whether the touched are set in seen too (a union of many: union)
 
     def take(self, cap: int) -> None:
+        """Borrow a set of arrays over at least ``cap`` ids (zeroed) for a search."""
+        if not len(self.scores):
+            with _idle_lock:
+                if _idle:
+                    self.scores, self.seen, self.inc = _idle.pop()
         if len(self.scores) < cap:
             n = max(cap, len(self.scores) * 5 // 4)
             self.scores, self.seen, self.inc = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
         self.touched, self.marked, self.seen_set = [], [], False
 
     def clean(self) -> None:
+        """Zero what the search wrote and give the set back."""
         for t in self.touched:
             self.scores[t] = 0
             if self.seen_set:
                 self.seen[t] = False
         for m in self.marked:
             self.inc[m] = False
-        self.touched, self.marked, self.seen_set = [], [], False
+        arrays = (self.scores, self.seen, self.inc)
+        self.__init__()
+        if len(arrays[0]):
+            with _idle_lock:
+                if len(_idle) < KEEP_IDLE:
+                    _idle.append(arrays)
 
     def drop(self) -> None:
+        """Let the set go unzeroed (after an error: what it wrote is not known)."""
         self.__init__()
 
 
+_idle: list = []  # zeroed sets of arrays, (scores, seen, inc)
+_idle_lock = threading.Lock()
 scratch = Scratch()
 
 

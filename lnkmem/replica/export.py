@@ -251,8 +251,7 @@ class Export:
             del p64, at
         else:
             live = np.ones(len(pids), bool)
-        sums = np.zeros(len(pids), np.uint64)
-        ref_at = np.repeat(np.arange(len(stored.names), dtype=np.int32), runs)
+        sums = np.zeros(len(pids), "<u8")
         cur: dict = {"i0": 0, "refs": [], "passages": [], "terms": [], "postings": [], "size": 0}
         made = 0
 
@@ -266,12 +265,18 @@ class Export:
 
         names = stored.names
         n = len(pids)
+        # each passage's ref: the runs walked along (no array of a ref index a passage)
+        run_left = (int(r) for r in runs)
+        ref_i, left = -1, 0
         for i in range(n):
+            while not left:
+                ref_i, left = ref_i + 1, next(run_left)
+            left -= 1
             blob = txn.passage(int(pids[i]))
             blob = bytes(blob) if blob is not None and live[i] else b""
             if blob:
                 sums[i] = int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") | 1
-            ref = names[ref_at[i]]
+            ref = names[ref_i]
             cur["refs"].append(ref)
             cur["passages"].append(blob)
             cur["size"] += len(blob) + len(ref) + 12
@@ -287,7 +292,7 @@ class Export:
                 made += 1
         if cur["size"] or not made or cur["i0"] < n:
             yield close(n)
-        self._made = (pids.tobytes(), live.astype(np.uint8).tobytes(), sums.astype("<u8").tobytes())
+        self._made = (bytes(stored.pids), live.astype(np.uint8).tobytes(), sums.tobytes())  # (pids: no copy)
 
 
 def export(store: Store, state: CopyState, of: Optional[str] = None, part: Optional[int] = None,

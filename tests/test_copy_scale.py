@@ -405,6 +405,56 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
 
 
 @pytest.mark.parametrize("batch", [copyfmt.CHECK_POSTINGS, 3])
+def test_a_copys_dead_passages_load_dead_and_find_nothing_before_and_after_a_merge(tmp_path, monkeypatch, batch):
+    """A copy segment whose file stays while a changed file's old passages are marked dead
+    in the head loads them as a local delete leaves them (dead, their lists as stored: not
+    re-packed, the bulk of a 10x load's time with a few changed files): the old words find
+    nothing, the new ones their file, the cache's files and live passages agree (the full
+    check), and a merge of the loaded segments drops them for good."""
+    mem, h = memory(tmp_path / "a", {"a.md": "alphaold words here\nsecond alphaold line\n",
+                                     "b.md": "bravo stays words\n", "c.md": "charlie stays words\n"})
+    st = mem.store
+    bucket: dict = {}
+
+    def write_back() -> copyfmt.Manifest:
+        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
+        bucket.update(exp.blobs)
+        bucket["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+        copyfmt.written(st, exp, f"v{len(bucket)}")
+        return exp.manifest
+
+    first = write_back()
+    h.write("a.md", "alphanew words here\n")
+    mem.refresh_all()
+    m = write_back()
+    assert first.segments[0] in m.segments  # kept: b and c live in it, a's old passages dead
+    from lnkmem.replica import load as copy_load
+    monkeypatch.setattr(copy_load, "CHECK_POSTINGS", batch)
+    dst = Store(str(tmp_path / "cache"))
+    try:
+        copyfmt.load(dst, check_copy(bucket), "v")
+        snap = dst.snapshot
+        assert sum(snap.segs.values()) > snap.live  # the dead passages are in their segment
+
+        def answers():
+            return {q: [dst.passages_of([p])[0].ref for p, _ in bm25(dst, q, 5)]
+                    for q in ("alphaold", "alphanew", "bravo", "charlie", "words")}
+        want = {"alphaold": [], "alphanew": ["home/a.md"], "bravo": ["home/b.md"], "charlie": ["home/c.md"]}
+        got = answers()
+        assert {q: got[q] for q in want} == want and sorted(got["words"]) == ["home/a.md", "home/b.md", "home/c.md"]
+        assert dst.all_files() == st.all_files()
+        dst.reload_snapshot(check=True)  # every live passage is a file's, and back
+        dst.merge(sorted(dst.segment_sizes()))
+        snap = dst.snapshot
+        assert sum(snap.segs.values()) == snap.live  # merged: the dead are gone
+        got = answers()
+        assert {q: got[q] for q in want} == want
+    finally:
+        dst.close()
+        st.close()
+
+
+@pytest.mark.parametrize("batch", [copyfmt.CHECK_POSTINGS, 3])
 def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(tmp_path, monkeypatch, batch):
     """A copy segment keeps its file while some of its passages live; the others are marked dead
     in the head. Once the cache gives those ids to new passages (after a merge freed them), the

@@ -201,6 +201,11 @@ class Writing(Reading):
         every key the table holds (a new segment's, in term order: LMDB's fastest write)."""
         self.txn.cursor(db=self.tables.postings).putmulti(items, append=append)
 
+    def put_dead(self, keys: Iterable[bytes]) -> None:
+        """Mark passages dead (``id_key(pid)`` each, in key order best): their postings stay
+        in their segment, unseen, until a merge drops them."""
+        self.txn.cursor(db=self.tables.dead).putmulti((k, b"") for k in keys)
+
     def put_segment(self, sk: bytes, record: bytes) -> None:
         """List segment ``sk`` with its stored record (:data:`format.seg_codec`)."""
         self.txn.put(sk, record, db=self.tables.segments)

@@ -189,6 +189,7 @@ class _Reader:
         self.ok_refs: dict[str, bool] = {}  # refs checked that the table does not hold
         self.ref_ix: dict[str, int] = {}  # the table's refs -> their index (filled with its pages)
         self.order: Optional[np.ndarray] = None  # sorted old pids when renumbered: new pid = index + 1
+        self.keep_dead = False  # the tombed passages kept dead, their postings in place (_run)
         self.ahead: Optional[ReadAhead] = None  # while it runs
 
     @property
@@ -316,6 +317,16 @@ class _Reader:
                 self._renumber_files()
         seen = np.zeros(len(every), bool)
         self.ref_ix = ref_ix
+        # the tombed passages kept as a local delete leaves them (dead, their postings in
+        # place: re-packing every list that names one was ~22% of a 10x load), when no id
+        # is tombed twice or live elsewhere (ids given again: then their postings go)
+        self.keep_dead = False
+        if self.order is None and not old and any(len(t) for t in tombs):
+            dead_all = np.sort(np.concatenate(tombs))
+            at = np.minimum(np.searchsorted(every, dead_all), max(len(every) - 1, 0))
+            self.keep_dead = bool((dead_all[1:] != dead_all[:-1]).all()) and \
+                not (len(every) and (every[at] == dead_all).any())
+            del dead_all, at
         # segments, part by part
         next_seg = self.txn.meta_int(b"next_seg") if self.txn is not None else 1
         seg_map: dict[int, list[str]] = {}
@@ -360,8 +371,11 @@ class _Reader:
                  check_tomb: bool = True) -> None:
         """One segment, part by part: its live passages (those not in ``tomb``; checked
         against the table, each in one segment only), then its postings (each list's ids
-        those of the segment's passages, checked in batches; the dead ones' postings
-        dropped). Only the live passages reach the cache."""
+        those of the segment's passages, checked in batches). Only the live passages reach
+        the cache; the dead ones' postings are dropped, or with ``keep_dead`` kept as a
+        local delete leaves them (the segment's record names them, the dead table holds
+        their ids)."""
+        keep_dead = self.keep_dead and self.txn is not None
         names: list[str] = []
         runs: list[int] = []
         pid_parts: list[np.ndarray] = []  # the copy's ids, all (u32: 4 bytes a passage, shared with rec_p)
@@ -404,7 +418,7 @@ class _Reader:
                     raise _bad(f"{name}: a passage is in two segments")
                 seen[at] = True
                 refs = s.refs if len(li) == n else [s.refs[i] for i in li.tolist()]
-                for r in set(refs):
+                for r in set(s.refs if keep_dead else refs):  # (a dead passage's ref reaches the cache too)
                     self.check_ref(r, name)
                 get = self.ref_ix.get
                 ix = np.fromiter(map(get, refs, itertools.repeat(-2, len(refs))), np.int64, len(refs))
@@ -413,8 +427,19 @@ class _Reader:
                 blobs = s.passages if len(li) == n else [s.passages[i] for i in li.tolist()]
                 self._check_passages(name, blobs, refs, pids[li], zdict, RATIO * len(raw) + SLACK)
                 # the segment's refs as runs (a file's passages follow one another): where the
-                # file index changes (each ref's index is its own: checked against whose above)
-                if len(ix):
+                # file index changes (each ref's index is its own: checked against whose above);
+                # with the dead kept, where the ref changes (a dead passage's has no index)
+                if keep_dead and len(li) < n:
+                    every_ref = s.refs
+                    starts_l = [0] + [i for i in range(1, n) if every_ref[i] != every_ref[i - 1]]
+                    counts = np.diff(np.append(starts_l, n)).tolist()
+                    run_refs = [every_ref[i] for i in starts_l]
+                    if names and names[-1] == run_refs[0]:
+                        runs[-1] += counts[0]
+                        run_refs, counts = run_refs[1:], counts[1:]
+                    names.extend(run_refs)
+                    runs.extend(counts)
+                elif len(ix):
                     starts = np.flatnonzero(np.concatenate(([True], ix[1:] != ix[:-1])))
                     counts = np.diff(np.append(starts, len(ix))).tolist()
                     run_refs = [refs[i] for i in starts.tolist()]
@@ -425,9 +450,14 @@ class _Reader:
                     runs.extend(counts)
                 new = self.remap(lp)
                 pid_parts.append(pids_u4)
-                new_parts.append(new)
                 lens = np.frombuffer(s.lens, "<u4")
-                len_parts.append(lens[live].tobytes())
+                if keep_dead and len(li) < n:
+                    new_parts.append(pids_u4)
+                    len_parts.append(bytes(s.lens))
+                    self.txn.put_dead(sorted(id_key(int(p)) for p in pids[~live].tolist()))
+                else:
+                    new_parts.append(new)
+                    len_parts.append(lens[live].tobytes())
                 rec_p.append(pids_u4)
                 rec_l.append(live)
                 sums = np.zeros(n, "<u8")
@@ -527,7 +557,7 @@ class _Reader:
                 batch = list(vals[a:b])
                 tomb = self._tomb
                 which = []
-                if len(tomb) and len(pp):  # the dead passages' postings dropped
+                if len(tomb) and len(pp) and not self.keep_dead:  # the dead passages' postings dropped
                     dead = self._tomb_mask
                     if dead is not None:
                         is_dead = dead[np.minimum(pp, len(dead) - 1)] & (pp < len(dead))

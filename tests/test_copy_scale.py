@@ -404,6 +404,19 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
     assert {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"} <= set(check_copy(bridges.copy_files()).refs)
 
 
+def written_into_a_dict(st: Store):
+    """(a bucket as a dict, a write-back of ``st`` into it returning the manifest written)."""
+    bucket: dict = {}
+
+    def write_back() -> copyfmt.Manifest:
+        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
+        bucket.update(exp.blobs)
+        bucket["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+        copyfmt.written(st, exp, f"v{len(bucket)}")
+        return exp.manifest
+    return bucket, write_back
+
+
 @pytest.mark.parametrize("batch", [copyfmt.CHECK_POSTINGS, 3])
 def test_a_copys_dead_passages_load_dead_and_find_nothing_before_and_after_a_merge(tmp_path, monkeypatch, batch):
     """A copy segment whose file stays while a changed file's old passages are marked dead
@@ -414,14 +427,7 @@ def test_a_copys_dead_passages_load_dead_and_find_nothing_before_and_after_a_mer
     mem, h = memory(tmp_path / "a", {"a.md": "alphaold words here\nsecond alphaold line\n",
                                      "b.md": "bravo stays words\n", "c.md": "charlie stays words\n"})
     st = mem.store
-    bucket: dict = {}
-
-    def write_back() -> copyfmt.Manifest:
-        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
-        bucket.update(exp.blobs)
-        bucket["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
-        copyfmt.written(st, exp, f"v{len(bucket)}")
-        return exp.manifest
+    bucket, write_back = written_into_a_dict(st)
 
     first = write_back()
     h.write("a.md", "alphanew words here\n")
@@ -463,14 +469,7 @@ def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(t
     mem, h = memory(tmp_path / "a", {"a.md": "alphaold words here\n", "b.md": "bravo stays\n",
                                      "c.md": "charlie stays\n"})
     st = mem.store
-    bucket: dict = {}
-
-    def write_back() -> copyfmt.Manifest:
-        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
-        bucket.update(exp.blobs)
-        bucket["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
-        copyfmt.written(st, exp, f"v{len(bucket)}")
-        return exp.manifest
+    bucket, write_back = written_into_a_dict(st)
 
     first = write_back()
     old_ids = set(st.all_files()["home/a.md"].pids)

@@ -320,7 +320,6 @@ class _Reader:
         # the tombed passages kept as a local delete leaves them (dead, their postings in
         # place: re-packing every list that names one was ~22% of a 10x load), when no id
         # is tombed twice or live elsewhere (ids given again: then their postings go)
-        self.keep_dead = False
         if self.order is None and not old and any(len(t) for t in tombs):
             dead_all = np.sort(np.concatenate(tombs))
             at = np.minimum(np.searchsorted(every, dead_all), max(len(every) - 1, 0))
@@ -389,7 +388,7 @@ class _Reader:
         nt = len(tomb)
         self._tomb = tomb
         self._tomb_mask = None  # the dead ids as a mask, when they are few enough
-        if nt and int(tomb[-1]) < MASK_IDS:
+        if nt and int(tomb[-1]) < MASK_IDS and not self.keep_dead:  # (only a re-pack reads it)
             self._tomb_mask = np.zeros(int(tomb[-1]) + 1, bool)
             self._tomb_mask[tomb] = True
         for name in parts:
@@ -426,23 +425,19 @@ class _Reader:
                     raise _bad(f"{name}: the table gives a file a passage of another")
                 blobs = s.passages if len(li) == n else [s.passages[i] for i in li.tolist()]
                 self._check_passages(name, blobs, refs, pids[li], zdict, RATIO * len(raw) + SLACK)
+                dead_kept = keep_dead and len(li) < n  # this part's dead passages go in too
                 # the segment's refs as runs (a file's passages follow one another): where the
                 # file index changes (each ref's index is its own: checked against whose above);
                 # with the dead kept, where the ref changes (a dead passage's has no index)
-                if keep_dead and len(li) < n:
-                    every_ref = s.refs
-                    starts_l = [0] + [i for i in range(1, n) if every_ref[i] != every_ref[i - 1]]
-                    counts = np.diff(np.append(starts_l, n)).tolist()
-                    run_refs = [every_ref[i] for i in starts_l]
-                    if names and names[-1] == run_refs[0]:
-                        runs[-1] += counts[0]
-                        run_refs, counts = run_refs[1:], counts[1:]
-                    names.extend(run_refs)
-                    runs.extend(counts)
-                elif len(ix):
-                    starts = np.flatnonzero(np.concatenate(([True], ix[1:] != ix[:-1])))
-                    counts = np.diff(np.append(starts, len(ix))).tolist()
-                    run_refs = [refs[i] for i in starts.tolist()]
+                if dead_kept:
+                    run_of = s.refs
+                    starts = [0] + [i for i in range(1, n) if run_of[i] != run_of[i - 1]]
+                else:
+                    run_of = refs
+                    starts = np.flatnonzero(np.concatenate(([True], ix[1:] != ix[:-1]))).tolist() if len(ix) else []
+                if starts:
+                    counts = np.diff(np.append(starts, len(run_of))).tolist()
+                    run_refs = [run_of[i] for i in starts]
                     if names and names[-1] == run_refs[0]:
                         runs[-1] += counts[0]
                         run_refs, counts = run_refs[1:], counts[1:]
@@ -450,14 +445,13 @@ class _Reader:
                     runs.extend(counts)
                 new = self.remap(lp)
                 pid_parts.append(pids_u4)
-                lens = np.frombuffer(s.lens, "<u4")
-                if keep_dead and len(li) < n:
+                if dead_kept:
                     new_parts.append(pids_u4)
                     len_parts.append(bytes(s.lens))
                     self.txn.put_dead(sorted(id_key(int(p)) for p in pids[~live].tolist()))
                 else:
                     new_parts.append(new)
-                    len_parts.append(lens[live].tobytes())
+                    len_parts.append(np.frombuffer(s.lens, "<u4")[live].tobytes())
                 rec_p.append(pids_u4)
                 rec_l.append(live)
                 sums = np.zeros(n, "<u8")

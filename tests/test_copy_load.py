@@ -84,8 +84,55 @@ def test_an_empty_cache_loads_in_steps_that_no_search_sees_until_the_last(source
         again.close()
 
 
+def test_a_cache_that_holds_files_loads_a_new_version_beside_it_in_steps_then_in_its_place(source, tmp_path):
+    """A newer version of the copy for a cache that holds files (a team reader after each
+    write, a writer after a conflict): written in steps into an index beside the cache
+    (one transaction of the whole copy stayed in LMDB's memory: 800 MiB at 10x), the
+    cache's searches answering from the version it held all along; then put in its place.
+    A read begun on the old store before the swap, and the old store itself, still see
+    the old version; once let go of, it is closed (no cycle waits for the collector: its
+    unlinked file's space comes back); the folder holds the new index only, which opens
+    as it was left."""
+    import weakref
+    files, answers, refs = source
+    mem, _ = memory(tmp_path / "old", {"n/other.md": "narwhal kelp uniq7x1 compass galley note uniq59x2\n"})
+    old = mem.store
+    before = {q: bm25(old, q, 10) for q in QUERIES}
+    assert all(before.values())
+    path = old.path
+    seen = []
+    side = old.open_beside()
+    assert side is not None and side.path == path + Store.BESIDE
+    copyfmt.load_copy(side, copyfmt.decode_manifest(files["manifest.json"]),
+                      fetcher(files, lambda n: seen.append({q: bm25(old, q, 10) for q in QUERIES})),
+                      "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP, was=copyfmt.copy_state(old))
+    assert side.env.info()["last_txnid"] >= 5  # in steps, not one transaction
+    assert seen and all(a == before for a in seen)
+    with old.reading() as r:  # a read under way when the new version takes the old one's place
+        new = old.replaced_by(side)
+        assert r.count("files") == 1
+    try:
+        assert new.path == path and not new.retired and old.retired
+        assert {q: bm25(new, q, 10) for q in QUERIES} == answers
+        assert sorted(new.all_files()) == refs and copyfmt.copy_state(new).version == "v1"
+        assert {q: bm25(old, q, 10) for q in QUERIES} == before  # a search begun on it ends on its version
+        assert not os.path.lexists(path + Store.BESIDE)  # its files unlinked, mapped while read
+        env = weakref.ref(old.env._env)
+        mem.store = old = r = None  # (the read ended; nothing holds it now)
+        assert env() is None  # closed by LMDB as the last reference went
+    finally:
+        new.close()
+    again = Store.open(path)
+    try:
+        assert again.opened_as == "sealed" and sorted(again.all_files()) == refs
+        assert {q: bm25(again, q, 10) for q in QUERIES} == answers
+    finally:
+        again.close()
+
+
 def test_a_cache_that_holds_files_is_replaced_in_one_transaction(source, tmp_path):
-    """Its searches keep answering from the version it held until the new one is whole."""
+    """Where a new version cannot be loaded beside it (a system that cannot swap two folders
+    in one step): its searches keep answering from the version it held until the new one is whole."""
     files, answers, refs = source
     mem, _ = memory(tmp_path / "old", {"n/other.md": "narwhal kelp uniq7x1 compass galley note uniq59x2\n"})
     dst = mem.store
@@ -168,6 +215,64 @@ def test_a_load_killed_midway_is_wiped_at_the_next_open_and_loads_again(source, 
                           None, step=STEP)
         assert {q: bm25(st, q, 10) for q in QUERIES} == answers
         assert sorted(st.all_files()) == refs
+    finally:
+        st.close()
+
+
+BESIDE_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from lnkmem.replica import copy as copyfmt
+    from lnkmem.index.store import Store
+    folder, cache, after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    fetched = []
+    def fetch(name):
+        fetched.append(name)
+        if len(fetched) > after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with open(os.path.join(folder, name), "rb") as f:
+            return f.read()
+    with open(os.path.join(folder, "manifest.json"), "rb") as f:
+        m = copyfmt.decode_manifest(f.read())
+    st = Store(cache)
+    side = st.open_beside()
+    copyfmt.load_copy(side, m, fetch, "v1", %r, None, step=%d, was=copyfmt.copy_state(st))
+    st.replaced_by(side)
+    print("finished")
+    os.kill(os.getpid(), signal.SIGKILL)  # killed once the new version is in place (nothing closed)
+""")
+
+
+@pytest.mark.parametrize("killed", ["loading", "placed"])
+def test_a_load_beside_the_cache_killed_leaves_one_whole_index(source, tmp_path, killed):
+    """The process killed while a newer version is loaded beside a cache that holds files:
+    the memory's next open removes what was left beside it and serves the old version (the
+    copy is loaded again later). Killed once it is in place: the new version, nothing beside."""
+    files, answers, refs = source
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for n, b in files.items():
+        (folder / n).write_bytes(b)
+    mem, h = memory(tmp_path / "old", {"n/other.md": "narwhal kelp uniq7x1 compass galley note uniq59x2\n"})
+    path = mem.store.path
+    before = {q: bm25(mem.store, q, 10) for q in QUERIES}
+    mem.store.close()
+    after = len(files) - 3 if killed == "loading" else len(files) + 5
+    p = subprocess.run([sys.executable, "-c", BESIDE_CHILD % (OF, STEP), str(folder), path, str(after)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, (p.returncode, p.stderr[-2000:])
+    assert ("finished" in p.stdout) == (killed == "placed")
+    if killed == "loading":
+        assert os.path.isdir(path + Store.BESIDE)  # what the killed load wrote
+    st = mem.open_store()
+    try:
+        assert not os.path.lexists(path + Store.BESIDE)
+        assert st.rebuilt_because is None
+        if killed == "loading":
+            assert {q: bm25(st, q, 10) for q in QUERIES} == before
+            assert sorted(st.all_files()) == ["home/n/other.md"]
+        else:
+            assert {q: bm25(st, q, 10) for q in QUERIES} == answers
+            assert sorted(st.all_files()) == refs
     finally:
         st.close()
 

@@ -1,5 +1,5 @@
 """The index's LMDB file: checked before it is mapped, read whole in a child, compacted,
-covered after each write, let go of, wiped; and which of LMDB's errors say it is damaged.
+covered after each write, let go of, swapped with another's folder, wiped; and which of LMDB's errors say it is damaged.
 
 Nothing here knows the index's tables but by name (the deep check's sums, the compaction's
 listed segments): their records are :mod:`lnkmem.index.format`'s.
@@ -15,6 +15,7 @@ import stat
 import struct
 import subprocess
 import sys
+import weakref
 from typing import Optional
 
 import lmdb
@@ -395,6 +396,9 @@ class CoveringEnv:
         self._data = data
         # a SIGBUS in its map (the file cut short under a read) caught, not the process's end
         self.watch = mapguard.watch(data, env.stat()["psize"])
+        # (the token stays through set_mapsize) an environment let go of without its close --
+        # a retired index, closed by LMDB when its last reader ends -- is no longer watched then
+        weakref.finalize(env, mapguard.forget, self.watch)
 
     def __getattr__(self, name):
         return getattr(self._env, name)
@@ -486,6 +490,47 @@ def release_map(data: str) -> None:
 
 
 _madvise = None
+
+
+_renameat2 = None
+
+
+def exchange_folders(a: str, b: str) -> bool:
+    """Swap two folders' names in one step (Linux's renameat2 with RENAME_EXCHANGE): a
+    process killed at any moment leaves each name to one whole folder. False, nothing
+    done, where the system or its file system cannot (then the caller does without)."""
+    global _renameat2
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        if _renameat2 is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            f = libc.renameat2  # (glibc 2.28 and later)
+            f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2 = f
+        at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+        return _renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def can_exchange_folders(where: str) -> bool:
+    """Whether :func:`exchange_folders` works in the folder ``where`` (tried on two
+    folders made in it, removed after)."""
+    a, b = os.path.join(where, ".exchange-a"), os.path.join(where, ".exchange-b")
+    try:
+        os.mkdir(a, 0o700)
+        os.mkdir(b, 0o700)
+        return exchange_folders(a, b)
+    except OSError:
+        return False
+    finally:
+        for p in (a, b):
+            try:
+                os.rmdir(p)
+            except OSError:
+                pass
 
 
 def wipe(path: str) -> None:

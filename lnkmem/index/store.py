@@ -322,6 +322,8 @@ class Store:
             raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
                                       "from the sources; try again in a moment")
         self.check_map()
+        if self.retired:  # its folder's name is another index's now; its own file is unlinked, never cut
+            return
         try:
             # the file first: the pages in use are read from its meta pages, in the map,
             # and a file cut below them is a SIGBUS at that read (caught: mapguard; but
@@ -467,6 +469,9 @@ class Store:
 
     def _close(self, compact: bool) -> None:
         self.merger.stop()  # a merge under way stops at its next step (what it wrote: swept later)
+        if self.retired:  # nothing of it is kept: its folder's name is another index's
+            self.env.close()
+            return
         with self.write_lock:
             whole = self.damaged is None and not self.env.faulted()
             saved = None
@@ -505,6 +510,61 @@ class Store:
                     os.replace(tmp, os.path.join(self.path, SEAL))
                 except (OSError, DamagedIndex):
                     pass
+
+    # --- a whole new version, loaded beside the index and put in its place ------
+
+    BESIDE = ".next"  # the folder beside the index's a new version is loaded into (path + BESIDE)
+
+    retired = False  # another index was put in its place (replaced_by): read, never written or sealed
+
+    @staticmethod
+    def discard_beside(path: str) -> None:
+        """Remove what a load beside the index at ``path`` left (a process killed during it,
+        or the version it replaced); a link by that name is removed, never followed."""
+        side = path + Store.BESIDE
+        if os.path.islink(side) or (os.path.lexists(side) and not os.path.isdir(side)):
+            os.unlink(side)
+        elif os.path.isdir(side):
+            wipe(side)
+            shutil.rmtree(side, ignore_errors=True)
+
+    def open_beside(self) -> Optional["Store"]:
+        """A new, empty index in the folder beside this one's, for a whole version to be
+        written into (in steps: LMDB holds a write transaction's dirty pages in memory until
+        its commit, and keeps them after it) while this one is searched; then
+        :meth:`replaced_by`. Anything found there first is removed. None where the system
+        cannot swap two folders' names in one step (nothing is left beside)."""
+        self.discard_beside(self.path)
+        side = Store(self.path + self.BESIDE)
+        if not lmdbfile.can_exchange_folders(side.path):
+            side.close()
+            self.discard_beside(self.path)
+            return None
+        return side
+
+    def replaced_by(self, side: "Store") -> "Store":
+        """Put ``side`` (:meth:`open_beside`, loaded) in this index's place and return it,
+        opened there. ``side`` is closed (sealed: its open is quick), the two folders swap
+        names in one step (a process killed at any moment leaves the index one whole
+        version, and the leftover is removed at the next :meth:`discard_beside`), and this
+        store is retired: the reads under way, and any begun on it until its owner lets
+        go of it, see the version it held; its merger stops, nobody is told of it again,
+        and its environment closes when the last of them ends (LMDB's own close, as the
+        last reference goes), its file unlinked already. OSError (the folders as they
+        were, ``side`` closed) where the system cannot swap folders in one step."""
+        where = side.path
+        side.close()
+        self.merger.stop()
+        with self.write_lock:  # (no commit of this store between the swap and the retirement)
+            self.retired = True  # first: its guard no longer looks at the file by its folder's name
+            if not lmdbfile.exchange_folders(self.path, where):
+                self.retired = False
+                raise OSError(f"{self.path} and {where} cannot swap names in one step here")
+            self.events = StoreEvents()
+            self._let_go_of_path()  # (its name is the new index's)
+        new = Store.open(self.path)
+        self.discard_beside(self.path)  # this one's files: unlinked, still mapped while read
+        return new
 
     # --- transactions of the tables, typed (lnkmem.index.tables) -------------
 

@@ -645,19 +645,23 @@ def verify(manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str] 
 
 def load_copy(store: Store, manifest: Manifest, fetch: Callable[[str], bytes], version: str,
               of: Optional[str] = None, sources: Optional[Iterable[str]] = None,
-              width: Optional[tuple[str, int]] = None, step: int = LOAD_STEP) -> Verified:
+              width: Optional[tuple[str, int]] = None, step: int = LOAD_STEP,
+              was: Optional[CopyState] = None) -> Verified:
     """Replace the whole cache with this version of the copy, each file fetched, checked and
     written before the next is fetched; CopyDamaged (and the cache as it was) at the first
     check that fails. A cache that holds files is replaced in one write transaction (its
     readers see the old version until the commit); an empty one is written in transactions
     of about ``step`` bytes (LMDB holds a transaction's dirty pages in memory until its
     commit), invisible to readers until the last (the snapshot and the generation move only
-    then) and marked as loading until it, so that a load cut short is wiped at the next open."""
+    then) and marked as loading until it, so that a load cut short is wiped at the next open.
+    ``was``: the copy state of the cache this one will replace (an index loaded beside it,
+    ``Store.open_beside``), else the store's own."""
     with store.write_lock:
         store.forget_listed()  # (the lock is reentrant) every file replaced
         size = sum(blob_size(n) or 0 for n in manifest.names())
         least = 4 * size + (64 << 20)  # room for what it holds decompressed, ids and B-trees
-        v = store.with_map_room(lambda: _load_txn(store, manifest, fetch, version, of, sources, width, step), least)
+        v = store.with_map_room(lambda: _load_txn(store, manifest, fetch, version, of, sources, width, step, was),
+                                least)
         store.let_go_of_map()
         memtrim.trim()  # the load's heap handed back before the snapshot is read
         store.reload_snapshot(check=False)  # (the load checked files and passages agree)
@@ -725,13 +729,13 @@ class _LoadTxns:
 
 
 def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources, width,
-              step: Optional[int]) -> Verified:
+              step: Optional[int], was: Optional[CopyState]) -> Verified:
     with store.reading() as txn:
         empty = txn.count("files") == 0 and txn.count("passages") == 0
     txns = _LoadTxns(store, step if empty else None)
     try:
         txn = txns.txn
-        old = state_in(txn)
+        old = was if was is not None else state_in(txn)
         txn.clear_data()
         r = _Reader(manifest, fetch, of, sources, width, store, txns)
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -58,13 +59,19 @@ class Merger:
     left is swept once (:attr:`swept`)."""
 
     def __init__(self, store):
-        self.store = store
+        # (weakly: a store let go of is freed as its last reference goes, not at a collection
+        # of cycles -- a retired one's environment closes then, its unlinked file's space back)
+        self._store = weakref.ref(store)
         self.thread: Optional[threading.Thread] = None
         self.swept = False
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._holds = 0  # callers holding merges off (:meth:`held`)
         self._holds_lock = threading.Lock()
+
+    @property
+    def store(self):
+        return self._store()
 
     @contextlib.contextmanager
     def held(self):

@@ -175,6 +175,7 @@ class Memory(ServedMemory):
         if self.layout.state_fd is not None:  # its folder never through a link, made here
             index_fd = open_folder(self.layout.index_path, self.layout.agent)
         try:
+            Store.discard_beside(self.layout.index_path)  # a load beside it cut short, or the version it replaced
             store = Store.open(self.layout.index_path)
             if index_fd is not None and not same_folder(index_fd, self.layout.index_path):
                 try:  # another folder by that name now: never one reached through a link
@@ -195,10 +196,27 @@ class Memory(ServedMemory):
         elif store.opened_as == "sealed":
             log.info("index opened in %.2fs: closed cleanly, not checked again%s", time.monotonic() - t,
                      "; its snapshot as saved at that close" if store.snapshot_saved else "")
+        self._hook(store)
+        return store
+
+    def _hook(self, store: Store) -> None:
         store.events.damaged = self._damaged
         store.events.allocated = self._forget_vectors
         store.events.map_grown = self._map_grown
-        return store
+
+    def _put_in_place(self, store: Store, committed, merging: bool) -> None:
+        """A newer version of the copy was loaded beside the index and put in its place
+        (``Store.replaced_by``): serve it from now on, told of its commits as the old one
+        was (``committed``) and merging if it did. The old one is only let go of: the
+        searches under way on it end on the version it held, and LMDB closes it after the last."""
+        self._hook(store)
+        store.events.committed = committed
+        if self.closing:  # stop() closed, or is closing, the store it knew: this one too
+            store.close()
+            return
+        self.store = store
+        if merging:
+            store.start_merger(look=False)  # (the loaded segments merged after the sources are looked at)
 
     _letting_go = False  # a let-go of the map is queued
 
@@ -398,11 +416,19 @@ class Memory(ServedMemory):
         self.last_check = time.monotonic()
         try:
             width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
+            old = self.store
+            committed, merging = old.events.committed, old.merger.thread is not None
+            # a newer version is loaded beside the index (bounded memory; searches answer the
+            # version held meanwhile) and put in its place
             if self.writeback is not None:  # never between a write-back's PUT and its record
                 with self.writeback.lock:
-                    how = attach(self.store, self.layout.replica, set(self.places), width)
+                    how, store = attach(old, self.layout.replica, set(self.places), width, beside=True)
+                    if store is not old:  # (in place before the lock lets a write-back read it)
+                        self._put_in_place(store, committed, merging)
             else:
-                how = attach(self.store, self.layout.replica, set(self.places), width)
+                how, store = attach(old, self.layout.replica, set(self.places), width, beside=True)
+                if store is not old:
+                    self._put_in_place(store, committed, merging)
             log.info("index copy: %s", how)
         except Exception as e:  # the copy can't be read now (a bridge down): serve the cache, write back later
             log.warning("the index copy could not be read: %s", e)
@@ -607,20 +633,24 @@ class Memory(ServedMemory):
         return v
 
     def rank(self, query: str, limit: int, sources=None, under=None, after: Optional[float] = None,
-             before: Optional[float] = None) -> tuple[list[tuple[int, float]], str]:
+             before: Optional[float] = None, store: Optional[Store] = None) -> tuple[list[tuple[int, float]], str]:
         """Best (pid, score) pairs and how they were ranked: "meaning+words" only when
         meaning was used for this query (a query vector, and hits by meaning that
-        pass the query's exclusions, phrases and dates)."""
+        pass the query's exclusions, phrases and dates). ``store``: the one whose
+        passages the caller looks the ids up in (a newer version of the copy may take
+        the index's place meanwhile); else the copy is looked at first (a team reader's)
+        and the index then served is ranked."""
         from lnkmem.index.text import query as qlang
         from lnkmem.index.rank.hybrid import fuse
         from lnkmem.index.rank.search import scores_of
         from lnkmem.index.rank.search import words as by_words
         from lnkmem.index.lmdbfile import DAMAGE_ERRORS
-        self.check_copy()
+        if store is None:
+            self.check_copy()
+            store = self.store
         q = qlang.parse(query)
         meaning = self.embedder is not None and self.vindex.count() > 0 and bool(q.meaning_text.strip())
         depth = max(limit, CANDIDATES) if meaning else limit
-        store = self.store
         try:
             words, checks = by_words(store, q, limit, sources, under, candidates=depth, after=after, before=before)
         except DAMAGE_ERRORS as e:  # a page found damaged under the search: this call fails, the index is rebuilt
@@ -632,8 +662,8 @@ class Memory(ServedMemory):
         if meaning:
             v = self.query_vector(q.meaning_text)
             if v is not None:
-                near = self.vindex.search(self.store, v, depth * (4 if checks.any else 1), sources, under)
-                near = checks.filter(self.store, near, depth)
+                near = self.vindex.search(store, v, depth * (4 if checks.any else 1), sources, under)
+                near = checks.filter(store, near, depth)
                 if near:
                     # every passage of the union scored by both rankings: BM25 for those
                     # only meaning found, cosine for those only words found

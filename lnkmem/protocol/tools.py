@@ -67,7 +67,8 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
     except ValueError as e:
         raise ToolError(str(e)) from None
     _wait_open(memory)
-    store = memory.store
+    memory.check_copy()  # (a team reader's newer version, loaded now, is the one searched)
+    store = memory.store  # one index for the ranking and its passages: a newer one may take its place
     sources = args.sources
     if sources is not None:
         sources = [s for s in sources if s in memory.places]
@@ -83,7 +84,7 @@ def search(memory: Memory, args: SearchArgs) -> tuple[str, dict]:
         # files ignored since they were indexed (out of the index at the next pass) are
         # never shown (§3.2); the ranking is asked again, deeper, until `limit` hits
         # remain or it has no more to give
-        pairs, ranked = memory.rank(args.query, want, sources, args.under or None, after, before)
+        pairs, ranked = memory.rank(args.query, want, sources, args.under or None, after, before, store)
         hits, dropped = [], 0
         for (pid, score), p in zip(pairs, store.passages_of(p for p, _ in pairs)):
             if p is None:

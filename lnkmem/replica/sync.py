@@ -18,6 +18,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from typing import Callable, Optional
 
 from lnkmem.bridges.http import BridgeDown, TooLarge
@@ -144,26 +145,40 @@ class Replica:
         return True
 
 
-def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[str, int]] = None) -> str:
+def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[str, int]] = None,
+           beside: bool = False) -> tuple[str, Store]:
     """Make the cache one version of the copy (§7.2). Returns what happened:
     "reused" (same version), "loaded" (another version, verified), "missing"
     (no copy), "damaged" (the copy failed a check: the cache is kept, to be
     brought up to date from the sources, and the next write-back replaces the
-    copy, conditionally on the version seen)."""
+    copy, conditionally on the version seen); and the store that now holds the
+    cache. ``beside``: a cache that holds files has a newer version loaded into an
+    index beside it, in steps of bounded memory, and put in its place
+    (``Store.replaced_by``: the store returned; ``store`` is retired), its searches
+    answering from the version it held until then; else it is replaced in one
+    write transaction, which LMDB holds in memory whole."""
     state = copyfmt.copy_state(store)
     for _ in range(5):
         try:
             manifest, version = replica.manifest(state.version)
         except NotFound:
-            return "missing"
+            return "missing", store
         except copyfmt.CopyDamaged as e:
             log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
             copyfmt.damaged(store, e.version)
-            return "damaged"
+            return "damaged", store
         if manifest is None:
-            return "reused"
+            return "reused", store
+        side = store.open_beside() if beside and store.file_count() else None
         try:
-            copyfmt.load_copy(store, manifest, replica.fetch, version, replica.of, sources, width)
+            if side is None:
+                copyfmt.load_copy(store, manifest, replica.fetch, version, replica.of, sources, width)
+            else:
+                with store.merges_held():  # (its merges would be thrown away, and add to the load's peak)
+                    copyfmt.load_copy(side, manifest, replica.fetch, version, replica.of, sources, width,
+                                      was=state)
+                placed, side = store.replaced_by(side), None
+                return "loaded", placed
         except NotFound as e:  # vanished under a newer write, or never there
             try:
                 again, _ = replica.manifest(version)
@@ -173,13 +188,17 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
                 log.warning("the index copy is damaged (a file it names is missing: %s); "
                             "it will be replaced from the sources", e)
                 copyfmt.damaged(store, version)
-                return "damaged"
+                return "damaged", store
             continue
         except copyfmt.CopyDamaged as e:
             log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
             copyfmt.damaged(store, version)
-            return "damaged"
-        return "loaded"
+            return "damaged", store
+        finally:
+            if side is not None:  # not loaded, or not put in place: nothing of it is kept
+                side.close()
+                Store.discard_beside(store.path)
+        return "loaded", store
     raise BridgeDown("the copy kept changing while it was read")
 
 
@@ -266,7 +285,7 @@ class WriteBack:
         self._dirty_since: Optional[float] = None  # the first unwritten change
         self._last_change = 0.0  # the latest change
         self._look = True  # look at the cache for unwritten changes (first: at start)
-        self._seen = None  # the store last looked at
+        self._seen = None  # the store last looked at, weakly (one put in another's place is let go of)
         self._backoff = self.BACKOFF_FIRST
         self._flush_waiters: list[threading.Event] = []
         self._stop = False
@@ -423,9 +442,9 @@ class WriteBack:
                     return None
                 if not self._flush_waiters:
                     store = self.store_of()
-                    if store is not self._seen:  # the first, or a new one (rebuilt): look at it
-                        self._look = True
-                        self._seen = store
+                    if store is not (self._seen() if self._seen is not None else None):
+                        self._look = True  # the first, or a new one (rebuilt, or another's place taken): look at it
+                        self._seen = weakref.ref(store) if store is not None else None
                     look = self._look
                     self._look = False
                     if not look:
@@ -437,7 +456,7 @@ class WriteBack:
                             self._cond.wait(wait)
                             continue
             if look:
-                self._look_at(self._seen)
+                self._look_at(self._seen() if self._seen is not None else None)
                 continue
             with self._cond:
                 waiters, self._flush_waiters = self._flush_waiters, []
@@ -483,8 +502,8 @@ class WriteBack:
         longer names -- of the version it replaced, or sent by a write-back that
         never got to its manifest -- is deleted (:meth:`sweep`)."""
         with self.lock:
-            store = self.store_of()
             for attempt in range(10):
+                store = self.store_of()  # (a reload puts a newer version's index in the old one's place)
                 state = copyfmt.copy_state(store)
                 if not copyfmt.dirty(store, state):
                     self.state = "clean"

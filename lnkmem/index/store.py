@@ -556,11 +556,12 @@ class Store:
         side.close()
         self.merger.stop()
         with self.write_lock:  # (no commit of this store between the swap and the retirement)
-            self.retired = True  # first: its guard no longer looks at the file by its folder's name
+            # first: its guard no longer looks at the file by its folder's name, and a read
+            # that looked just before and met the other file tells nobody
+            events, self.events, self.retired = self.events, StoreEvents(), True
             if not lmdbfile.exchange_folders(self.path, where):
-                self.retired = False
+                self.events, self.retired = events, False
                 raise OSError(f"{self.path} and {where} cannot swap names in one step here")
-            self.events = StoreEvents()
             self._let_go_of_path()  # (its name is the new index's)
         new = Store.open(self.path)
         self.discard_beside(self.path)  # this one's files: unlinked, still mapped while read

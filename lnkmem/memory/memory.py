@@ -430,6 +430,9 @@ class Memory(ServedMemory):
                 if store is not old:
                     self._put_in_place(store, committed, merging)
             log.info("index copy: %s", how)
+            if store is not old:  # the old store let go of here (the searches on it end soon), and
+                old = store = None  # what it and the load held handed back before the sources are listed
+                memtrim.trim()
         except Exception as e:  # the copy can't be read now (a bridge down): serve the cache, write back later
             log.warning("the index copy could not be read: %s", e)
             return None

@@ -37,6 +37,11 @@ only when asked), VmRSS of ``serve-many`` sampled every 50 ms:
   peak RSS; the cold load against re-indexing (goal: at least 3x faster).
 
 ``--record`` writes that table to the ``bench:bound-scale`` section.
+
+``--scale S --again N``: only N cold loads from the copy the last full run left;
+``--scale S --reload``: only a newer version loaded while serving (``reload_again``:
+one engine serves the cold-loaded cache and is searched while another changes a
+file and flushes), printed, not recorded.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ sys.dont_write_bytecode = True
 
 import argparse
 import json
+from typing import Optional
 import os
 import shutil
 import statistics
@@ -323,8 +329,8 @@ def place_corpus(scale: float, br: Bridges) -> dict:
     return {"files": n, "stamp": stamp}
 
 
-def scale_run(base: Path, br: Bridges, cache: Path, name: str):
-    m = Many(base / name / "mem.sock", {}, br.flags() + ["--cache", str(cache), "--stay"], env=SCALE_ENV)
+def scale_run(base: Path, br: Bridges, cache: Path, name: str, env: Optional[dict] = None):
+    m = Many(base / name / "mem.sock", {}, br.flags() + ["--cache", str(cache), "--stay"], env={**SCALE_ENV, **(env or {})})
     if m.proc.poll() is not None:
         raise RuntimeError(f"serve-many did not start: {m.stderr()[-2000:]}")
     time.sleep(0.5)
@@ -484,6 +490,94 @@ def cold_again(scale: float, runs: int = 1) -> dict:
     return r
 
 
+RECHECK_S = 3  # the serving engine's look at the copy's version (LNKMEM_RECHECK_S) in reload_again
+
+
+def deleted_indexes(pid: int) -> int:
+    """How many unlinked index files (``*.mdb (deleted)``) process ``pid`` maps or holds open."""
+    held = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+        with open(f"/proc/{pid}/maps") as f:
+            held.update(line.split(None, 5)[-1].strip() for line in f if line.count(" ") >= 5)
+    except OSError:
+        return 0
+    return sum(1 for h in held if h.endswith(".mdb (deleted)"))
+
+
+def reload_again(scale: float) -> dict:
+    """A newer version of the copy loaded while serving, from what the last full run at
+    ``scale`` left in bench/out: one engine serves the cold-loaded cache (``cache-b``,
+    looking at the copy's version every RECHECK_S s) and is searched all along; another,
+    on the writer's cache (``cache-a``), changes one file and flushes; the first loads
+    that version beside its cache and serves it in its place. Measured on the first:
+    the flush's answer → a search finding the changed file, peak RSS meanwhile, what it
+    holds after, searches that failed, unlinked index files it still holds."""
+    base = Path(OUT + f"-scale-{scale:g}")
+    if not (base / "cache-a").is_dir() or not (base / "cache-b").is_dir():
+        raise SystemExit(f"no caches left at {base}: run --scale {scale:g} once first")
+    br = Bridges(base / "link", bindings={"a1": {"owner": "o1", "key": KEY}})
+    r: dict = {"scale": scale, "load": [loadavg()]}
+    flush = {"flush": {"owner": "o1", "agent": "a1"}}
+    word = f"zanzibarwalrus{int(time.time())}"
+    try:
+        m, rss = scale_run(base, br, base / "cache-b", "reader", {"LNKMEM_RECHECK_S": str(RECHECK_S)})
+        r["serve_s"], c = ready(m, br)
+        log(f"  serving the cold-loaded cache after {r['serve_s']:.1f} s")
+        w, wrss = scale_run(base, br, base / "cache-a", "writer")
+        ready(w, br)[1].close()
+        f = sorted(br.home("a1").rglob("*.md"))[4242 % 1000]
+        with open(f, "a") as fh:
+            fh.write(f"\n\nA later paragraph on the {word}, added by the benchmark.\n")
+        control(w, {"changed": {"owner": "o1", "agent": "a1", "path": "home/" + f.relative_to(br.home("a1")).as_posix()}})
+        time.sleep(1)
+        control(w, flush)
+        wrss.stop()
+        w.stop()
+        before = rss.mark()
+        r["rss_before"], r["anon_before"] = before.get("VmRSS", 0) * 1024, before.get("RssAnon", 0) * 1024
+        t0 = time.perf_counter()
+        searches = failed = 0
+        while time.perf_counter() - t0 < 1800:
+            searches += 1
+            try:
+                if word in json.dumps(c.search(word)["structuredContent"]):
+                    break
+            except Exception:
+                failed += 1
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("the newer version was never served")
+        r["reload_s"] = time.perf_counter() - t0
+        r["reload_rss"], r["reload_anon"] = rss.peak("VmRSS") * 1024, rss.peak("RssAnon") * 1024
+        r["searches"], r["failed"] = searches, failed
+        # then what the new version asks for (the loaded segments' merges), until the process is idle
+        rss.mark()
+        r["settle_s"] = settled(m.proc.pid)
+        r["settle_rss"], r["settle_anon"] = rss.peak("VmRSS") * 1024, rss.peak("RssAnon") * 1024
+        after = rss.mark()
+        r["rss_after"], r["anon_after"] = after.get("VmRSS", 0) * 1024, after.get("RssAnon", 0) * 1024
+        r["deleted_held"] = deleted_indexes(m.proc.pid)
+        r["beside_left"] = os.path.lexists(base / "cache-b" / "o1" / "a1" / "index.next")
+        mib = 2 ** 20
+        log(f"  the newer version served {r['reload_s']:.1f} s after the flush; RSS {r['rss_before'] / mib:.0f} -> "
+            f"peak {r['reload_rss'] / mib:.0f} MiB (anonymous {r['anon_before'] / mib:.0f} -> {r['reload_anon'] / mib:.0f}), "
+            f"then idle {r['settle_s']:.0f} s later, peak meanwhile {r['settle_rss'] / mib:.0f} ({r['settle_anon'] / mib:.0f}), "
+            f"after {r['rss_after'] / mib:.0f} ({r['anon_after'] / mib:.0f}); {searches} searches meanwhile, {failed} failed; "
+            f"unlinked index files held {r['deleted_held']}")
+        c.close()
+        rss.stop()
+        m.stop()
+    finally:
+        br.stop()
+    r["load"].append(loadavg())
+    return r
+
+
 def table_scale(rs: list) -> str:
     mib = 2 ** 20
     head = "| | " + " | ".join(f"{r['scale']:g}× ({r['files']} files, {r['home_bytes'] / 1e6:.0f} MB)" for r in rs) + " |"
@@ -524,10 +618,17 @@ def main(argv=None) -> int:
                     help="the copy at scale S of bench/corpus.py instead (repeatable: 0.25, 1, 4, 10)")
     ap.add_argument("--again", type=int, metavar="N",
                     help="with --scale: only N cold loads, from the copy the last full run at that scale left")
+    ap.add_argument("--reload", action="store_true",
+                    help="with --scale: only a newer version loaded while serving, from what the last full run left")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = machine()
+    if a.reload:
+        for s in a.scale or []:
+            r = reload_again(s)
+            print(json.dumps(r))
+        return 0
     if a.again:
         for s in a.scale or []:
             r = cold_again(s, a.again)
@@ -544,7 +645,7 @@ def main(argv=None) -> int:
             commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                     text=True).stdout.strip() or "?"
             cmd = ".venv/bin/python bench/bench_bound.py" + "".join(f" --scale {s:g}" for s in a.scale)
-            record(text, cmd, when, f"{mach}, commit {commit}", "bound-scale", "Bound copy at scale")
+            record(text, cmd, when, mach, "bound-scale", "Bound copy at scale", commit)
             log("recorded in docs/BENCHMARKS.md")
         return 0
     r = bench(QUICK if a.quick else FULL)

@@ -64,7 +64,7 @@ import common  # noqa: E402  (first of ours: it puts the repository's root on th
 from common import HERE, ROOT  # noqa: E402
 from bench_many import Corpus, loadavg, log, machine, record  # noqa: E402
 from tests.bridges import KEY, OTHER_KEY, Bridges  # noqa: E402
-from tests.helpers import Many  # noqa: E402
+from tests.helpers import Many, deleted_indexes  # noqa: E402
 
 OUT = os.path.join(HERE, "out", "bound")
 WRITEBACK_S = "0.5"
@@ -493,22 +493,6 @@ def cold_again(scale: float, runs: int = 1) -> dict:
 RECHECK_S = 3  # the serving engine's look at the copy's version (LNKMEM_RECHECK_S) in reload_again
 
 
-def deleted_indexes(pid: int) -> int:
-    """How many unlinked index files (``*.mdb (deleted)``) process ``pid`` maps or holds open."""
-    held = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                pass
-        with open(f"/proc/{pid}/maps") as f:
-            held.update(line.split(None, 5)[-1].strip() for line in f if line.count(" ") >= 5)
-    except OSError:
-        return 0
-    return sum(1 for h in held if h.endswith(".mdb (deleted)"))
-
-
 def reload_again(scale: float) -> dict:
     """A newer version of the copy loaded while serving, from what the last full run at
     ``scale`` left in bench/out: one engine serves the cold-loaded cache (``cache-b``,
@@ -561,7 +545,7 @@ def reload_again(scale: float) -> dict:
         r["settle_rss"], r["settle_anon"] = rss.peak("VmRSS") * 1024, rss.peak("RssAnon") * 1024
         after = rss.mark()
         r["rss_after"], r["anon_after"] = after.get("VmRSS", 0) * 1024, after.get("RssAnon", 0) * 1024
-        r["deleted_held"] = deleted_indexes(m.proc.pid)
+        r["deleted_held"] = len(deleted_indexes(m.proc.pid))
         r["beside_left"] = os.path.lexists(base / "cache-b" / "o1" / "a1" / "index.next")
         mib = 2 ** 20
         log(f"  the newer version served {r['reload_s']:.1f} s after the flush; RSS {r['rss_before'] / mib:.0f} -> "

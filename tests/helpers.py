@@ -20,6 +20,22 @@ BIN = Path(sys.executable).parent
 PROGRAM = str(BIN / "lnk-lnkmem")
 
 
+def deleted_indexes(pid: int) -> list:
+    """The index files (``*.mdb``) process ``pid`` maps or holds open though they were unlinked."""
+    held = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+        with open(f"/proc/{pid}/maps") as f:
+            held.update(line.split(None, 5)[-1].strip() for line in f if line.count(" ") >= 5)
+    except OSError:
+        return []
+    return sorted(h for h in held if h.endswith(".mdb (deleted)"))
+
+
 def run_cli(*args: str, env: Optional[dict] = None, timeout: float = 60, input: Optional[bytes] = None):
     e = base_env()
     e.update(env or {})

@@ -189,6 +189,12 @@ CHILD = textwrap.dedent("""
     with open(os.path.join(folder, "manifest.json"), "rb") as f:
         m = copyfmt.decode_manifest(f.read())
     st = Store(cache)
+    if len(sys.argv) > 4:  # beside the cache (it holds files), then in its place
+        side = st.open_beside()
+        copyfmt.load_copy(side, m, fetch, "v1", %r, None, step=%d, was=copyfmt.copy_state(st))
+        st.replaced_by(side)
+        print("finished")
+        os.kill(os.getpid(), signal.SIGKILL)  # killed once the new version is in place (nothing closed)
     copyfmt.load_copy(st, m, fetch, "v1", %r, None, step=%d)
     print("finished")
 """)
@@ -202,7 +208,7 @@ def test_a_load_killed_midway_is_wiped_at_the_next_open_and_loads_again(source, 
         (folder / n).write_bytes(b)
     cache = str(tmp_path / "cache")
     total = len(files) - 1
-    p = subprocess.run([sys.executable, "-c", CHILD % (OF, STEP), str(folder), cache, str(total - 2)],
+    p = subprocess.run([sys.executable, "-c", CHILD % (OF, STEP, OF, STEP), str(folder), cache, str(total - 2)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == -9 and "finished" not in p.stdout, (p.returncode, p.stderr[-2000:])
     st = Store.open(cache)
@@ -217,29 +223,6 @@ def test_a_load_killed_midway_is_wiped_at_the_next_open_and_loads_again(source, 
         assert sorted(st.all_files()) == refs
     finally:
         st.close()
-
-
-BESIDE_CHILD = textwrap.dedent("""
-    import os, signal, sys
-    from lnkmem.replica import copy as copyfmt
-    from lnkmem.index.store import Store
-    folder, cache, after = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    fetched = []
-    def fetch(name):
-        fetched.append(name)
-        if len(fetched) > after:
-            os.kill(os.getpid(), signal.SIGKILL)
-        with open(os.path.join(folder, name), "rb") as f:
-            return f.read()
-    with open(os.path.join(folder, "manifest.json"), "rb") as f:
-        m = copyfmt.decode_manifest(f.read())
-    st = Store(cache)
-    side = st.open_beside()
-    copyfmt.load_copy(side, m, fetch, "v1", %r, None, step=%d, was=copyfmt.copy_state(st))
-    st.replaced_by(side)
-    print("finished")
-    os.kill(os.getpid(), signal.SIGKILL)  # killed once the new version is in place (nothing closed)
-""")
 
 
 @pytest.mark.parametrize("killed", ["loading", "placed"])
@@ -257,7 +240,8 @@ def test_a_load_beside_the_cache_killed_leaves_one_whole_index(source, tmp_path,
     before = {q: bm25(mem.store, q, 10) for q in QUERIES}
     mem.store.close()
     after = len(files) - 3 if killed == "loading" else len(files) + 5
-    p = subprocess.run([sys.executable, "-c", BESIDE_CHILD % (OF, STEP), str(folder), path, str(after)],
+    p = subprocess.run([sys.executable, "-c", CHILD % (OF, STEP, OF, STEP), str(folder), path, str(after),
+                        "beside"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == -9, (p.returncode, p.stderr[-2000:])
     assert ("finished" in p.stdout) == (killed == "placed")

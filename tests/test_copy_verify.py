@@ -24,7 +24,7 @@ from lnkmem.bridges.place import NotFound
 from lnkmem.replica import copy as copyfmt
 from lnkmem.index.codec import textpack
 from tests.bridges import KEY, OTHER_KEY, Bridges, Layout, hits
-from tests.helpers import Home, until
+from tests.helpers import Home, deleted_indexes, until
 
 OF = "agent o1/a1"
 
@@ -384,19 +384,6 @@ def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
         # held open once the searches on it ended (its environment closed: its space came back)
         assert until(lambda: not deleted_indexes(a.proc.pid), timeout=5), deleted_indexes(a.proc.pid)
         assert "home/docs/plan.md" in hits(ca, "narwhal")
-
-
-def deleted_indexes(pid: int) -> list:
-    """The index files ``pid`` maps or holds open though they were unlinked."""
-    held = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            held.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            pass
-    with open(f"/proc/{pid}/maps") as f:
-        held += [line.split(None, 5)[-1].strip() for line in f]
-    return sorted({h for h in held if h.endswith(".mdb (deleted)")})
 
 
 def test_a_team_reader_looks_at_the_copy_again_before_a_search(tmp_path):

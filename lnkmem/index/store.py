@@ -548,12 +548,15 @@ class Store:
         names in one step (a process killed at any moment leaves the index one whole
         version, and the leftover is removed at the next :meth:`discard_beside`), and this
         store is retired: the reads under way, and any begun on it until its owner lets
-        go of it, see the version it held; its merger stops, nobody is told of it again,
-        and its environment closes when the last of them ends (LMDB's own close, as the
-        last reference goes), its file unlinked already. OSError (the folders as they
-        were, ``side`` closed) where the system cannot swap folders in one step."""
+        go of it, see the version it held; its owner is told of the new one instead (its
+        events), which merges if this one did, on a merger told to look at its first wake;
+        this one's merger stops, and its environment closes when the last of its reads
+        ends (LMDB's own close, as the last reference goes), its file unlinked already.
+        OSError (the folders as they were, ``side`` closed) where the system cannot swap
+        folders in one step."""
         where = side.path
         side.close()
+        merging = self.merger.thread is not None
         self.merger.stop()
         with self.write_lock:  # (no commit of this store between the swap and the retirement)
             # first: its guard no longer looks at the file by its folder's name, and a read
@@ -564,6 +567,9 @@ class Store:
                 raise OSError(f"{self.path} and {where} cannot swap names in one step here")
             self._let_go_of_path()  # (its name is the new index's)
         new = Store.open(self.path)
+        new.events = events
+        if merging:
+            new.start_merger(look=False)  # (the loaded segments merged after the sources are looked at)
         self.discard_beside(self.path)  # this one's files: unlinked, still mapped while read
         return new
 

@@ -9,6 +9,7 @@ one queue to that same thread, the index's only writer.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -196,27 +197,10 @@ class Memory(ServedMemory):
         elif store.opened_as == "sealed":
             log.info("index opened in %.2fs: closed cleanly, not checked again%s", time.monotonic() - t,
                      "; its snapshot as saved at that close" if store.snapshot_saved else "")
-        self._hook(store)
-        return store
-
-    def _hook(self, store: Store) -> None:
         store.events.damaged = self._damaged
         store.events.allocated = self._forget_vectors
         store.events.map_grown = self._map_grown
-
-    def _put_in_place(self, store: Store, committed, merging: bool) -> None:
-        """A newer version of the copy was loaded beside the index and put in its place
-        (``Store.replaced_by``): serve it from now on, told of its commits as the old one
-        was (``committed``) and merging if it did. The old one is only let go of: the
-        searches under way on it end on the version it held, and LMDB closes it after the last."""
-        self._hook(store)
-        store.events.committed = committed
-        if self.closing:  # stop() closed, or is closing, the store it knew: this one too
-            store.close()
-            return
-        self.store = store
-        if merging:
-            store.start_merger(look=False)  # (the loaded segments merged after the sources are looked at)
+        return store
 
     _letting_go = False  # a let-go of the map is queued
 
@@ -417,18 +401,16 @@ class Memory(ServedMemory):
         try:
             width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
             old = self.store
-            committed, merging = old.events.committed, old.merger.thread is not None
-            # a newer version is loaded beside the index (bounded memory; searches answer the
-            # version held meanwhile) and put in its place
-            if self.writeback is not None:  # never between a write-back's PUT and its record
-                with self.writeback.lock:
-                    how, store = attach(old, self.layout.replica, set(self.places), width, beside=True)
-                    if store is not old:  # (in place before the lock lets a write-back read it)
-                        self._put_in_place(store, committed, merging)
-            else:
+            # never between a write-back's PUT and its record
+            with self.writeback.lock if self.writeback is not None else contextlib.nullcontext():
+                # a newer version is loaded beside the index (bounded memory; searches answer
+                # the version held meanwhile) and put in its place (with its events and merger)
                 how, store = attach(old, self.layout.replica, set(self.places), width, beside=True)
-                if store is not old:
-                    self._put_in_place(store, committed, merging)
+                if store is not old:  # served before the lock lets a write-back read the index
+                    if self.closing:  # stop() closed, or is closing, the store it knew: this one too
+                        store.close()
+                    else:
+                        self.store = store
             log.info("index copy: %s", how)
             if store is not old:  # the old store let go of here (the searches on it end soon), and
                 old = store = None  # what it and the load held handed back before the sources are listed

@@ -202,6 +202,11 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
     raise BridgeDown("the copy kept changing while it was read")
 
 
+def _none() -> None:
+    """What ``WriteBack._seen`` gives back before any store was looked at (a weak reference's call, in shape)."""
+    return None
+
+
 class StateFile:
     """Shows a write-back's state in a small JSON file of the cache's own folder (written
     whole and renamed at each transition), for `lnk-lnkmem status`: ``state``, ``since``
@@ -285,7 +290,7 @@ class WriteBack:
         self._dirty_since: Optional[float] = None  # the first unwritten change
         self._last_change = 0.0  # the latest change
         self._look = True  # look at the cache for unwritten changes (first: at start)
-        self._seen = None  # the store last looked at, weakly (one put in another's place is let go of)
+        self._seen = _none  # the store last looked at, weakly (one put in another's place is let go of)
         self._backoff = self.BACKOFF_FIRST
         self._flush_waiters: list[threading.Event] = []
         self._stop = False
@@ -442,9 +447,9 @@ class WriteBack:
                     return None
                 if not self._flush_waiters:
                     store = self.store_of()
-                    if store is not (self._seen() if self._seen is not None else None):
-                        self._look = True  # the first, or a new one (rebuilt, or another's place taken): look at it
-                        self._seen = weakref.ref(store) if store is not None else None
+                    if store is not self._seen():  # the first, or a new one (rebuilt, or another's place taken)
+                        self._look = True
+                        self._seen = weakref.ref(store) if store is not None else _none
                     look = self._look
                     self._look = False
                     if not look:
@@ -456,7 +461,7 @@ class WriteBack:
                             self._cond.wait(wait)
                             continue
             if look:
-                self._look_at(self._seen() if self._seen is not None else None)
+                self._look_at(self._seen())
                 continue
             with self._cond:
                 waiters, self._flush_waiters = self._flush_waiters, []

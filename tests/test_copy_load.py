@@ -351,3 +351,88 @@ def test_a_cache_of_the_previous_formats_copy_keeps_its_version_once_a_write_bac
         assert after.doomed == ["seg-" + "0" * 40 + "-10.bin"]
     finally:
         st.close()
+
+
+def test_searches_straddling_many_loads_beside_the_cache_never_meet_damage(source, tmp_path):
+    """Issue 45: a newer version loaded while searches run answered "the index is damaged
+    (data.mdb holds N bytes but the index uses M)" and the healthy index was rebuilt: a
+    search's guard on the store being replaced looked at data.mdb by its folder's name,
+    which names the new index's file once the folders swap. Four threads search whichever
+    store is current (and the one they held) through 12 loads beside it and swaps: no
+    search meets damage, no store is marked damaged, every answer is of one version."""
+    import threading
+    from lnkmem.core.errors import DamagedIndex
+    files, answers, refs = source
+    mem, _ = memory(tmp_path / "old", {"n/other.md": "narwhal kelp uniq7x1 compass galley note uniq59x2\n"})
+    exp = copyfmt.export(mem.store, copyfmt.CopyState(), OF)
+    small = dict(exp.blobs)
+    small["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    before = {q: bm25(mem.store, q, 10) for q in QUERIES}
+    stores = [mem.store]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # (the threads interleave finely: the swap lands inside a guard)
+    errors: list = []
+    stop = threading.Event()
+
+    def search() -> None:
+        n = 0
+        while not stop.is_set():
+            st = stores[-1]
+            try:
+                st.refresh()
+                got = {q: bm25(st, q, 10) for q in QUERIES[:2]}
+            except DamagedIndex as e:
+                errors.append(repr(e))
+                continue
+            assert got in ({q: before[q] for q in QUERIES[:2]}, {q: answers[q] for q in QUERIES[:2]})
+            n += 1
+
+    threads = [threading.Thread(target=search, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(12):  # the large version and the small one in turn (a file shorter than the other's pages)
+            copy = files if i % 2 == 0 else small
+            old = stores[-1]
+            side = old.open_beside()
+            assert side is not None
+            copyfmt.load_copy(side, copyfmt.decode_manifest(copy["manifest.json"]), fetcher(copy), f"v{i}", OF,
+                              {"home", "chats", "skills", "notes"}, step=STEP, was=copyfmt.copy_state(old))
+            stores.append(old.replaced_by(side))
+    finally:
+        sys.setswitchinterval(switch)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    try:
+        assert errors == []
+        assert all(s.damaged is None for s in stores)
+        assert {q: bm25(stores[-1], q, 10) for q in QUERIES} == before
+    finally:
+        stores[-1].close()
+
+
+
+def test_a_store_whose_folder_name_goes_to_another_index_searches_its_own_file(source, tmp_path):
+    """Issue 45 (and 46): a search's guard looked at data.mdb by its folder's name, so once
+    that name named another index's file -- a newer version put in the folder's place while
+    a search was under way, a rebuild, a folder swapped by someone else -- a shorter file
+    there was taken for this index's cut short: "the index is damaged (data.mdb holds N
+    bytes but the index uses M)", and the healthy index rebuilt. The guard looks at the
+    file the store maps."""
+    files, answers, refs = source
+    big = Store(str(tmp_path / "big"))
+    copyfmt.load_copy(big, copyfmt.decode_manifest(files["manifest.json"]), fetcher(files), "v1", OF,
+                      {"home", "chats", "skills", "notes"})
+    mem, _ = memory(tmp_path / "small", {"n/other.md": "a walrus\n"})
+    small = mem.store
+    try:
+        assert os.path.getsize(small.data) < os.path.getsize(big.data)
+        os.rename(big.path, str(tmp_path / "aside"))  # the big index's folder name now the small one's
+        os.rename(small.path, big.path)
+        big.refresh()
+        assert {q: bm25(big, q, 10) for q in QUERIES} == answers
+        assert big.damaged is None and small.damaged is None
+    finally:
+        big.close()
+        small.close()

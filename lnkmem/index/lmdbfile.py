@@ -15,6 +15,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import weakref
 from typing import Optional
 
@@ -389,16 +390,22 @@ class CoveringEnv:
     so after each commit the file is extended (zeros, never shortened) to cover them.
     Everything else is the environment's own."""
 
-    __slots__ = ("_env", "_data", "watch")
+    __slots__ = ("_env", "_data", "_file", "watch")
 
     def __init__(self, env, data: str):
         self._env = env
         self._data = data
+        # the file LMDB maps, held open: its size is looked at (``file_size``) and it is
+        # covered through this descriptor, never by its name, which may come to name another
+        # file (a newer version put in the folder's place, a rebuild, a folder swapped by
+        # someone else): only this file's size says whether reading its map is safe
+        self._file = _HeldFile(data)
         # a SIGBUS in its map (the file cut short under a read) caught, not the process's end
         self.watch = mapguard.watch(data, env.stat()["psize"])
         # (the token stays through set_mapsize) an environment let go of without its close --
         # a retired index, closed by LMDB when its last reader ends -- is no longer watched then
         weakref.finalize(env, mapguard.forget, self.watch)
+        weakref.finalize(env, self._file.close)
 
     def __getattr__(self, name):
         return getattr(self._env, name)
@@ -410,6 +417,11 @@ class CoveringEnv:
     def close(self) -> None:
         mapguard.forget(self.watch)  # first: once let go of, its addresses may be mapped again
         self._env.close()
+        self._file.close()
+
+    def file_size(self) -> int:
+        """The size of the file this environment maps (OSError once it is closed)."""
+        return self._file.size()
 
     def faulted(self) -> bool:
         """Whether a read met a page the file no longer held (then the map is never trusted again)."""
@@ -422,15 +434,37 @@ class CoveringEnv:
     def cover(self) -> None:
         need = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         try:
-            if os.stat(self._data).st_size < need:
-                fd = os.open(self._data, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-                try:  # grows only: never O_TRUNC, never shorter
-                    if os.fstat(fd).st_size < need:
-                        os.ftruncate(fd, need)
-                finally:
-                    os.close(fd)
+            self._file.grow_to(need)  # grows only: never shorter
         except OSError:
-            pass  # the file is gone or not ours to extend: the checks will say so
+            pass  # not ours to extend: the checks will say so
+
+
+class _HeldFile:
+    """An environment's data.mdb held open by descriptor (read and write, never through a
+    link), from its environment's open to its close: closed once, whoever asks first."""
+
+    __slots__ = ("fd", "_lock")
+
+    def __init__(self, path: str):
+        self._lock = threading.Lock()
+        self.fd: Optional[int] = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+
+    def size(self) -> int:
+        with self._lock:  # (never a descriptor closed, and its number given to another file, meanwhile)
+            if self.fd is None:
+                raise OSError(errno.EBADF, "the index's file is closed")
+            return os.fstat(self.fd).st_size
+
+    def grow_to(self, need: int) -> None:
+        with self._lock:
+            if self.fd is not None and os.fstat(self.fd).st_size < need:
+                os.ftruncate(self.fd, need)
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class CoveringTxn:

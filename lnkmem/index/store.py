@@ -322,20 +322,20 @@ class Store:
             raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
                                       "from the sources; try again in a moment")
         self.check_map()
-        if self.retired:  # its folder's name is another index's now; its own file is unlinked, never cut
-            return
         try:
-            # the file first: the pages in use are read from its meta pages, in the map,
-            # and a file cut below them is a SIGBUS at that read (caught: mapguard; but
-            # not touched at all is better)
-            size = os.stat(self.data).st_size
+            # the file first -- the one this environment maps, by its descriptor: the
+            # folder's name may name another index's file by now (a newer version put in its
+            # place, a rebuild, a folder swapped) -- the pages in use are read from its meta
+            # pages, in the map, and a file cut below them is a SIGBUS at that read (caught:
+            # mapguard; but not touched at all is better)
+            size = self.env.file_size()
             if size < 2 * self.psize:
                 raise self.damage(f"data.mdb holds {size} bytes, less than its two meta pages")
             # then the pages in use, then the size again if need be: a commit in between
             # grows the file before its meta, so a size read after the pages is never short
             need = (self.env.info()["last_pgno"] + 1) * self.psize
             if size < need:
-                size = os.stat(self.data).st_size
+                size = self.env.file_size()
         except (OSError, lmdb.Error) as e:
             raise self.damage(e) from None
         self.check_map()

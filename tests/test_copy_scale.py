@@ -323,6 +323,76 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
     check_copy(bridges.copy_files())
 
 
+def test_a_cold_writers_sweep_never_deletes_what_a_manifest_on_its_way_names(bridges, tmp_path):
+    """Issue 45: two writers of one copy, one of them with a new (cold) cache. While the
+    other's manifest PUT is held by the bridge, the cold writer's flush listed the place,
+    took the other's new files (named by no manifest yet) for orphans and deleted them; the
+    manifest then landed naming missing files, and the next reader called the copy damaged.
+    Now files found that way are deleted only once the copy is another version than the one
+    they were found at (a manifest on its way is conditional on that one): the held
+    manifest lands whole, and once the copy moves on, the bucket holds the copy only."""
+    for i in range(60):
+        bridges.write_home(f"notes/f{i:03}.md", text(i, 1))
+    quiet = {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "3600"}
+    with bridges.serve_many(tmp_path, "p", env=quiet) as p, p.connect() as cp, \
+            bridges.serve_many(tmp_path, "q", env=quiet) as q, q.connect() as cq:
+        bridges.bound_and_flushed(p, cp, ("home/notes/f007.md", "uniq7x0"))
+        assert cq.first(bridges.bound()) == {"ok": True}  # a new machine: loads it cold
+        assert until(lambda: "home/notes/f007.md" in hits(cq, "uniq7x0"), timeout=60)
+        for i in range(0, 60, 6):  # pages, a segment and the head change
+            bridges.write_home(f"notes/f{i:03}.md", text(i, 1) + "\nmore about lighthouses\n")
+        with p.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/notes"}}) == {"ok": True}
+        assert until(lambda: "home/notes/f006.md" in hits(cp, "lighthouses"), timeout=60)
+        bridges.storage.fault("slow", delay=6.0, count=1, path="/v1/c/memory/lnkmem/manifest.json")
+        flushed: list = []
+        ctl = p.connect(timeout=60)
+        flusher = threading.Thread(target=lambda: flushed.append(
+            ctl.first({"flush": {"owner": "o1", "agent": "a1"}})), daemon=True)
+        flusher.start()
+        assert until(lambda: json.loads(bridges.storage.request("GET", "/_fault")[2])["mode"] == "ok",
+                     timeout=60)  # the PUT is in the bridge's hands
+        on_its_way = set(bridges.copy_files()) - named_files(manifest(bridges))
+        assert on_its_way  # the held manifest's files, named by no manifest yet
+        with q.connect() as qc:  # the cold writer's first flush: nothing to write, the place listed
+            assert qc.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert on_its_way <= set(bridges.copy_files())  # nothing on its way deleted
+        flusher.join(60)
+        assert flushed == [{"ok": True}]
+        landed = named_files(manifest(bridges))
+        assert on_its_way <= landed <= set(bridges.copy_files())
+        check_copy(bridges.copy_files())  # whole: what it names is there
+        # the copy moves on (the cold writer writes after a change): what no version names goes
+        bridges.write_home("notes/f001.md", text(1, 1) + "\nand a word of harbours\n")
+        with q.connect() as qc:
+            assert qc.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/notes/f001.md"}}) == {"ok": True}
+        assert until(lambda: "home/notes/f001.md" in hits(cq, "harbours"), timeout=60)
+        with q.connect() as qc:
+            assert qc.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        ctl.close()
+    assert {"home/notes/f006.md", "home/notes/f001.md"} <= bridges.copy_refs()
+    assert set(bridges.copy_files()) == named_files(manifest(bridges))
+    check_copy(bridges.copy_files())
+
+
+def test_a_write_back_never_relies_on_a_file_it_did_not_make(bridges, tmp_path):
+    """Issue 45: a file already in the place under the name a write-back makes (one no
+    version it read names: an orphan or a doomed file another writer may be deleting) was
+    taken as sent; once deleted, the manifest named a missing file. The same content goes
+    under another name instead, which the copy's checks take as any other."""
+    rep = replica(bridges)
+    blob = zlib.compress(b"\x93" + b"x" * 5000, 3)
+    name = copyfmt.blob_name("page", blob)
+    (bridges.copy_dir()).mkdir(parents=True, exist_ok=True)
+    (bridges.copy_dir() / name).write_bytes(blob)  # there already, named by nothing
+    sent = rep.put_blob(name, blob)
+    assert sent != name and sent.startswith("page-")
+    got = bridges.copy_files()
+    assert got[name] == blob  # the other file untouched
+    assert zlib.decompress(got[sent]) == zlib.decompress(blob) and copyfmt.blob_name("page", got[sent]) == sent
+    assert rep.put_blob(sent, got[sent]) not in (name, sent)  # taken too: yet another
+
+
 # --- bounds and the previous format ------------------------------------------------------
 
 def test_a_file_named_over_the_bound_is_refused_before_it_is_fetched(bridges, tmp_path):

@@ -54,6 +54,23 @@ class Export:
             raise RuntimeError("the export's files are not all made yet")
         return self._manifest
 
+    def renamed(self, names: dict) -> None:
+        """Files sent under other names than made (``names``: made -> sent; the made name was
+        taken, :func:`manifest.variant`): the version names what was sent."""
+        if not names:
+            return
+        m = self.manifest
+
+        def of(n):
+            return names.get(n, n)
+        m.segments = [[of(n) for n in parts] for parts in m.segments]
+        m.pages, m.vectors = [of(n) for n in m.pages], [of(n) for n in m.vectors]
+        m.head, m.dict = of(m.head), (of(m.dict) if m.dict else m.dict)
+        self.pages = m.pages
+        self.sent = [of(n) for n in self.sent]
+        for c in self.copy_segs:
+            c.parts = [of(n) for n in c.parts]
+
     def _out(self, kind: str, obj) -> tuple[str, bytes]:
         blob = obj if isinstance(obj, bytes) else pack(obj)
         if len(blob) > MAX_BLOB:  # never made: no part holds more than one item over `part`
@@ -313,7 +330,8 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
         keep = set(named)
         doomed = [n for n in dict.fromkeys(old.doomed + old.named + exp.sent) if n not in keep]
         state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed,
-                          unknown=old.unknown)  # still to be listed: the place may hold files no one knows
+                          unknown=old.unknown,  # still to be listed: the place may hold files no one knows
+                          orphans=[o for o in old.orphans if o[0] not in keep])
         put_state(w, state)
         w.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, exp.copy_segs)))
     return state

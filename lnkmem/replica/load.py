@@ -679,7 +679,7 @@ def damaged(store: Store, version: str) -> None:
     write-back replaces all of it, conditionally on that version (§7.2)."""
     with store.writing() as w:
         old = state_in(w)
-        put_state(w, CopyState(version=version, sweep=True, doomed=old.doomed))
+        put_state(w, CopyState(version=version, sweep=True, doomed=old.doomed, orphans=old.orphans))
 
 
 class _LoadTxns:
@@ -753,15 +753,16 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
         # the files of the version this cache held (and any it sent) that this one does not
         # name: a writer that was killed once its manifest was on its way never deleted them
         doomed = [n for n in dict.fromkeys(old.doomed + old.named) if n not in keep]
+        orphans = [o for o in old.orphans if o[0] not in keep]  # (still not named: still found at their version)
         if v.renumbered or manifest.format != FORMAT:
             # of this version, but every file is sent anew at the next write-back (renumbered:
             # the copy's files are no longer the cache's segments; the previous format: written
             # in this one), and the files of the place it does not name deleted then
-            state = CopyState(version, -1, doomed=doomed, sweep=True)
+            state = CopyState(version, -1, doomed=doomed, sweep=True, orphans=orphans)
             txn.delete_meta(b"copy-segs")
         else:
             state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,
-                              list(manifest.pages), named, doomed, unknown=old.version is None)
+                              list(manifest.pages), named, doomed, unknown=old.version is None, orphans=orphans)
             txn.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, r.copy_segs)))
         put_state(txn, state)
         txns.finish()

@@ -44,6 +44,7 @@ back in this one."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import zlib
 from typing import Optional
@@ -162,6 +163,19 @@ def pack(obj) -> bytes:
 
 def blob_name(kind: str, blob: bytes) -> str:
     return f"{kind}-{hashlib.sha256(blob).hexdigest()[:40]}-{len(blob)}.bin"
+
+
+def variant(name: str, blob: bytes) -> tuple[str, bytes]:
+    """Another file of the same content as ``blob`` (named ``name``): its bytes
+    decompressed and compressed again as another zlib stream (an empty block flushed at a
+    random point), so under another name. A write-back never relies on a file it did not
+    make and no version it read names (another writer may be deleting it): where its name
+    is taken, it sends this instead."""
+    raw = zlib.decompress(blob)
+    cut = int.from_bytes(os.urandom(4), "little") % (len(raw) + 1)
+    z = zlib.compressobj(3)
+    out = z.compress(raw[:cut]) + z.flush(zlib.Z_FULL_FLUSH) + z.compress(raw[cut:]) + z.flush()
+    return blob_name(name.split("-", 1)[0], out), out
 
 
 def page_of(ref: str, pages: int) -> int:

@@ -33,8 +33,14 @@ class CopyState(msgspec.Struct):
     sweep: bool = False
     # loaded into a cache that knew nothing of the copy (a new machine): files of the place
     # that no manifest names (a writer killed once its manifest was on its way left them)
-    # are unknown here; the next sweep lists the place once and dooms them
+    # are unknown here; the next write-back lists the place once (its orphans, below)
     unknown: bool = False
+    # files of the place that no version this cache knows names (found by a listing: another
+    # writer's files for a manifest still on its way, or ones a killed writer left), each
+    # with the copy's version when it was found: a manifest that may still land and name
+    # one is conditional on that version, so it is deleted only once the copy is another
+    # version that does not name it (:func:`ripe_orphans`)
+    orphans: list[tuple[str, str]] = msgspec.field(default_factory=list)
 
 
 class CopySegment(msgspec.Struct, array_like=True):
@@ -128,15 +134,22 @@ def note_sent(store: Store, names: Iterable[str]) -> None:
             put_state(w, state)
 
 
-def note_unknown(store: Store, found: Iterable[str]) -> None:
-    """The place was listed (``found``: its copy files): those the version this cache holds
-    does not name are doomed, and the place is not listed again for them."""
+def note_orphans(store: Store, found: Iterable[str], seen: str) -> None:
+    """The place was listed (``found``: its copy files) and the copy was then at version
+    ``seen``: the files no version this cache knows names, and none it dooms already, are
+    orphans found at ``seen``; the place is not listed again for them (``unknown``)."""
     with store.writing() as w:
         state = state_in(w)
-        have = set(state.doomed) | set(state.named)
-        state.doomed = state.doomed + [n for n in found if n not in have]
+        have = set(state.doomed) | set(state.named) | {n for n, _ in state.orphans}
+        state.orphans = state.orphans + [(n, seen) for n in found if n not in have]
         state.unknown = False
         put_state(w, state)
+
+
+def ripe_orphans(state: CopyState, current: str, named: set) -> list[str]:
+    """The orphans no manifest that may still land can name: the copy is ``current`` now, a
+    version other than the one each was found at, and does not name them (``named``)."""
+    return [n for n, seen in state.orphans if seen != current and n not in named]
 
 
 def forget_doomed(store: Store, gone: Iterable[str]) -> None:
@@ -147,6 +160,7 @@ def forget_doomed(store: Store, gone: Iterable[str]) -> None:
     with store.writing() as w:
         state = state_in(w)
         state.doomed = [n for n in state.doomed if n not in gone]
+        state.orphans = [o for o in state.orphans if o[0] not in gone]
         put_state(w, state)
 
 

@@ -85,33 +85,24 @@ class Replica:
         except TooLarge as e:  # no file of a copy this engine made is that large
             raise copyfmt.CopyDamaged(f"{name} is larger than an answer may be ({e})") from None
 
-    def put_blob(self, name: str, data) -> None:
+    def put_blob(self, name: str, data) -> str:
         """Create one content-addressed file (``data``: bytes, or an iterable of bytes
         chunks, joined here until the place takes a stream: one file is at most
-        copyfmt.MAX_BLOB)."""
+        copyfmt.MAX_BLOB); the name it was created under.
+
+        Only a file this write-back made is relied on: one already there under the name
+        (412; a lost answer of this very write is told apart by the place) is no version's
+        this writer read, so another writer may be deleting it as an orphan or a doomed
+        file. The same content goes under another name instead (:func:`manifest.variant`)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             data = b"".join(data)
-        try:
-            self.place.write(name, data, None)  # If-None-Match: *
-        except Conflict:  # content-addressed: the same file is there, unless someone rewrote it
+        for _ in range(8):
             try:
-                there, version = self.place.read(name)
-            except NotFound:
-                there, version = None, None
-            except TooLarge as e:  # rewritten into something huge: replace it
-                there, version = None, e.version or None
-            if there != data:
-                try:
-                    self.place.write(name, data, version)
-                except Conflict:
-                    pass  # changed again meanwhile: the next write-back's check sees it
-
-    def names(self) -> set:
-        """The names of the copy's files in its place, as far as they can be listed."""
-        try:
-            return self.listed()
-        except (NotFound, Forbidden, BridgeDown):
-            return set()
+                self.place.write(name, data, None)  # If-None-Match: *
+                return name
+            except Conflict:
+                name, data = copyfmt.variant(name, bytes(data))
+        raise BridgeDown(f"{name}: every name tried for it was taken")
 
     def listed(self) -> set:
         """The names of the copy's files in its place (NotFound, Forbidden, BridgeDown)."""
@@ -510,6 +501,9 @@ class WriteBack:
             for attempt in range(10):
                 store = self.store_of()  # (a reload puts a newer version's index in the old one's place)
                 state = copyfmt.copy_state(store)
+                if (state.unknown or state.sweep) and state.version is not None:
+                    self.find_orphans(store, state)  # before this write-back's own files are there
+                    state = copyfmt.copy_state(store)
                 if not copyfmt.dirty(store, state):
                     self.state = "clean"
                     self.sweep(store, state)
@@ -522,10 +516,15 @@ class WriteBack:
                     store.let_go_of_map()
                     memtrim.trim()
                     exp = copyfmt.export(store, state, self.replica.of)
+                    renamed = {}
                     for name, blob in exp.blobs:
                         copyfmt.note_sent(store, [name])  # before it is: a kill leaves it known
-                        self.replica.put_blob(name, blob)
+                        sent = self.replica.put_blob(name, blob)
+                        if sent != name:
+                            copyfmt.note_sent(store, [sent])
+                            renamed[name] = sent
                         del blob
+                    exp.renamed(renamed)
                     memtrim.trim()  # (the export's heap)
                 try:
                     version = self.replica.put_manifest(copyfmt.encode_manifest(exp.manifest), state.version)
@@ -535,37 +534,45 @@ class WriteBack:
                     self.state = "reloading"
                     self.reload()
                     continue
-                new = copyfmt.written(store, exp, version)
+                copyfmt.written(store, exp, version)
                 self.last_write = time.monotonic()
                 self.writes += 1
-                if state.sweep:  # the files of a damaged (or renumbered) version are not all known
-                    named = set(new.named)
-                    copyfmt.note_sent(store, sorted(n for n in self.replica.names() if n not in named))
                 self.sweep(store, copyfmt.copy_state(store))
                 self.state = "dirty" if copyfmt.dirty(store) else "clean"
                 return True
             raise BridgeDown("gave up after 10 conflicting writes")
 
-    def sweep(self, store: Store, state) -> None:
-        """Delete the files no manifest names any more (``state.doomed``), once the copy is
-        still the version this cache wrote or read -- or, when a newer one is there, those
-        it does not name either (another engine may name a file again)."""
-        if state.unknown and state.version is not None:  # a cold load: what the place holds, once
-            try:
-                listed = self.replica.listed()
-            except (NotFound, Forbidden, BridgeDown):
-                listed = None  # not now: at a later sweep
-            if listed is not None:
-                copyfmt.note_unknown(store, sorted(listed))
-                state = copyfmt.copy_state(store)
-        if not state.doomed or state.version is None:
-            return
-        doomed = set(state.doomed)
+    def find_orphans(self, store: Store, state) -> None:
+        """List the place once: the files no version this cache knows names (a cold cache,
+        or a version damaged, renumbered or of the previous format, whose files are not all
+        known here) are orphans, found at the copy's version read after the listing
+        (:func:`state.note_orphans`): another writer's files for a manifest on its way
+        among them, deleted only once no manifest that may still land can name them."""
         try:
-            newer, _ = self.replica.manifest(state.version)
+            listed = self.replica.listed()
+            _, seen = self.replica.manifest(state.version)
+        except (NotFound, Forbidden, BridgeDown):
+            return  # not now: at a later write-back
+        except copyfmt.CopyDamaged as e:
+            seen = e.version
+        if seen is None:
+            return
+        copyfmt.note_orphans(store, sorted(listed), seen or "")
+
+    def sweep(self, store: Store, state) -> None:
+        """Delete the files no manifest names any more: those doomed (of a version this cache
+        replaced or moved past, or sent by a write-back whose manifest never landed) once the
+        copy there does not name them (another engine may name a file again), and the
+        orphans once the copy is another version than the one they were found at."""
+        if (not state.doomed and not state.orphans) or state.version is None:
+            return
+        try:
+            newer, current = self.replica.manifest(state.version)
         except (NotFound, copyfmt.CopyDamaged, BridgeDown):
             return  # not now: at a later write-back
-        if newer is not None:
-            doomed -= set(newer.names())
-        gone = [n for n in sorted(doomed) if self.replica.delete(n)]
-        copyfmt.forget_doomed(store, gone + [n for n in state.doomed if n not in doomed])
+        named = set(newer.names()) if newer is not None else set(state.named)
+        current = current or state.version
+        doomed = [n for n in state.doomed if n not in named]
+        gone = [n for n in doomed + copyfmt.ripe_orphans(state, current, named) if self.replica.delete(n)]
+        copyfmt.forget_doomed(store, gone + [n for n in state.doomed if n in named]  # (named again: the copy's)
+                              + [n for n, _ in state.orphans if n in named])

@@ -118,3 +118,38 @@ def test_flush_and_end_cascade_to_teams(bridges, tmp_path):
         with m.connect() as ctl:
             assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         assert own.closed() and team.closed()
+
+
+def test_a_readers_recheck_answered_304_lists_nothing(bridges, tmp_path):
+    """Issue 45: every re-check of a team reader re-listed the whole team folder through the
+    files bridge (1.63 MB at 1x every 30 s) even when the manifest answered 304. The copy
+    unchanged, the reader moves nothing but the manifest's 304s; a newer version is loaded
+    with no listing either (it is what a writer indexed)."""
+    env = {"LNKMEM_RECHECK_S": "0.5"}
+    with bridges.serve_many(tmp_path, "w") as mw, bridges.serve_many(tmp_path, "r", env=env) as mr, \
+            mw.connect() as w, mr.connect() as r:
+        assert w.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
+        assert until(lambda: refs(w, "schooner") == ["home/charter.md"], timeout=15)
+        with mw.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert r.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", False)) == {"ok": True}
+        assert until(lambda: refs(r, "schooner") == ["home/charter.md"], timeout=15)
+        bridges.files.request("DELETE", "/_log")
+        bridges.storage.request("DELETE", "/_log")
+
+        def looks(status):
+            return [e for e in bridges.storage.log() if e.get("agent") == "a2"
+                    and e["path"].endswith("manifest.json") and e["status"] == status]
+        assert until(lambda: len(looks(304)) >= 3, timeout=15)
+        lists = [e for e in bridges.files.log() if e.get("agent") == "a2" and e["path"].startswith("/v1/list")]
+        assert lists == []
+        # a newer version: loaded, still no listing
+        (bridges.team_folder("t1") / "memory" / "later.md").write_text("Barnacles on the schooner hull.\n")
+        with mw.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "later.md", "team": "t1"}}) == {"ok": True}
+        with mw.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert until(lambda: refs(r, "barnacles") == ["home/later.md"], timeout=15)
+        assert looks(200)
+        lists = [e for e in bridges.files.log() if e.get("agent") == "a2" and e["path"].startswith("/v1/list")]
+        assert lists == []

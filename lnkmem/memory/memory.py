@@ -348,10 +348,13 @@ class Memory(ServedMemory):
                 refs = {r for r in refs if isinstance(r, str)}  # the refs left
                 try:
                     if attach:
-                        if self._attach() in ("loaded", "damaged"):
+                        how = self._attach()
+                        if how == "damaged" or (how == "loaded" and self.layout.writes):
                             refs.update(self.places)  # the sources over the version now held
-                        elif not self.layout.writes:
-                            refs.add("home")  # a reader: what changed in the folder since the copy
+                        elif how == "missing" and not self.layout.writes:
+                            refs.add("home")  # a reader with no copy to read: the folder itself
+                        # (a reader's copy unchanged (304) or a newer one loaded: nothing listed;
+                        # the copy is what its writers indexed, and a `changed` is looked at)
                     told = {p: changes.candidates(p, self.places) for p in paths}
                     before = {p for p, cands in told.items() if any(changes.known(self.store, c) for c in cands)}
                     for cands in told.values():

@@ -120,11 +120,12 @@ def test_flush_and_end_cascade_to_teams(bridges, tmp_path):
         assert own.closed() and team.closed()
 
 
-def test_a_readers_recheck_answered_304_lists_nothing(bridges, tmp_path):
+def test_a_readers_recheck_answered_304_lists_nothing_and_a_new_version_fetches_its_change(bridges, tmp_path):
     """Issue 45: every re-check of a team reader re-listed the whole team folder through the
-    files bridge (1.63 MB at 1x every 30 s) even when the manifest answered 304. The copy
-    unchanged, the reader moves nothing but the manifest's 304s; a newer version is loaded
-    with no listing either (it is what a writer indexed)."""
+    files bridge (1.63 MB at 1x every 30 s) even when the manifest answered 304, and every
+    newer version was fetched whole. The copy unchanged, the reader moves nothing but the
+    manifest's 304s; a newer version costs the files it names that the reader lacks, and
+    no listing (it is what a writer indexed)."""
     env = {"LNKMEM_RECHECK_S": "0.5"}
     with bridges.serve_many(tmp_path, "w") as mw, bridges.serve_many(tmp_path, "r", env=env) as mr, \
             mw.connect() as w, mr.connect() as r:
@@ -143,7 +144,12 @@ def test_a_readers_recheck_answered_304_lists_nothing(bridges, tmp_path):
         assert until(lambda: len(looks(304)) >= 3, timeout=15)
         lists = [e for e in bridges.files.log() if e.get("agent") == "a2" and e["path"].startswith("/v1/list")]
         assert lists == []
-        # a newer version: loaded, still no listing
+        # a newer version: only what changed fetched, and no listing
+        def named():
+            m = json.loads((bridges.team_copy("t1") / "manifest.json").read_bytes())
+            return {n for parts in m["segments"] for n in parts} | set(m["pages"]) | {m["head"]} | \
+                ({m["dict"]} if m.get("dict") else set()) | set(m.get("vectors") or [])
+        held = named()
         (bridges.team_folder("t1") / "memory" / "later.md").write_text("Barnacles on the schooner hull.\n")
         with mw.connect() as ctl:
             assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "later.md", "team": "t1"}}) == {"ok": True}
@@ -151,5 +157,8 @@ def test_a_readers_recheck_answered_304_lists_nothing(bridges, tmp_path):
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         assert until(lambda: refs(r, "barnacles") == ["home/later.md"], timeout=15)
         assert looks(200)
+        got = {e["path"].rsplit("/", 1)[1] for e in bridges.storage.log() if e.get("agent") == "a2"
+               and e["method"] == "GET" and e["path"].endswith(".bin")}
+        assert got and not got & held and got <= named() - held  # the version's new files only
         lists = [e for e in bridges.files.log() if e.get("agent") == "a2" and e["path"].startswith("/v1/list")]
         assert lists == []

@@ -256,6 +256,7 @@ def write(store, batch: Batch) -> tuple[list[int], Optional[Delta]]:
         txn.put(b"next_pid", str(next_pid).encode(), db=store.meta)
         gen = int(txn.get(b"gen", db=store.meta)) + 1
         txn.put(b"gen", str(gen).encode(), db=store.meta)
+        txn.put(b"cgen", str(gen).encode(), db=store.meta)  # (the content's: a merge changes none)
         if fsum is not None and fsum.n >= 0:
             txn.put(FCRC, FILES_SUM.pack(gen, fsum.total, fsum.n), db=store.meta)
         if allocated and min(allocated) < was_next:  # an id given before: the generation it was given again

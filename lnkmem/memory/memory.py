@@ -408,7 +408,8 @@ class Memory(ServedMemory):
             with self.writeback.lock if self.writeback is not None else contextlib.nullcontext():
                 # a newer version is loaded beside the index (bounded memory; searches answer
                 # the version held meanwhile) and put in its place (with its events and merger)
-                how, store = attach(old, self.layout.replica, set(self.places), width, beside=True)
+                how, store = attach(old, self.layout.replica, set(self.places), width, beside=True,
+                                    changes=not self.layout.writes)  # a reader: what changed only
                 if store is not old:  # served before the lock lets a write-back read the index
                     if self.closing:  # stop() closed, or is closing, the store it knew: this one too
                         store.close()

@@ -13,7 +13,8 @@ import numpy as np
 from lnkmem.index.format import seg_codec
 from lnkmem.index.store import Store
 from lnkmem.replica.manifest import (FORMAT, Head, MAX_BLOB, Manifest, SegmentPart, TablePage, VectorChunk, blob_name, pack, page_of, part_bytes)
-from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, copy_segments, passage_digests, put_state, state_in)
+from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, copy_segments, passage_digests,
+                                  put_state, state_in)
 
 MAX_COPY_SEGMENTS = 256  # past this many segments the copy is written anew whole (a load's GETs)
 PAGE_GROUP_BYTES = 8 << 20  # the file table's bytes an export holds at once, about
@@ -331,7 +332,7 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
         doomed = [n for n in dict.fromkeys(old.doomed + old.named + exp.sent) if n not in keep]
         state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed,
                           unknown=old.unknown,  # still to be listed: the place may hold files no one knows
-                          orphans=[o for o in old.orphans if o[0] not in keep])
+                          orphans=[o for o in old.orphans if o[0] not in keep], content_gen=content_gen(w))
         put_state(w, state)
         w.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, exp.copy_segs)))
     return state

@@ -17,7 +17,8 @@ from lnkmem.index.format import (LOADING, FileRec, encoder, file_decoder, file_k
                                  id_key, passage_decoder, seg_codec)
 from lnkmem.index.store import Store
 from lnkmem.replica.manifest import (CopyDamaged, FORMAT, Head, MAX_BLOB, MAX_DIM, MAX_FILES, MAX_TERM, Manifest, NAME_RE, OLD_FORMAT, OLD_MAX_BLOB, OLD_NAME_RE, OldTable, RATIO, SLACK, SegmentPart, TablePage, VectorChunk, blob_name, page_of)
-from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, passage_digests, put_state, state_in)
+from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, passage_digests, put_state,
+                                  state_in)
 
 LOAD_STEP = 8 << 20  # an empty cache's load commits after about this many bytes written (16: 10x peak +9 MiB, no faster)
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
@@ -46,7 +47,7 @@ def blob_size(name: str) -> Optional[int]:
     return int(m.group(2)) if m else None
 
 
-def _blob(fetch: Callable[[str], bytes], name: str) -> bytes:
+def checked_blob(fetch: Callable[[str], bytes], name: str) -> bytes:
     """A file's decompressed content, once its name is the hash of its content. A file
     whose name says it is over the bound is refused before it is fetched."""
     size = blob_size(name)
@@ -72,7 +73,7 @@ def _blob(fetch: Callable[[str], bytes], name: str) -> bytes:
     return raw
 
 
-def _decode(raw: bytes, typ, name: str):
+def decoded(raw: bytes, typ, name: str):
     try:
         return msgspec.msgpack.decode(raw, type=typ)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -159,11 +160,11 @@ class ReadAhead:
         if self.at < len(self.names):
             name = self.names[self.at]
             self.at += 1
-            self.ahead = (name, self.pool.submit(_blob, self.fetch, name))
+            self.ahead = (name, self.pool.submit(checked_blob, self.fetch, name))
 
     def __call__(self, name: str) -> bytes:
         if self.ahead is None or self.ahead[0] != name:
-            return _blob(self.fetch, name)
+            return checked_blob(self.fetch, name)
         got = self.ahead[1]
         self._next()  # (queued behind it: it starts once this one is fetched)
         return got.result()
@@ -228,22 +229,22 @@ class _Reader:
 
     def blob(self, name: str) -> bytes:
         """A file of the copy, fetched and checked (read ahead while the reader runs)."""
-        return self.ahead(name) if self.ahead is not None else _blob(self.fetch, name)
+        return self.ahead(name) if self.ahead is not None else checked_blob(self.fetch, name)
 
     def _run(self) -> Verified:
         m = self.m
         old = m.format == OLD_FORMAT
         # the head (dead passages, next id, model, whose) and the dictionary
         if old:  # one dead list for every segment
-            table = _decode(self.blob(m.pages[0]), OldTable, m.pages[0])
+            table = decoded(self.blob(m.pages[0]), OldTable, m.pages[0])
             dead = np.sort(_u4(table.dead, m.pages[0], ">u4").astype(np.int64))
             head = Head([], table.next_pid, table.model, table.of)
             zdict = table.zdict
             tombs = [dead] * len(m.segments)
         else:
             table = None
-            head = _decode(self.blob(m.head), Head, m.head)
-            zdict = _decode(self.blob(m.dict), bytes, m.dict) if m.dict else None
+            head = decoded(self.blob(m.head), Head, m.head)
+            zdict = decoded(self.blob(m.dict), bytes, m.dict) if m.dict else None
             if len(head.tombs) != len(m.segments):
                 raise _bad("the head's dead passages and the manifest's segments disagree")
             tombs = []
@@ -270,7 +271,7 @@ class _Reader:
         owned_r = array("q")  # ... and the index of the file owning each
         npages = len(m.pages)
         for i, name in enumerate(m.pages):
-            files = table.files if old else _decode(self.blob(name), TablePage, name).files
+            files = table.files if old else decoded(self.blob(name), TablePage, name).files
             items = []
             for ref, rec_raw in files:
                 if not valid_ref(ref, self.sources):  # (each once: not kept, see check_ref)
@@ -393,7 +394,7 @@ class _Reader:
             self._tomb_mask[tomb] = True
         for name in parts:
             raw = self.blob(name)
-            s = _decode(raw, SegmentPart, name)
+            s = decoded(raw, SegmentPart, name)
             pids_u4 = _u4(s.pids, name)
             pids = pids_u4.astype(np.int64)
             n = len(pids)
@@ -591,7 +592,7 @@ class _Reader:
         dim = None
         live = 0
         for name in m.vectors:
-            v = _decode(self.blob(name), VectorChunk, name)
+            v = decoded(self.blob(name), VectorChunk, name)
             vp = _u4(v.pids, name)
             if not 1 <= v.dim <= MAX_DIM or (dim is not None and v.dim != dim):
                 raise _bad(f"{name}: vectors {v.dim} wide, not the copy's width")
@@ -762,7 +763,8 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
             txn.delete_meta(b"copy-segs")
         else:
             state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,
-                              list(manifest.pages), named, doomed, unknown=old.version is None, orphans=orphans)
+                              list(manifest.pages), named, doomed, unknown=old.version is None, orphans=orphans,
+                              content_gen=content_gen(txn))
             txn.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, r.copy_segs)))
         put_state(txn, state)
         txns.finish()

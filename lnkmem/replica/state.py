@@ -41,6 +41,9 @@ class CopyState(msgspec.Struct):
     # one is conditional on that version, so it is deleted only once the copy is another
     # version that does not name it (:func:`ripe_orphans`)
     orphans: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    # the index's content generation (:func:`content_gen`) when it was made this version:
+    # unchanged since (merges change no content), a newer version can be applied as a change
+    content_gen: int = -1
 
 
 class CopySegment(msgspec.Struct, array_like=True):
@@ -102,6 +105,12 @@ def decode_state(raw: Optional[bytes]) -> CopyState:
 
 def copy_state(store: Store) -> CopyState:
     return decode_state(store.get_meta(b"copy"))
+
+
+def content_gen(r: Reading) -> int:
+    """The generation of the index's last commit (``cgen``: a merge is none), 0 before any."""
+    raw = r.meta(b"cgen")
+    return int(raw) if raw else 0
 
 
 def put_state(w: Writing, state: CopyState) -> None:

@@ -26,6 +26,7 @@ from lnkmem.bridges.place import Conflict, Forbidden, NotFound
 from lnkmem.core import memtrim
 from lnkmem.core.knobs import knobs
 from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.apply import apply_change
 from lnkmem.index.store import Store
 
 log = logging.getLogger("lnkmem")
@@ -137,7 +138,7 @@ class Replica:
 
 
 def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[str, int]] = None,
-           beside: bool = False) -> tuple[str, Store]:
+           beside: bool = False, changes: bool = False) -> tuple[str, Store]:
     """Make the cache one version of the copy (§7.2). Returns what happened:
     "reused" (same version), "loaded" (another version, verified), "missing"
     (no copy), "damaged" (the copy failed a check: the cache is kept, to be
@@ -147,7 +148,9 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
     index beside it, in steps of bounded memory, and put in its place
     (``Store.replaced_by``: the store returned; ``store`` is retired), its searches
     answering from the version it held until then; else it is replaced in one
-    write transaction, which LMDB holds in memory whole."""
+    write transaction, which LMDB holds in memory whole. ``changes``: a newer version is
+    first applied as a change (:func:`apply.apply_change`: only the files the cache lacks
+    fetched, one commit), and loaded whole only where that cannot be done."""
     state = copyfmt.copy_state(store)
     for _ in range(5):
         try:
@@ -160,6 +163,12 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
             return "damaged", store
         if manifest is None:
             return "reused", store
+        if changes and store.file_count():
+            applied = apply_change(store, manifest, replica.fetch, version, replica.of, sources)
+            if applied is not None:
+                log.info("the copy's newer version applied as a change: %d files written, %d removed, "
+                         "%d bytes fetched", applied.changed, applied.removed, applied.fetched)
+                return "loaded", store
         side = store.open_beside() if beside and store.file_count() else None
         try:
             if side is None:

@@ -1,0 +1,146 @@
+"""Issue 45: a newer version of the copy applied to a cache as a change. A team reader
+fetched the whole copy for every one-file version (2,300x the change at 1x); now the
+cache fetches the pages and segments it lacks and commits what changed, and answers
+exactly what a cache that loaded the whole version answers. Against the real store,
+real LMDB files and the real export."""
+
+from __future__ import annotations
+
+import zlib
+
+import msgspec
+import pytest
+
+from lnkmem.bridges.remote import NotFound
+from lnkmem.index.rank.search import bm25
+from lnkmem.index.store import Store
+from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.apply import apply_change
+from tests.test_copy_scale import OF, memory, text
+
+SOURCES = {"home", "chats", "skills", "notes"}
+QUERIES = ("narwhal kelp", "uniq7x1", "compass galley", "lighthouses", "uniq59x2", "harbour walrus", "uniq3x0")
+
+
+def exported(st, files: dict, version: str) -> copyfmt.Manifest:
+    """The store's change since its copy state, as a write-back sends it, into ``files``."""
+    exp = copyfmt.export(st, copyfmt.copy_state(st), OF, part=3000)
+    files.update(dict(exp.blobs))
+    copyfmt.written(st, exp, version)
+    return exp.manifest
+
+
+def fetcher(files: dict, log: list):
+    def fetch(name):
+        if name not in files:
+            raise NotFound(name)
+        log.append(name)
+        return files[name]
+    return fetch
+
+
+def answers(st) -> dict:
+    return {q: [(st.passages_of([p])[0].ref, round(s, 4)) for p, s in bm25(st, q, 10)] for q in QUERIES}
+
+
+@pytest.fixture
+def versions(tmp_path):
+    """A writer's memory of 80 files and its copy at v1, then v2: three files changed, one
+    removed, one added."""
+    mem, home = memory(tmp_path / "w", {f"n/f{i:02}.md": text(i) for i in range(80)}, batches=2)
+    files: dict = {}
+    m1 = exported(mem.store, files, "v1")
+    v1 = dict(files)
+    for i in (3, 41, 77):
+        home.write(f"n/f{i:02}.md", text(i) + "\nlighthouses and a harbour walrus\n")
+    (home.folder / "n" / "f59.md").unlink()
+    home.write("n/new.md", "A new note about lighthouses.\n")
+    mem.refresh_all()
+    m2 = exported(mem.store, files, "v2")
+    mem.store.close()
+    return (m1, v1), (m2, files)
+
+
+def loaded(path, manifest, files, version) -> Store:
+    st = Store(str(path))
+    copyfmt.load_copy(st, manifest, fetcher(files, []), version, OF, SOURCES)
+    return st
+
+
+def test_a_newer_version_is_applied_as_a_change_and_answers_as_the_whole_version(versions, tmp_path):
+    (m1, v1), (m2, v2) = versions
+    whole = loaded(tmp_path / "whole", m2, v2, "v2")
+    cache = loaded(tmp_path / "cache", m1, v1, "v1")
+    try:
+        got: list = []
+        applied = apply_change(cache, m2, fetcher(v2, got), "v2", OF, SOURCES)
+        assert applied is not None and applied.changed == 4 and applied.removed == 1
+        new = set(m2.names()) - set(m1.names())
+        assert set(got) <= new  # nothing the cache held fetched again
+        size = sum(len(v2[n]) for n in m2.names())
+        assert sum(len(v2[n]) for n in got) < 0.2 * size
+        assert answers(cache) == answers(whole)
+        assert {r: (f.version, f.size) for r, f in cache.all_files().items()} == \
+               {r: (f.version, f.size) for r, f in whole.all_files().items()}
+        state = copyfmt.copy_state(cache)
+        assert state.version == "v2" and set(state.named) == set(m2.names())
+    finally:
+        whole.close()
+        cache.close()
+    again = Store.open(str(tmp_path / "cache"))  # as it was left: an index, opened as such
+    try:
+        assert again.rebuilt_because is None and copyfmt.copy_state(again).version == "v2"
+    finally:
+        again.close()
+
+
+def test_a_cache_changed_since_its_version_is_not_applied_to(versions, tmp_path):
+    """Something committed to the cache since its version (a reader told of a change): the
+    newer version is not applied as a change (the whole of it is loaded instead)."""
+    from lnkmem.index.commit import Batch
+    (m1, v1), (m2, v2) = versions
+    cache = loaded(tmp_path / "cache", m1, v1, "v1")
+    try:
+        cache.commit(Batch(removed=["home/n/f00.md"]))
+        assert apply_change(cache, m2, fetcher(v2, []), "v2", OF, SOURCES) is None
+        assert copyfmt.copy_state(cache).version == "v1"
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("damage", ["other ref", "no text", "posting elsewhere", "missing"])
+def test_a_change_that_fails_a_check_is_not_applied_and_changes_nothing(versions, tmp_path, damage):
+    from lnkmem.replica.manifest import SegmentPart
+    (m1, v1), (m2, v2) = versions
+    new_parts = [n for parts in m2.segments for n in parts if n not in set(m1.names())]
+    target = next(n for n in new_parts if msgspec.msgpack.decode(zlib.decompress(v2[n]), type=SegmentPart).pids)
+    part = msgspec.msgpack.decode(zlib.decompress(v2[target]), type=SegmentPart)
+    files = dict(v2)
+    if damage == "missing":
+        del files[target]
+        renamed = target
+    else:
+        if damage == "other ref":
+            part.refs = ["home/n/f00.md"] * len(part.refs)
+        elif damage == "no text":
+            part.passages = [b""] * len(part.passages)
+        else:
+            import numpy as np
+            from lnkmem.index.codec import postings
+            part.terms, part.postings = [b"zzz"], [postings.pack(np.array([999_999], np.uint32), np.array([1], np.uint32))]
+        blob = zlib.compress(msgspec.msgpack.encode(part), 3)
+        renamed = copyfmt.blob_name("seg", blob)
+        files[renamed] = blob
+    m = copyfmt.decode_manifest(copyfmt.encode_manifest(m2))
+    m.segments = [[renamed if n == target else n for n in parts] for parts in m.segments]
+    cache = loaded(tmp_path / "cache", m1, v1, "v1")
+    try:
+        before = answers(cache)
+        try:
+            out = apply_change(cache, m, fetcher(files, []), "v2", OF, SOURCES)
+        except NotFound:
+            out = None
+        assert out is None
+        assert answers(cache) == before and copyfmt.copy_state(cache).version == "v1"
+    finally:
+        cache.close()

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Optional
 
-from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused, auth_header
+from lnkmem.bridges.http import BIND, BridgeClient, BridgeDown, Refused, auth_header
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Forbidden, NotFound
 from lnkmem.bridges.remote import Collection, FilesPlace
@@ -51,7 +51,7 @@ class _Client(BridgeClient):
 
     def request(self, method: str, url: str, *args, **kw):
         why = self.down
-        if why is not None and url != "/v1/bind":
+        if why is not None and url != BIND:
             raise BridgeDown(f"the {self.purpose} bridge is unreachable ({why}); it is retried in the background")
         return super().request(method, url, *args, **kw)
 

@@ -4,6 +4,8 @@ One asyncio server on a Unix socket or a TCP port: keep-alive, bodies framed by
 Content-Length (or chunked, on requests), a JSONL request log and fault
 injection. A fake supplies only a handler, ``handler(Request) -> Response``
 (a plain function or a coroutine function); it may raise ``HttpError``.
+A request's path and query reach it percent-decoded exactly once, as a real
+server decodes them (``decode_target``); a target no client may send is 400.
 
 Control endpoints (never logged, never faulted, never authenticated):
 
@@ -33,7 +35,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Awaitable, Callable
-from urllib.parse import parse_qs, unquote, urlsplit
+import re
+from urllib.parse import parse_qs, unquote
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1024 * 1024 * 1024
@@ -251,10 +254,31 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         headers["connection"] = "close"
     if headers.get("expect", "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    split = urlsplit(target)
-    body = await _read_body(reader, headers, pace(method.upper(), unquote(split.path)) if pace else 0.0)
-    query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-    return Request(method.upper(), target, unquote(split.path), query, headers, body)
+    path, query = decode_target(target)
+    body = await _read_body(reader, headers, pace(method.upper(), path) if pace else 0.0)
+    return Request(method.upper(), target, path, query, headers, body)
+
+
+# what a request target may hold (RFC 3986 origin-form: unreserved, sub-delims, ":", "@",
+# "/", "?" and %XX escapes); anything else (a raw space, "#", non-ASCII byte, a "%" not
+# followed by two hex digits) is a client that did not encode a name
+_TARGET = re.compile(r"/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*")
+
+
+def decode_target(target: str) -> tuple[str, dict[str, str]]:
+    """The path and the query of a request target, each percent-decoded exactly once, as
+    an HTTP server does (the path's ``+`` is itself; the query is form-encoded, so its
+    ``+`` is a space): the first value of each parameter. HttpError(400) for a target no
+    client may send, or whose escapes are not UTF-8."""
+    if not _TARGET.fullmatch(target):
+        raise HttpError(400, "bad request target (a name not percent-encoded?)")
+    raw_path, _, raw_query = target.partition("?")
+    try:
+        path = unquote(raw_path, errors="strict")
+        query = parse_qs(raw_query, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise HttpError(400, "bad request target (an escape that is not UTF-8)") from None
+    return path, {k: v[0] for k, v in query.items()}
 
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], pace: float = 0.0) -> bytes:

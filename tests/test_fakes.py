@@ -232,6 +232,60 @@ def test_storage_bridge(storage_bridge):
         assert c.get("/v1/teams/t9/c/memory", headers=h).status_code == 403
 
 
+def _raw_get(server: FakeServer, target: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    """GET ``target`` exactly as given (no client between to encode or strip it): (status, body)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(server.socket_path)
+        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: fake\r\nConnection: close\r\n"
+                  + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def test_bridges_decode_a_request_target_once_as_a_server_does(bridge_setup, storage_bridge, files_bridge):
+    """§8 names travel percent-encoded: each bridge decodes the path and the query exactly
+    once (``%25`` is a ``%``, never decoded again; ``+`` is itself in a path and a space in
+    a query), and refuses (400) a target no client may send: a raw ``#``, space or non-ASCII
+    byte, a ``%`` not followed by two hex digits, an escape that is not UTF-8."""
+    d, _ = bridge_setup
+    chats = d / "store" / "stores" / "a1" / "conversations"
+    for name, text in {"c%3.jsonl": "three", "c%253.jsonl": "two-five-three", "c#1 \u00e9+.jsonl": "hash"}.items():
+        (chats / name).write_text(text)
+    docs = d / "files" / "homes" / "a1" / "docs"
+    (docs / "c%3 +#?.md").write_text("files three")
+    (docs / "c%253.md").write_text("files two-five-three")
+    h = proved("storage")
+
+    def get(target: bytes):
+        return _raw_get(storage_bridge, target, h)
+
+    assert get(b"/v1/c/conversations/c%25253.jsonl") == (200, b"two-five-three")
+    assert get(b"/v1/c/conversations/c%253.jsonl") == (200, b"three")  # decoded once: the name c%3.jsonl
+    assert get(b"/v1/c/conversations/c%231%20%C3%A9%2B.jsonl") == (200, b"hash")
+    assert get(b"/v1/c/conversations/c%231%20%C3%A9+.jsonl") == (200, b"hash")  # "+" in a path is itself
+    for prefix in (b"c%231%20%C3%A9%2B", b"c%231+%C3%A9%2B"):  # in a query "+" is a space
+        status, body = get(b"/v1/c/conversations?prefix=" + prefix)
+        assert status == 200 and [e["name"] for e in json.loads(body)["entries"]] == ["c#1 \u00e9+.jsonl"]
+    status, body = get(b"/v1/c/conversations?prefix=c%2525")
+    assert status == 200 and [e["name"] for e in json.loads(body)["entries"]] == ["c%253.jsonl"]
+    for bad in (b"/v1/c/conversations/c%3.jsonl", b"/v1/c/conversations/c#1.jsonl", b"/v1/c/conversations/c%zz",
+                "/v1/c/conversations/caf\u00e9.jsonl".encode(), b"/v1/c/conversations/c%FF.jsonl",
+                b"/v1/c/conversations?prefix=%zz", b"/v1/c/conversations?prefix=%FF", b"/v1/c/conversations?prefix=a#b"):
+        assert get(bad)[0] == 400, bad
+    fh = proved("files")
+    assert _raw_get(files_bridge, b"/v1/read?path=docs%2Fc%253%20%2B%23%3F.md", fh) == (200, b"files three")
+    assert _raw_get(files_bridge, b"/v1/read?path=docs/c%25253.md", fh) == (200, b"files two-five-three")
+    assert _raw_get(files_bridge, b"/v1/read?path=docs/c%253+%2B%23%3F.md", fh) == (200, b"files three")
+    assert _raw_get(files_bridge, b"/v1/read?path=docs/c%3 +#?.md", fh)[0] == 400
+    assert _raw_get(files_bridge, b"/v1/read?path=docs/c%3.md", fh)[0] == 400
+    status, body = _raw_get(files_bridge, b"/v1/list?path=docs", fh)
+    assert sorted(e["path"] for e in json.loads(body)["entries"]) == ["docs/c%253.md", "docs/c%3 +#?.md", "docs/plan.md"]
+
+
 # ---------------------------------------------------------------- connect
 
 

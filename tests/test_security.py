@@ -204,6 +204,43 @@ def test_foreign_bridges_and_proofs(bridges):
         foreign.stop()
 
 
+def test_a_link_to_a_bridge_swapped_after_the_check_never_gets_a_connection(bridges):
+    """Issue 46: a Bound line's socket path is checked (it resolves to one of this machine's
+    bridges) and then connected by what was checked, not by the path named: a link on the
+    way swapped to another socket afterwards (here once the bridges dropped every open
+    connection, so that each request connects again) never gets a connection, a proof or a
+    file's name, and the binding goes on through the machine's own bridges."""
+    base = bridges.base
+    impostors = [FakeServer.start(f"fakes.{kind}_bridge", "--unix", base / "imp" / f"{kind}.sock", "--root",
+                                  base / f"imp-{kind}", "--config", bridges.config) for kind in ("files", "storage")]
+    alias = base / "alias"
+    alias.mkdir()
+    (alias / "f.sock").symlink_to(bridges.files_sock)
+    (alias / "s.sock").symlink_to(bridges.storage_sock)
+    try:
+        with bridges.serve_many(base, "w") as m, m.connect(timeout=30) as c:
+            line = bridges.bound()
+            line["bound"]["files"] = str(alias / "f.sock")
+            line["bound"]["storage"]["socket"] = str(alias / "s.sock")
+            assert c.first(line) == {"ok": True}
+            assert until(lambda: refs(c.search("cormorant")) == ["home/docs/plan.md"], timeout=30)
+            for name, kind in (("f.sock", "files"), ("s.sock", "storage")):  # each link now names the impostor
+                (alias / f"{name}.new").symlink_to(base / "imp" / f"{kind}.sock")
+                os.replace(alias / f"{name}.new", alias / name)
+            for real in (bridges.files, bridges.storage):
+                real.fault("down", count=0)  # every open connection closed; the next requests served
+            bridges.write_home("docs/late.md", "The albatross glides for days.\n")
+            with m.connect() as ctl:
+                assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/late.md"}}) == {"ok": True}
+            assert until(lambda: refs(c.search("albatross")) == ["home/docs/late.md"], timeout=30)
+            assert c.call("remember", {"add": "the real bridge keeps this"}, thread="o1")["isError"] is False
+        assert (bridges.store("memory") / "notes.md").read_text() == "- the real bridge keeps this\n"
+        assert [imp.log() for imp in impostors] == [[], []]
+    finally:
+        for imp in impostors:
+            imp.stop()
+
+
 def test_remember_only_in_the_owners_threads(bridges):
     h = Home(bridges.base / "local-a1")
     agents = {"a1": agent_entry(h, env={"LNK_MEMORY_FROM": "1", "LNK_OWNER": "o1"})}

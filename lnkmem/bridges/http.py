@@ -27,7 +27,9 @@ import hashlib
 import hmac
 import logging
 import time
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Mapping, Optional, Union
+from urllib.parse import quote as percent_encode
+from urllib.parse import urlencode
 
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
@@ -143,9 +145,32 @@ class _Retry(Exception):
         self.sent = sent
 
 
+def bridge_url(*segments: str, name: str = "", query: Optional[Mapping[str, Optional[str]]] = None) -> str:
+    """The request target of a bridge route (§8): every URL sent to a bridge is built here.
+
+    ``segments``: the route's fixed words and the names in it (``"v1", "c", collection``;
+    a team id), each one whole segment; ``name``: a relative path after them (a file's name
+    in a collection: its ``/`` are kept, the rest of each part is itself); ``query``:
+    parameters (None: left out). Everything is percent-encoded (UTF-8), so a name holding
+    ``#``, ``?``, ``%``, ``&``, ``+``, a space or any letter reaches the bridge as itself,
+    decoded there exactly once: ``#`` never cuts it short, ``%25`` is never read as ``%``,
+    ``+`` in a query is never a space, and no segment can add another."""
+    parts = [percent_encode(s, safe="") for s in segments]
+    if name:
+        parts += [percent_encode(p, safe="") for p in name.split("/")]
+    target = "/" + "/".join(parts)
+    pairs = [(k, v) for k, v in (query or {}).items() if v is not None]
+    if pairs:
+        target += "?" + urlencode(pairs, quote_via=percent_encode, safe="")
+    return target
+
+
+BIND = bridge_url("v1", "bind")
+
+
 def idempotent(method: str, url: str, headers: Optional[dict]) -> bool:
     """Whether sending ``method`` again is harmless whatever the first attempt did."""
-    if method in ("GET", "HEAD") or url == "/v1/bind":
+    if method in ("GET", "HEAD") or url == BIND:
         return True
     create_only = any(k.lower() == "if-none-match" and v == "*" for k, v in (headers or {}).items())
     return method == "PUT" and create_only
@@ -185,7 +210,7 @@ class BridgeClient:
     def close(self) -> None:
         self.client.close()
 
-    def _once(self, method: str, url: str, params=None, body: Optional[Body] = None,
+    def _once(self, method: str, url: str, body: Optional[Body] = None,
               headers: Optional[dict] = None) -> httpx.Response:
         h = {"Authorization": self._auth}
         h.update(headers or {})
@@ -210,7 +235,7 @@ class BridgeClient:
             h["Content-Length"] = str(body.length)  # (httpx then sends no chunked framing)
             content = stream(body.pieces()) if body.length else b""
         try:
-            with self.client.stream(method, url, params=params, content=content, headers=h) as s:
+            with self.client.stream(method, url, content=content, headers=h) as s:
                 limit = self.max_body
                 big = TooLarge(f"{self.purpose} bridge answered over {limit} bytes for {url}",
                                unquote(s.headers.get("ETag", "")))
@@ -243,10 +268,11 @@ class BridgeClient:
                          sent=r.status_code not in (429, 503))
         return r
 
-    def request(self, method: str, url: str, params=None, content: Optional[Chunks] = None,
+    def request(self, method: str, url: str, content: Optional[Chunks] = None,
                 headers: Optional[dict] = None, patience: Optional[float] = None,
                 length: Optional[int] = None) -> httpx.Response:
         """Send, retrying what may be retried (module doc); 4xx come back as they are.
+        ``url``: a target built by ``bridge_url`` (names in it percent-encoded).
         ``content``: bytes, or chunks of ``length`` bytes in all (``Body``). Persistent
         failure raises BridgeDown; a change whose answer was lost, Unanswered."""
         budget = self.patience if patience is None else patience
@@ -267,7 +293,7 @@ class BridgeClient:
 
         retry = Retrying(retry=retry_if_exception(again), wait=wait, stop=stop_after_delay(budget), reraise=True)
         try:
-            return retry(self._once, method, url, params, body, headers)
+            return retry(self._once, method, url, body, headers)
         except _Retry as e:
             if e.sent and not safe:
                 raise Unanswered(f"{e}; the request may have been done") from None
@@ -278,7 +304,7 @@ class BridgeClient:
 
     def bind(self, patience: float = 5.0) -> None:
         """POST /v1/bind: the bridge takes the key (§8.1); Refused or BridgeDown otherwise."""
-        r = self.request("POST", "/v1/bind", content=b"", patience=patience)
+        r = self.request("POST", BIND, content=b"", patience=patience)
         if r.status_code in (401, 403):
             raise Refused(f"the {self.purpose} bridge refused the binding ({r.status_code})")
         if r.status_code != 200:

@@ -11,7 +11,8 @@ from typing import Optional
 
 import msgspec
 
-from lnkmem.bridges.http import Body, BridgeClient, BridgeDown, Chunks, Unanswered, check, etag, quote, unquote
+from lnkmem.bridges.http import (Body, BridgeClient, BridgeDown, Chunks, Unanswered, bridge_url, check, etag, quote,
+                                 unquote)
 from lnkmem.bridges.place import MAX_FILE, Conflict, Entry, Forbidden, NotFound, PlaceBase, check_relpath
 from lnkmem.bridges.ignore import MAX_BYTES as IGNORE_MAX_BYTES
 from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES
@@ -205,11 +206,9 @@ class FilesPlace(_BridgePlace):
         self._ignore_lock = threading.Lock()
         self.ignore: Optional[Listed] = Listed({}) if ignore else None
 
-    def _params(self, path: str) -> dict:
-        p = {"path": path}
-        if self.folder:
-            p["folder"] = self.folder
-        return p
+    def _url(self, route: str, path: str, folder: Optional[str] = None) -> str:
+        """``/v1/<route>?path=<path>[&folder=<folder>]`` (§8.2), percent-encoded (http.bridge_url)."""
+        return bridge_url("v1", route, query={"path": path, "folder": folder or None})
 
     def _excluded(self, rel: str) -> bool:
         return any(rel == e or rel.startswith(e + "/") for e in self.exclude)
@@ -225,7 +224,7 @@ class FilesPlace(_BridgePlace):
 
     def _list(self, prefix: str) -> list[Entry]:
         full = self._full(prefix)
-        r = check(self.client.request("GET", "/v1/list", params=self._params(full)), f"list {full}")
+        r = check(self.client.request("GET", self._url("list", full, self.folder)), f"list {full}")
         cut = len(self.root) + 1 if self.root else 0
         listed = []
         for e in listing_entries(files_listing, r, f"list {full}"):
@@ -309,9 +308,9 @@ class FilesPlace(_BridgePlace):
 
     def _send(self, method: str, full: str, headers: dict, content: Optional[Body] = None):
         if method == "GET":
-            return self.client.request("GET", "/v1/read", params=self._params(full), headers=headers)
+            return self.client.request("GET", self._url("read", full, self.folder), headers=headers)
         # writes: Home only, for the copy under memory/lnkmem/
-        return self.client.request(method, "/v1/write", params={"path": full}, content=content, headers=headers)
+        return self.client.request(method, self._url("write", full), content=content, headers=headers)
 
 
 class Collection(_BridgePlace):
@@ -320,17 +319,18 @@ class Collection(_BridgePlace):
 
     def __init__(self, client: BridgeClient, name: str, team: Optional[str] = None, root: str = ""):
         self.client = client
-        self.base = f"/v1/teams/{team}/c/{name}" if team else f"/v1/c/{name}"
+        self.base = ("v1", "teams", team, "c", name) if team else ("v1", "c", name)  # segments (http.bridge_url)
+        self.where = f"/v1/teams/{team}/c/{name}" if team else f"/v1/c/{name}"  # for messages
         self.root = root.strip("/")
         self.skipped = 0
 
     def list(self, prefix: str = "") -> list[Entry]:
         prefix = check_relpath(prefix)
         full = self._full(prefix)
-        r = check(self.client.request("GET", self.base, params={"prefix": full}), f"list {self.base}")
+        r = check(self.client.request("GET", bridge_url(*self.base, query={"prefix": full})), f"list {self.where}")
         cut = len(self.root) + 1 if self.root else 0
         out = []
-        for e in listing_entries(collection_listing, r, f"list {self.base}"):
+        for e in listing_entries(collection_listing, r, f"list {self.where}"):
             if self.root and not e.name.startswith(self.root + "/"):
                 continue
             rel = e.name[cut:]
@@ -342,4 +342,4 @@ class Collection(_BridgePlace):
         return out
 
     def _send(self, method: str, full: str, headers: dict, content: Optional[Body] = None):
-        return self.client.request(method, f"{self.base}/{full}", content=content, headers=headers)
+        return self.client.request(method, bridge_url(*self.base, name=full), content=content, headers=headers)

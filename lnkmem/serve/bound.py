@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Optional
 
-from lnkmem.bridges.http import BridgeClient, BridgeDown, Refused, auth_header
+from lnkmem.bridges.http import BIND, BridgeClient, BridgeDown, Refused, auth_header
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Forbidden, NotFound
 from lnkmem.bridges.remote import Collection, FilesPlace
@@ -51,7 +51,7 @@ class _Client(BridgeClient):
 
     def request(self, method: str, url: str, *args, **kw):
         why = self.down
-        if why is not None and url != "/v1/bind":
+        if why is not None and url != BIND:
             raise BridgeDown(f"the {self.purpose} bridge is unreachable ({why}); it is retried in the background")
         return super().request(method, url, *args, **kw)
 
@@ -112,13 +112,14 @@ class _Held:
         return err
 
 
-def places_of(b: Bound) -> tuple:
-    """What a Bound line's plan is made of (§5.4 rev. 3): its files, storage,
-    notes and index; two lines with the same places are served by one binding."""
+def places_of(b: Bound, sockets: dict[str, str]) -> tuple:
+    """What a Bound line's plan is made of (§5.4 rev. 3): its files, storage
+    (their sockets as checked: ``Bindings._check_sockets``), notes and index; two
+    lines with the same places are served by one binding."""
     storage = None
     if b.storage is not None:
-        storage = (os.path.realpath(b.storage.socket), tuple(sorted(b.storage.places.items())))
-    return (os.path.realpath(b.files) if b.files else None, storage,
+        storage = (sockets["storage"], tuple(sorted(b.storage.places.items())))
+    return (sockets["files"] if b.files else None, storage,
             parse_size(b.notes) if b.notes else None, b.index)
 
 
@@ -230,16 +231,23 @@ class Bindings:
             own.add(os.path.realpath(os.path.join(self.opts.bridges, agent, "storage.sock")))
         return own
 
-    def _check_sockets(self, agent: str, b: Bound) -> None:
+    def _check_sockets(self, agent: str, b: Bound) -> dict[str, str]:
         """§5.4: every socket named must be one of this machine's bridges, checked
-        before any connection is made, so the key goes nowhere else."""
+        before any connection is made, so the key goes nowhere else. The answer:
+        each bridge's path as checked (resolved, no link on the way), by purpose;
+        its client connects there and never to the path named, which a link on
+        the way could make name another socket after the check (issue 46)."""
         own = self._own_bridges(agent)
         named = [("files", b.files)] + ([("storage", b.storage.socket)] if b.storage else [])
+        checked = {}
         for what, path in named:
             if path is None:
                 continue
-            if not os.path.isabs(path) or "\0" in path or os.path.realpath(path) not in own:
+            real = os.path.realpath(path) if os.path.isabs(path) and "\0" not in path else None
+            if real is None or real not in own:
                 raise Refusal(f"the {what} bridge {path!r} is not one of this machine's bridges")
+            checked[what] = real
+        return checked
 
     def _config(self, agent: str, b: Bound) -> tuple[AgentConfig, str]:
         """The agent's config and the folder its local cache lives in."""
@@ -308,7 +316,7 @@ class Bindings:
 
     def _open_locked(self, first: FirstLine):
         agent, b = first.agent, first.bound
-        self._check_sockets(agent, b)
+        sockets = self._check_sockets(agent, b)
         has_memory_place = b.storage is not None and "memory" in b.storage.places
         if b.index == "home" and not b.files:
             raise Refusal('index "home" needs the files bridge (bound.files)')
@@ -320,18 +328,18 @@ class Bindings:
         key = (b.owner, agent)
         binding = self.held.get(key)
         if binding is not None and not binding.same_key(b.key):
-            fresh = self._new_binding(first)  # the bridges judge the new key first: a bad one ends nothing
+            fresh = self._new_binding(first, sockets)  # the bridges judge the new key first: a bad one ends nothing
             log.info("agent %s bound again with a new key", agent)
             binding.close()
             self.held[key] = binding = fresh
         # (a team line's session has no notes and no index of the agent's: its bridges alone are compared)
-        if binding is not None and (binding.places != places_of(b) if first.team is None
-                                    else binding.places[:2] != places_of(b)[:2]):
+        if binding is not None and (binding.places != places_of(b, sockets) if first.team is None
+                                    else binding.places[:2] != places_of(b, sockets)[:2]):
             # §5.4 rev. 3: one start has one plan; never served with places other than its line names
             raise Refusal(f"agent {agent} is bound with other places (files, storage, notes or index) in this "
                           f"process; end that binding first")
         if binding is None:
-            binding = self._new_binding(first)
+            binding = self._new_binding(first, sockets)
             self.held[key] = binding
         if first.team is not None:
             session = self._team_session(binding, first, cfg, cache)
@@ -342,14 +350,15 @@ class Bindings:
         binding.watch_down()
         return session
 
-    def _new_binding(self, first: FirstLine) -> Binding:
-        """Clients for the bridges the line names, each having taken the key."""
+    def _new_binding(self, first: FirstLine, sockets: dict[str, str]) -> Binding:
+        """Clients for the bridges the line names, each having taken the key; each
+        connects to its socket as ``_check_sockets`` checked it (``sockets``)."""
         agent, b = first.agent, first.bound
-        binding = Binding(b.owner, agent, b.key, places_of(b))
+        binding = Binding(b.owner, agent, b.key, places_of(b, sockets))
         if b.files:
-            binding.clients.append(self._client(b.files, "files", b.owner, agent, b.key))
+            binding.clients.append(self._client(sockets["files"], "files", b.owner, agent, b.key))
         if b.storage:
-            binding.clients.append(self._client(b.storage.socket, "storage", b.owner, agent, b.key))
+            binding.clients.append(self._client(sockets["storage"], "storage", b.owner, agent, b.key))
         try:
             self._bind(binding.clients)
         except Refusal:

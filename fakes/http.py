@@ -208,6 +208,7 @@ class RequestLog:
             "if_none_match": req.headers.get("if-none-match"),
             "etag": resp.headers.get("ETag") if resp else None,
             "size": len(req.body),
+            "sent": len(resp.body) if resp is not None and isinstance(resp.body, (bytes, bytearray)) else None,
         }
         if req.headers.get("authorization") is not None:  # that one was sent, never what it holds
             entry["auth"] = True

@@ -397,3 +397,70 @@ def test_the_key_is_never_written_or_logged(bridges, tmp_path):
     assert len(blobs) > 10
     for s in secrets:
         assert [where for where, b in blobs.items() if s in b] == []
+
+
+def test_a_first_build_writes_one_copy_not_partial_ones(bridges, tmp_path):
+    """Issue 45: during the first index of a large Home the write-back sent an empty copy,
+    then partial ones, then the whole (240 MB sent for a 148 MB copy at 2x), and a reader or a
+    new machine binding meanwhile loaded a partial index without knowing it. Now no
+    write-back is made unasked until the first look at the sources is done: one copy."""
+    for i in range(120):
+        bridges.write_home(f"bulk/{i:03}.md", f"bulk file {i} about anchors " + "filler words " * 60 + "\n")
+    bridges.files.fault("slow", delay=0.03, path="/v1/read")  # a first index of a few seconds
+    with bridges.serve_many(tmp_path, env={"LNKMEM_QUIET_S": "0.2"}) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "indexing" not in c.search("zzzzprobe")["structuredContent"], timeout=120)
+        bridges.files.fault("ok")
+        assert until(lambda: "manifest.json" in bridges.copy_files(), timeout=30)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    manifests = [e for e in log(bridges.storage) if e["method"] == "PUT" and e["path"].endswith("manifest.json")]
+    assert len(manifests) == 1, [e["time"] for e in manifests]
+    sent = sum(e["size"] for e in log(bridges.storage) if e["method"] == "PUT" and "/lnkmem/" in e["path"])
+    copy = sum(len(v) for v in bridges.copy_files().values())
+    assert sent <= 1.2 * copy
+    assert json.loads(bridges.copy_files()["manifest.json"]).get("partial") is False
+
+
+def test_indexing_never_waits_behind_a_write_back_on_the_network(bridges, tmp_path):
+    """Issue 45: the copy's re-check took the write-back's lock on the indexing thread while
+    the write-back held it through its uploads, so a `changed` waited behind the network.
+    A write-back's manifest PUT held by the bridge, a re-check due meanwhile: a change is
+    indexed (its control answered) before the PUT lands."""
+    with bridges.serve_many(tmp_path, env={"LNKMEM_RECHECK_S": "0.2", "LNKMEM_WRITEBACK_S": "3600",
+                                          "LNKMEM_QUIET_S": "3600"}) as m, m.connect() as c:
+        bridges.bound_and_flushed(m, c, ("home/docs/plan.md", "narwhal"))
+        bridges.write_home("docs/first.md", "Walruses at dawn.\n")
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/first.md"}}) == {"ok": True}
+        bridges.storage.fault("slow", delay=8.0, count=1, path="/v1/c/memory/lnkmem/manifest.json")
+        ctl = m.connect(timeout=60)
+        flusher = threading.Thread(target=lambda: ctl.first({"flush": {"owner": "o1", "agent": "a1"}}), daemon=True)
+        flusher.start()
+        assert until(lambda: json.loads(bridges.storage.request("GET", "/_fault")[2])["mode"] == "ok", timeout=30)
+        time.sleep(0.5)  # (re-checks come due while the PUT is held)
+        bridges.write_home("docs/second.md", "Kelp forests at noon.\n")
+        with m.connect(timeout=60) as ctl2:
+            assert ctl2.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/second.md"}}) == {"ok": True}
+        assert flusher.is_alive()  # indexed while the write-back still waits on the bridge
+        assert "home/docs/second.md" in [h["ref"] for h in c.search("kelp")["structuredContent"]["hits"]]
+        flusher.join(30)
+        ctl.close()
+
+
+def test_a_flush_during_the_first_build_writes_a_copy_that_says_it_is_partial(bridges, tmp_path):
+    """Asked to flush while its first look at the sources is under way, the engine writes what
+    it has, and the manifest says it is partial (a reader that loads it reads the rest from the
+    sources); the copy written once the look is done says it is whole."""
+    for i in range(120):
+        bridges.write_home(f"bulk/{i:03}.md", f"bulk file {i} about anchors " + "filler words " * 60 + "\n")
+    bridges.files.fault("slow", delay=0.03, path="/v1/read")
+    with bridges.serve_many(tmp_path, env={"LNKMEM_QUIET_S": "0.2"}) as m, m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert "indexing" in c.search("zzzzprobe")["structuredContent"]
+        with m.connect(timeout=60) as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert json.loads(bridges.copy_files()["manifest.json"])["partial"] is True
+        bridges.files.fault("ok")
+        assert until(lambda: "indexing" not in c.search("zzzzprobe")["structuredContent"], timeout=120)
+        assert until(lambda: json.loads(bridges.copy_files()["manifest.json"])["partial"] is False, timeout=30)

@@ -9,7 +9,6 @@ one queue to that same thread, the index's only writer.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import os
@@ -50,6 +49,7 @@ class Command(enum.Enum):
     REBUILD = "rebuild"  # the index was found damaged: made anew
     RELIST_ALL = "relist all"  # every source looked at again (after a failure)
     ATTACH = "attach"  # the copy's version asked for again (and a newer one loaded)
+    RELOAD = "reload"  # the write-back met a newer version (412): loaded, the sources re-applied, here
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,11 @@ class Memory(ServedMemory):
                 log.warning("no ranking by meaning: %s", e)
         if self.layout.replica is not None and self.layout.writes:
             from lnkmem.replica.sync import StateFile, WriteBack
+            # (held back while the first look at the sources is under way: one copy is written
+            # once it is done, not a partial one after another; a flush then says it is partial)
             self.writeback = WriteBack(lambda: self.store, self.layout.replica, self.reload_from_copy,
-                                       on_state=StateFile(os.path.dirname(self.layout.index_path)))
+                                       on_state=StateFile(os.path.dirname(self.layout.index_path)),
+                                       held=lambda: not self.ready.is_set())
 
     # --- life ----------------------------------------------------------------
 
@@ -342,14 +345,16 @@ class Memory(ServedMemory):
                 if retry:
                     refs.discard(Command.RELIST_ALL)
                     refs.update(self.places)
-                attach = Command.ATTACH in refs
+                reload = Command.RELOAD in refs  # (the write-back waits for it, holding its lock)
+                attach = reload or Command.ATTACH in refs
                 refs.discard(Command.ATTACH)
+                refs.discard(Command.RELOAD)
                 paths = {r.path for r in refs if isinstance(r, ChangedPath)}
                 refs = {r for r in refs if isinstance(r, str)}  # the refs left
                 try:
                     if attach:
-                        how = self._attach()
-                        if how == "damaged" or (how == "loaded" and self.layout.writes):
+                        how = self._attach(for_write_back=reload)
+                        if how == "damaged" or (how == "loaded" and (self.layout.writes or self._partial())):
                             refs.update(self.places)  # the sources over the version now held
                         elif how == "missing" and not self.layout.writes:
                             refs.add("home")  # a reader with no copy to read: the folder itself
@@ -397,24 +402,37 @@ class Memory(ServedMemory):
             self.opened.set()
             self.ready.set()
 
-    def _attach(self) -> Optional[str]:
-        """Make the cache one version of the copy before indexing the sources (§7.2)."""
+    def _partial(self) -> bool:
+        """Whether the version the cache now holds says it was written before its writer's first
+        look at the sources was done (a reader reads the rest from the sources)."""
+        from lnkmem.replica import copy as copyfmt
+        return copyfmt.copy_state(self.store).partial
+
+    def _attach(self, for_write_back: bool = False) -> Optional[str]:
+        """Make the cache one version of the copy before indexing the sources (§7.2).
+
+        Never between a write-back's PUT and its record: a re-check while a write-back is under
+        way is skipped (the write-back meets any newer version itself: 412), so indexing never
+        waits behind the network. ``for_write_back``: asked by the write-back, which holds its
+        lock and waits (:meth:`reload_from_copy`)."""
         from lnkmem.replica.sync import attach
         self.last_check = time.monotonic()
+        lock = self.writeback.lock if self.writeback is not None and not for_write_back else None
+        if lock is not None and not lock.acquire(blocking=False):
+            log.debug("the copy's re-check skipped: a write-back is under way")
+            return None
         try:
             width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
             old = self.store
-            # never between a write-back's PUT and its record
-            with self.writeback.lock if self.writeback is not None else contextlib.nullcontext():
-                # a newer version is loaded beside the index (bounded memory; searches answer
-                # the version held meanwhile) and put in its place (with its events and merger)
-                how, store = attach(old, self.layout.replica, set(self.places), width, beside=True,
-                                    changes=not self.layout.writes)  # a reader: what changed only
-                if store is not old:  # served before the lock lets a write-back read the index
-                    if self.closing:  # stop() closed, or is closing, the store it knew: this one too
-                        store.close()
-                    else:
-                        self.store = store
+            # a newer version is loaded beside the index (bounded memory; searches answer
+            # the version held meanwhile) and put in its place (with its events and merger)
+            how, store = attach(old, self.layout.replica, set(self.places), width, beside=True,
+                                changes=not self.layout.writes)  # a reader: what changed only
+            if store is not old:  # served before the lock lets a write-back read the index
+                if self.closing:  # stop() closed, or is closing, the store it knew: this one too
+                    store.close()
+                else:
+                    self.store = store
             log.info("index copy: %s", how)
             if store is not old:  # the old store let go of here (the searches on it end soon), and
                 old = store = None  # what it and the load held handed back before the sources are listed
@@ -422,6 +440,9 @@ class Memory(ServedMemory):
         except Exception as e:  # the copy can't be read now (a bridge down): serve the cache, write back later
             log.warning("the index copy could not be read: %s", e)
             return None
+        finally:
+            if lock is not None:
+                lock.release()
         if how == "loaded" and self.vindex is not None:
             self.vindex.load(self.store)  # passage ids now name the copy's passages
         if how != "reused" and self.writeback is not None:
@@ -454,9 +475,16 @@ class Memory(ServedMemory):
     last_check = 0.0  # when the copy's version was last asked for
 
     def reload_from_copy(self) -> None:
-        """Another engine wrote the copy first: take its version, re-apply the sources."""
-        self._attach()
-        self.refresh_all()
+        """Another engine wrote the copy first (the write-back met a 412): its version taken and
+        the sources re-applied over it by the indexing thread, the one writer of the index (the
+        write-back waits); here only when that thread is gone (a close)."""
+        done = threading.Event()
+        self._queue.put((Command.RELOAD, done))
+        while not done.wait(0.5):
+            if self._thread is None or not self._thread.is_alive():
+                self._attach(for_write_back=True)
+                self.refresh_all()
+                return
 
     def _retry_all(self) -> None:
         """Look at every source again a little later."""

@@ -759,12 +759,12 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
             # of this version, but every file is sent anew at the next write-back (renumbered:
             # the copy's files are no longer the cache's segments; the previous format: written
             # in this one), and the files of the place it does not name deleted then
-            state = CopyState(version, -1, doomed=doomed, sweep=True, orphans=orphans)
+            state = CopyState(version, -1, doomed=doomed, sweep=True, orphans=orphans, partial=manifest.partial)
             txn.delete_meta(b"copy-segs")
         else:
             state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,
                               list(manifest.pages), named, doomed, unknown=old.version is None, orphans=orphans,
-                              content_gen=content_gen(txn))
+                              content_gen=content_gen(txn), partial=manifest.partial)
             txn.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, r.copy_segs)))
         put_state(txn, state)
         txns.finish()

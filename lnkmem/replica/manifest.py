@@ -98,6 +98,9 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=False):
     model: Optional[str] = None
     made: Optional[str] = None
     of: Optional[str] = None  # whose memory: "agent <owner>/<agent>" or "team <team id>"
+    # written (a flush) before its writer's first look at the sources was done: a reader that
+    # loads it reads the rest from the sources
+    partial: bool = False
 
     def names(self) -> list[str]:
         """Every file this version is made of."""

@@ -44,6 +44,7 @@ class CopyState(msgspec.Struct):
     # the index's content generation (:func:`content_gen`) when it was made this version:
     # unchanged since (merges change no content), a newer version can be applied as a change
     content_gen: int = -1
+    partial: bool = False  # the version says it was written before its writer's first look was done
 
 
 class CopySegment(msgspec.Struct, array_like=True):

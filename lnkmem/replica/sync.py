@@ -163,7 +163,7 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
             return "damaged", store
         if manifest is None:
             return "reused", store
-        if changes and store.file_count():
+        if changes and store.file_count() and not manifest.partial:
             applied = apply_change(store, manifest, replica.fetch, version, replica.of, sources)
             if applied is not None:
                 log.info("the copy's newer version applied as a change: %d files written, %d removed, "
@@ -268,10 +268,12 @@ class WriteBack:
         "stopped": ("writing",),  # a flush after stop writes on the caller's thread
     }
     BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
+    HELD_LOOK_S = 0.5  # a write-back due but held: looked at again this often
 
     def __init__(self, store_of: Callable[[], Store], replica: Replica, reload: Callable[[], None],
                  every: Optional[float] = None, name: str = "", quiet_s: Optional[float] = None,
-                 on_state: Optional[Callable[["WriteBack"], None]] = None):
+                 on_state: Optional[Callable[["WriteBack"], None]] = None,
+                 held: Optional[Callable[[], bool]] = None):
         self.store_of = store_of
         self.replica = replica
         self.reload = reload  # load the copy's newer version and re-apply the sources
@@ -279,6 +281,10 @@ class WriteBack:
         self.quiet = quiet() if quiet_s is None else quiet_s
         self.name = name
         self.on_state = on_state
+        # while it says so (its memory's first look at the sources under way) no write-back is
+        # made unasked: a first build writes one copy, not partial ones; a flush still writes,
+        # its manifest saying it is partial
+        self.held = held
         self._state = "clean"
         self.since = time.monotonic()
         self.last_write = 0.0
@@ -460,6 +466,9 @@ class WriteBack:
                         if wait > 0:
                             self._cond.wait(wait)
                             continue
+                        if self.held is not None and self.held():
+                            self._cond.wait(self.HELD_LOOK_S)
+                            continue
             if look:
                 self._look_at(self._seen())
                 continue
@@ -535,6 +544,7 @@ class WriteBack:
                         del blob
                     exp.renamed(renamed)
                     memtrim.trim()  # (the export's heap)
+                exp.manifest.partial = self.held is not None and self.held()
                 try:
                     version = self.replica.put_manifest(copyfmt.encode_manifest(exp.manifest), state.version)
                 except Conflict:

@@ -425,15 +425,15 @@ def test_a_first_build_writes_one_copy_not_partial_ones(bridges, tmp_path):
 def test_indexing_never_waits_behind_a_write_back_on_the_network(bridges, tmp_path):
     """Issue 45: the copy's re-check took the write-back's lock on the indexing thread while
     the write-back held it through its uploads, so a `changed` waited behind the network.
-    A write-back's manifest PUT held by the bridge, a re-check due meanwhile: a change is
-    indexed (its control answered) before the PUT lands."""
+    A write-back's upload held by the bridge, re-checks due meanwhile: a change is indexed
+    (its control answered) before the upload lands."""
     with bridges.serve_many(tmp_path, env={"LNKMEM_RECHECK_S": "0.2", "LNKMEM_WRITEBACK_S": "3600",
                                           "LNKMEM_QUIET_S": "3600"}) as m, m.connect() as c:
         bridges.bound_and_flushed(m, c, ("home/docs/plan.md", "narwhal"))
         bridges.write_home("docs/first.md", "Walruses at dawn.\n")
         with m.connect() as ctl:
             assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/first.md"}}) == {"ok": True}
-        bridges.storage.fault("slow", delay=8.0, count=1, path="/v1/c/memory/lnkmem/manifest.json")
+        bridges.storage.fault("slow", delay=8.0, count=1, path="/v1/c/memory/lnkmem/seg-")  # an upload held
         ctl = m.connect(timeout=60)
         flusher = threading.Thread(target=lambda: ctl.first({"flush": {"owner": "o1", "agent": "a1"}}), daemon=True)
         flusher.start()

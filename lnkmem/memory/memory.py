@@ -457,7 +457,22 @@ class Memory(ServedMemory):
         while not self._stop.wait(max(every - (time.monotonic() - self.last_check), 0.05)):
             if time.monotonic() - self.last_check >= every:
                 self.last_check = time.monotonic()  # queued: not again before it is done
-                self._queue.put((Command.ATTACH, None))
+                if self._copy_moved():  # (asked here: an unchanged copy's 304 costs the indexing thread nothing)
+                    self._queue.put((Command.ATTACH, None))
+
+    def _copy_moved(self) -> bool:
+        """Whether the copy is another version than the one the cache is of (its manifest asked
+        with `If-None-Match`); False when the bridge cannot say now (asked again later)."""
+        from lnkmem.bridges.place import NotFound
+        from lnkmem.replica import copy as copyfmt
+        try:
+            manifest, _ = self.layout.replica.manifest(copyfmt.copy_state(self.store).version)
+        except (NotFound, copyfmt.CopyDamaged):
+            return True  # (attach says what it is)
+        except Exception as e:
+            log.debug("the copy's re-check: %s", e)
+            return False
+        return manifest is not None
 
     def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Optional
 import msgspec
 import numpy as np
 
+from lnkmem.bridges.place import NotFound
 from lnkmem.index.codec import postings, textpack
 from lnkmem.index.commit import Batch, NewFile
 from lnkmem.index.format import file_decoder, passage_decoder
@@ -114,7 +115,7 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
                 del wanted[ref]  # the same file (its page changed for another)
         files, got = _changed_files(wanted, new_segs, fetch, zdict, srcs)
         fetched += got
-    except CopyDamaged as e:
+    except (CopyDamaged, NotFound) as e:  # (the whole version's load says whether it is damaged)
         log.info("the copy's newer version is not applied as a change (%s): loaded whole", e)
         return None
     if files is None:

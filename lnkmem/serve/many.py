@@ -19,6 +19,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -411,8 +412,8 @@ class Service:
                 pass
 
         session = Session(memory_for, send, self.pool, first_call_error)
-        if owner is not None:
-            owner.mcp = (session, writer)
+        if owner is not None:  # (closed by its binding's end, from another thread)
+            owner.mcp = (session, writer, asyncio.get_running_loop())
         await pump(session, lambda: reader.read(READ_CHUNK), drain)
         await drain()
 
@@ -442,8 +443,16 @@ class Service:
         return await (self.bindings.flush(b) if kind == "flush" else self.bindings.end(b))
 
     def close(self) -> None:
-        for m in self.memories.values():
-            m.stop()
+        """The Hello agents' memories stopped at once, each whatever the others do, within
+        STOP_S together (the bindings were ended before, by close_all)."""
+        from lnkmem.serve.bound import STOP_S, Job
+        jobs = [(agent, Job(m.stop)) for agent, m in list(self.memories.items())]
+        deadline = time.monotonic() + STOP_S
+        for agent, job in jobs:
+            if not job.wait(deadline):
+                log.warning("agent %s: its memory did not stop within %g s", agent, STOP_S)
+            elif job.answer:
+                log.warning("agent %s: its memory did not stop cleanly: %s", agent, job.answer)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 

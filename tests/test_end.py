@@ -127,3 +127,29 @@ def test_sigterm_writes_every_agent_and_team_back(bridges, tmp_path):
             s.close()
     finally:
         m.stop()
+
+
+def test_sigterm_with_a_stalled_bridge_ends_within_bounds(bridges, tmp_path):
+    """Team t1's copy stalls (its manifest never answered): SIGTERM still writes every other
+    memory back, and the process exits, once the write-backs' time (bound.CLOSE_S) is spent."""
+    m = bridges.serve_many(tmp_path, "t", env=SLOW_WRITEBACK)
+    try:
+        sessions = [s for a in AGENTS for s in bound_with_team(bridges, m, a)]
+        for a in AGENTS:
+            pending_changes(bridges, m, a)
+        bridges.storage.fault("slow", delay=3600, path="/v1/teams/t1/c/memory/lnkmem/manifest.json")
+        m.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = m.proc.wait(END_DEADLINE_S + 60)
+        except subprocess.TimeoutExpired:
+            rc = None
+        assert rc == 0
+        for a in AGENTS:
+            assert f"home/mine-{a}.md" in bridges.copy_refs(a), a
+        for a in ("a2", "a3"):
+            assert f"home/theirs-{a}.md" in bridges.copy_refs(team=f"t{a[1]}"), a
+        assert "home/theirs-a1.md" not in bridges.copy_refs(team="t1")  # (stalled: kept in the cache)
+        for s in sessions:
+            s.close()
+    finally:
+        m.stop()

@@ -72,16 +72,30 @@ class BoundSession:
         self.owner = owner
         self.memory = memory
         self.first_call_error = deny
-        self.mcp = None  # (mcp.Session, writer), set by the service
+        self.mcp = None  # (mcp.Session, writer, its loop), set by the service (serving)
+        self.closed = False
+        self._lock = threading.Lock()
 
     def detach(self) -> None:
         self.owner.detach(self)
 
+    def serving(self, session, writer, loop) -> None:
+        """Its MCP session began on ``writer``; closed at once when its binding ended first."""
+        with self._lock:
+            self.mcp = (session, writer, loop)
+            closed = self.closed
+        if closed:
+            writer.close()
+
     def close(self) -> None:
-        """Close its connection (from any thread: the connection's loop does it)."""
-        if self.mcp is None:
+        """Close its connection (from any thread: the connection's loop does it), or, when
+        its MCP session has not begun yet, as it begins."""
+        with self._lock:
+            self.closed = True
+            mcp = self.mcp
+        if mcp is None:
             return
-        _, writer, loop = self.mcp
+        _, writer, loop = mcp
         try:
             loop.call_soon_threadsafe(writer.close)
         except RuntimeError:  # the loop has ended: so has the connection

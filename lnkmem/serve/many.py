@@ -413,7 +413,7 @@ class Service:
 
         session = Session(memory_for, send, self.pool, first_call_error)
         if owner is not None:  # (closed by its binding's end, from another thread)
-            owner.mcp = (session, writer, asyncio.get_running_loop())
+            owner.serving(session, writer, asyncio.get_running_loop())
         await pump(session, lambda: reader.read(READ_CHUNK), drain)
         await drain()
 

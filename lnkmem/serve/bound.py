@@ -38,8 +38,8 @@ REBIND_FIRST_S, REBIND_MAX_S, REBIND_PATIENCE_S = 0.5, 10.0, 2.0  # a bridge dow
 # whatever they did: its bridges are closed first, so a write-back still trying fails at once
 # (what it held stays dirty in the local cache, written back once bound again); stopping them
 # takes STOP_S more at most. serve-many ends its bindings at once, so its shutdown takes at
-# most about CLOSE_S + STOP_S however many it holds: within a service manager's usual
-# patience (systemd's: 90 s).
+# most about CLOSE_S + STOP_S however many it holds (many.END_S, with its connections'
+# end): within a service manager's usual patience (systemd's: 90 s).
 CLOSE_S = 60.0
 STOP_S = 15.0
 NOT_WHOLE_TEAM = "this agent is not granted the whole team folder, so the team's memory is not served to it"
@@ -604,20 +604,12 @@ class Bindings:
     async def end(self, b) -> Optional[str]:
         return await self._in_pool(self._end, b.owner, b.agent)
 
-    async def close_all(self) -> None:
-        """SIGTERM or the linger's end: every binding ended as `end` ends one, all at once
-        (each on a thread of its own), so it takes about CLOSE_S + STOP_S at most however
-        many there are; what could not be written back is logged."""
-        jobs = [(agent, Job(lambda o=owner, a=agent: self._end(o, a, gone_ok=True))) for owner, agent in list(self.held)]
-        deadline = time.monotonic() + CLOSE_S + STOP_S + 5.0
-
-        def wait() -> None:
-            for _, job in jobs:
-                job.wait(deadline)
-        await asyncio.get_running_loop().run_in_executor(None, wait)
-        for agent, job in jobs:
-            if job.answer:
-                log.warning("agent %s, at the end: %s", agent, job.answer)
+    def end_all(self) -> list[tuple[str, Job]]:
+        """SIGTERM or the linger's end: every binding ended as `end` ends one, all at once,
+        each on a thread of its own (so within CLOSE_S + STOP_S however many there are):
+        (the agent, its Job) of each, begun."""
+        return [(f"agent {agent}", Job(lambda o=owner, a=agent: self._end(o, a, gone_ok=True)))
+                for owner, agent in list(self.held)]
 
 
 def _not_held(owner: str, agent: str) -> str:

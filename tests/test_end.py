@@ -153,3 +153,24 @@ def test_sigterm_with_a_stalled_bridge_ends_within_bounds(bridges, tmp_path):
             s.close()
     finally:
         m.stop()
+
+
+def test_end_with_a_stalled_team_copy_answers_and_loses_nothing(bridges, tmp_path):
+    """`end` while the team's copy stalls: answered once the write-backs' time is spent, the
+    team named; the agent's own copy written; the team's index let go of, so a Bound line
+    is served at once, and its change, kept in the cache, is written back once the bridge
+    answers again."""
+    with bridges.serve_many(tmp_path, "g", env=SLOW_WRITEBACK) as m:
+        bound_with_team(bridges, m)
+        pending_changes(bridges, m)
+        bridges.storage.fault("slow", delay=3600, path="/v1/teams/t1/c/memory/lnkmem/manifest.json")
+        answer = control(m, "end", timeout=END_DEADLINE_S)
+        assert "error" in answer and "team t1" in answer["error"] and "agent a1" not in answer["error"], answer
+        assert "home/mine-a1.md" in bridges.copy_refs()
+        assert "home/theirs-a1.md" not in bridges.copy_refs(team="t1")
+        bridges.storage.fault("ok")
+        with m.connect() as again:
+            assert again.first(team_line(bridges)) == {"ok": True}
+            assert until(lambda: hits(again, "canoea1") == ["home/theirs-a1.md"], timeout=30)
+            assert control(m, "flush", timeout=60) == {"ok": True}
+        assert "home/theirs-a1.md" in bridges.copy_refs(team="t1")

@@ -118,15 +118,16 @@ class Bridges:
         """Where ``agent``'s index copy is kept in the storage bridge."""
         return self.store("memory", agent) / "lnkmem"
 
-    def copy_files(self, agent: str = "a1") -> dict:
-        """Every file of ``agent``'s copy: name -> bytes (empty when there is none)."""
-        d = self.copy_dir(agent)
+    def copy_files(self, agent: str = "a1", team: Optional[str] = None) -> dict:
+        """Every file of ``agent``'s copy (``team``'s, when given): name -> bytes (empty when
+        there is none)."""
+        d = self.team_copy(team) if team is not None else self.copy_dir(agent)
         return {p.name: p.read_bytes() for p in d.iterdir()} if d.exists() else {}
 
-    def copy_refs(self, agent: str = "a1") -> set:
+    def copy_refs(self, agent: str = "a1", team: Optional[str] = None) -> set:
         """The refs the copy's file table holds (read straight from the copy's files, every
-        file its manifest names present)."""
-        files = self.copy_files(agent)
+        file its manifest names present); ``team``: that team's copy."""
+        files = self.copy_files(agent, team)
         m = json.loads(files["manifest.json"])
         named = [n for seg in m["segments"] for n in seg] + m["pages"] + m["vectors"] + [m["head"]]
         assert all(name in files for name in named + ([m["dict"]] if m.get("dict") else []))

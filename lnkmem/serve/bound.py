@@ -33,6 +33,15 @@ log = logging.getLogger("lnkmem")
 BIND_PATIENCE_S = 5.0
 BIND_GRACE_S = 1.0  # once one bridge took the key, how long the others may still answer
 REBIND_FIRST_S, REBIND_MAX_S, REBIND_PATIENCE_S = 0.5, 10.0, 2.0  # a bridge down at Bound time, tried again
+# A binding's end (`end`, a Bound line with a new key, SIGTERM, the linger's end: one path,
+# Binding.close) waits CLOSE_S for its write-backs, all together, then stops its memories
+# whatever they did: its bridges are closed first, so a write-back still trying fails at once
+# (what it held stays dirty in the local cache, written back once bound again); stopping them
+# takes STOP_S more at most. serve-many ends its bindings at once, so its shutdown takes at
+# most about CLOSE_S + STOP_S however many it holds (many.END_S, with its connections'
+# end): within a service manager's usual patience (systemd's: 90 s).
+CLOSE_S = 60.0
+STOP_S = 15.0
 NOT_WHOLE_TEAM = "this agent is not granted the whole team folder, so the team's memory is not served to it"
 
 
@@ -63,14 +72,55 @@ class BoundSession:
         self.owner = owner
         self.memory = memory
         self.first_call_error = deny
-        self.mcp = None  # (mcp.Session, writer), set by the service
+        self.mcp = None  # (mcp.Session, writer, its loop), set by the service (serving)
+        self.closed = False
+        self._lock = threading.Lock()
 
     def detach(self) -> None:
         self.owner.detach(self)
 
+    def serving(self, session, writer, loop) -> None:
+        """Its MCP session began on ``writer``; closed at once when its binding ended first."""
+        with self._lock:
+            self.mcp = (session, writer, loop)
+            closed = self.closed
+        if closed:
+            writer.close()
+
     def close(self) -> None:
-        if self.mcp is not None:
-            self.mcp[1].close()
+        """Close its connection (from any thread: the connection's loop does it), or, when
+        its MCP session has not begun yet, as it begins."""
+        with self._lock:
+            self.closed = True
+            mcp = self.mcp
+        if mcp is None:
+            return
+        _, writer, loop = mcp
+        try:
+            loop.call_soon_threadsafe(writer.close)
+        except RuntimeError:  # the loop has ended: so has the connection
+            pass
+
+
+class Job:
+    """``fn()`` on a thread of its own; ``answer``: what it returned (an error or None), or
+    the text of what it raised, once done."""
+
+    def __init__(self, fn):
+        self.answer: Optional[str] = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="lnkmem-end", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self.answer = fn()
+        except Exception as e:  # noqa: BLE001 - named in the answer, never skipping the others
+            self.answer = f"{type(e).__name__}: {e}"
+
+    def wait(self, deadline: Optional[float]) -> bool:
+        """Wait until it is done or ``deadline`` (monotonic; None: no limit); whether it is done."""
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
 
 
 class _Held:
@@ -83,6 +133,7 @@ class _Held:
         self.sessions: set[BoundSession] = set()
         self.clients = []
         self.deny: Optional[str] = None
+        self.ending = False  # its binding is ending: a session's end writes nothing back of its own
 
     def session(self) -> BoundSession:
         s = BoundSession(self, self.memory, self.deny)
@@ -92,7 +143,7 @@ class _Held:
     def detach(self, s: BoundSession) -> None:
         self.sessions.discard(s)
         wb = self.memory.writeback if self.memory is not None else None
-        if not self.sessions and wb is not None:
+        if not self.sessions and wb is not None and not self.ending:
             threading.Thread(target=wb.flush, daemon=True).start()  # end of input: write back now
 
     def flush(self) -> Optional[str]:
@@ -100,16 +151,15 @@ class _Held:
             return None
         return self.memory.writeback.flush()
 
-    def close(self) -> Optional[str]:
-        err = None
+    def end_sessions(self) -> None:
+        self.ending = True
         for s in list(self.sessions):
             s.close()
+
+    def stop(self) -> None:
+        """Its memory stopped: its index let go of (so it may be opened again)."""
         if self.memory is not None:
-            err = self.flush()
             self.memory.stop()
-        for c in self.clients:
-            c.close()
-        return err
 
 
 def places_of(b: Bound, sockets: dict[str, str]) -> tuple:
@@ -133,14 +183,66 @@ class Binding(_Held):
         self._watch_lock = threading.Lock()
         self._watching = False
 
-    def close(self) -> Optional[str]:
-        """Write back and end: its own memory first, then its teams' (§5.5)."""
-        self._closed.set()
-        err = super().close()
-        for tb in list(self.teams.values()):
-            err = err or tb.close()
+    def held(self) -> list[tuple[str, _Held]]:
+        """Its memories, named: its own first, then its teams' (§5.5)."""
+        return [(f"agent {self.agent}", self)] + [(f"team {t}", tb) for t, tb in list(self.teams.items())]
+
+    def _flush_each(self, deadline: Optional[float], patience: float) -> tuple[list[str], list[_Held]]:
+        """Write back its own memory, then its teams' (at once): each whatever the others
+        did, until ``deadline`` (None: each write-back's own patience). (Every failure
+        named, the memories that failed.)"""
+        held = self.held()
+        errors: list[str] = []
+        failed: list[_Held] = []
+        for batch in (held[:1], held[1:]):
+            jobs = [(what, h, Job(h.flush)) for what, h in batch]
+            for what, h, job in jobs:
+                if not job.wait(deadline):
+                    errors.append(f"{what}: the write-back did not finish within {patience:g} s")
+                elif job.answer:
+                    errors.append(f"{what}: {job.answer}")
+                else:
+                    continue
+                failed.append(h)
+        return errors, failed
+
+    def flush_all(self) -> Optional[str]:
+        """`flush`: its own memory written back, then its teams'; every failure named."""
+        errors, _ = self._flush_each(None, 0)
+        return "; ".join(errors) or None
+
+    def close(self, patience: float = CLOSE_S) -> Optional[str]:
+        """The one way a binding ends (`end`, a new key, SIGTERM, the linger's end): its
+        sessions closed; its own memory written back, then its teams', while its bridges
+        are open (within ``patience`` together); those written back stopped; its bridges
+        closed (a write-back still trying fails at once); the others stopped. Every memory
+        is stopped, its index let go of, whatever happened; every failure is named."""
+        with self._watch_lock:
+            if self._closed.is_set():
+                return None
+            self._closed.set()  # (and the bridges down at Bound time are no longer tried)
+        deadline = time.monotonic() + patience
+        held = self.held()
+        for _, h in held:
+            h.end_sessions()
+        errors, failed = self._flush_each(deadline, patience)
+        stops = [(what, Job(h.stop)) for what, h in held if h not in failed]
+        for _, job in stops:  # (what changed since its write-back is written as it stops)
+            job.wait(deadline)
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception as e:  # noqa: BLE001 - the others are closed all the same
+                log.warning("agent %s: the %s bridge's client did not close: %s", self.agent, c.purpose, type(e).__name__)
+        stops += [(what, Job(h.stop)) for what, h in held if h in failed]
+        end = time.monotonic() + STOP_S
+        for what, job in stops:
+            if not job.wait(end):
+                errors.append(f"{what}: did not stop within {STOP_S:g} s")
+            elif job.answer:
+                errors.append(f"{what}: {job.answer}")
         self.teams.clear()
-        return err
+        return "; ".join(errors) or None
 
     def client(self, purpose: str) -> Optional[BridgeClient]:
         return next((c for c in self.clients if c.purpose == purpose), None)
@@ -309,9 +411,7 @@ class Bindings:
             c.mark_down(str(e))
 
     def _open(self, first: FirstLine):
-        with self._locks_lock:
-            lock = self._locks.setdefault((first.bound.owner, first.agent), threading.Lock())
-        with lock:  # one Bound line of an agent at a time
+        with self._lock(first.bound.owner, first.agent):  # one Bound line (or end) of an agent at a time
             return self._open_locked(first)
 
     def _open_locked(self, first: FirstLine):
@@ -330,7 +430,9 @@ class Bindings:
         if binding is not None and not binding.same_key(b.key):
             fresh = self._new_binding(first, sockets)  # the bridges judge the new key first: a bad one ends nothing
             log.info("agent %s bound again with a new key", agent)
-            binding.close()
+            err = binding.close()
+            if err:
+                log.warning("agent %s, its binding with the old key ended: %s", agent, err)
             self.held[key] = binding = fresh
         # (a team line's session has no notes and no index of the agent's: its bridges alone are compared)
         if binding is not None and (binding.places != places_of(b, sockets) if first.team is None
@@ -471,8 +573,14 @@ class Bindings:
     async def _in_pool(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.service.pool, fn, *args)
 
+    def _lock(self, owner: str, agent: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault((owner, agent), threading.Lock())
+
     async def changed(self, c: Changed) -> Optional[str]:
-        binding = self.held[(c.owner, c.agent)]
+        binding = self.held.get((c.owner, c.agent))
+        if binding is None:
+            return _not_held(c.owner, c.agent)
         if c.team is not None:
             tb = binding.teams.get(c.team)
             if tb is None or tb.memory is None:
@@ -488,20 +596,33 @@ class Bindings:
         return None if done else "the change is still being indexed"
 
     async def flush(self, b) -> Optional[str]:
-        binding = self.held[(b.owner, b.agent)]
-        err = await self._in_pool(binding.flush)
-        for tb in list(binding.teams.values()):
-            err = err or await self._in_pool(tb.flush)
-        return err
+        binding = self.held.get((b.owner, b.agent))
+        if binding is None:
+            return _not_held(b.owner, b.agent)
+        return await self._in_pool(binding.flush_all)  # its own first, then its teams
+
+    def _end(self, owner: str, agent: str, gone_ok: bool = False) -> Optional[str]:
+        """One binding ended (Binding.close), under the agent's lock: a Bound line for it
+        waits until its memories are let go of, then makes it again."""
+        with self._lock(owner, agent):
+            binding = self.held.pop((owner, agent), None)
+            if binding is None:  # (ended meanwhile)
+                return None if gone_ok else _not_held(owner, agent)
+            return binding.close()
 
     async def end(self, b) -> Optional[str]:
-        binding = self.held.pop((b.owner, b.agent))
-        return await self._in_pool(binding.close)  # its own first, then its teams
+        return await self._in_pool(self._end, b.owner, b.agent)
 
-    async def close_all(self) -> None:
-        for key in list(self.held):
-            owner, agent = key
-            await self.end(type("B", (), {"owner": owner, "agent": agent})())
+    def end_all(self) -> list[tuple[str, Job]]:
+        """SIGTERM or the linger's end: every binding ended as `end` ends one, all at once,
+        each on a thread of its own (so within CLOSE_S + STOP_S however many there are):
+        (the agent, its Job) of each, begun."""
+        return [(f"agent {agent}", Job(lambda o=owner, a=agent: self._end(o, a, gone_ok=True)))
+                for owner, agent in list(self.held)]
+
+
+def _not_held(owner: str, agent: str) -> str:
+    return f"no binding of agent {agent} of {owner} is held here"
 
 
 def _relist_team(memory) -> Optional[str]:

@@ -19,11 +19,13 @@ import socket
 import stat
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from lnkmem.memory import changes
+from lnkmem.serve.bound import CLOSE_S, STOP_S, Bindings, Job
 from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig, check_id, from_serve_argv
 from lnkmem.memory.served import Made, MemoryHandle
@@ -202,6 +204,11 @@ def peer_uid(sock: socket.socket) -> Optional[int]:
 # --- the service ------------------------------------------------------------------------
 
 TOOL_THREADS = 16  # the pool's threads for tool calls, every one started before the first session
+# SIGTERM (or the linger's end): the open connections are given CONNECTIONS_S to end, then
+# every binding and memory is ended at once (bound.CLOSE_S for the write-backs, bound.STOP_S
+# to stop): the process exits within about END_S, however many agents it serves.
+CONNECTIONS_S = 5.0
+END_S = CONNECTIONS_S + CLOSE_S + STOP_S + 5.0
 
 
 def started_pool(n: int) -> ThreadPoolExecutor:
@@ -233,7 +240,6 @@ class Service:
         self.connections: set = set()  # (task, writer) of each connection being served
         self.linger_handle: Optional[asyncio.TimerHandle] = None
         self.allowed = {os.geteuid()} | ({opts.peer_uid} if opts.peer_uid is not None else set())
-        from lnkmem.serve.bound import Bindings
         self.bindings = Bindings(self)
 
     def refusal(self, agent: str) -> Optional[str]:
@@ -289,9 +295,9 @@ class Service:
             await self.stopping.wait()
             server.close()
             await self._end_connections()
-        await self.bindings.close_all()
+        await self._end_memories()
 
-    async def _end_connections(self, timeout: float = 5.0) -> None:
+    async def _end_connections(self, timeout: float = CONNECTIONS_S) -> None:
         """A signal: close every open connection, so each session ends as at its
         client's close (its calls under way finish or are cancelled inside it),
         rather than being cancelled from outside by the loop's end."""
@@ -411,8 +417,8 @@ class Service:
                 pass
 
         session = Session(memory_for, send, self.pool, first_call_error)
-        if owner is not None:
-            owner.mcp = (session, writer)
+        if owner is not None:  # (closed by its binding's end, from another thread)
+            owner.serving(session, writer, asyncio.get_running_loop())
         await pump(session, lambda: reader.read(READ_CHUNK), drain)
         await drain()
 
@@ -441,10 +447,32 @@ class Service:
             return f"no binding of agent {b.agent} of {b.owner} is held here"
         return await (self.bindings.flush(b) if kind == "flush" else self.bindings.end(b))
 
+    async def _end_memories(self) -> None:
+        """SIGTERM or the linger's end: every binding ended as `end` ends one (written back,
+        then stopped) and every Hello agent's memory stopped, all at once, each whatever the
+        others do; within END_S together however many there are."""
+        jobs = self.bindings.end_all() + self._stop_hello()
+        await asyncio.get_running_loop().run_in_executor(None, _waited, jobs, END_S - CONNECTIONS_S)
+
+    def _stop_hello(self) -> list:
+        jobs = [(f"agent {agent}", Job(m.stop)) for agent, m in list(self.memories.items())]
+        self.memories.clear()
+        return jobs
+
     def close(self) -> None:
-        for m in self.memories.values():
-            m.stop()
+        _waited(self._stop_hello(), STOP_S)  # (none left after a run that ended as it should)
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _waited(jobs: list, within: float) -> None:
+    """Wait for ``jobs`` ((what, bound.Job) each) ``within`` seconds together; say what failed
+    or did not end in time."""
+    deadline = time.monotonic() + within
+    for what, job in jobs:
+        if not job.wait(deadline):
+            log.warning("%s: not ended within %g s", what, within)
+        elif job.answer:
+            log.warning("%s, at the end: %s", what, job.answer)
 
 
 def classify(first: FirstLine) -> tuple[str, Optional[str]]:

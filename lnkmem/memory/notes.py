@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import signal
 import stat
@@ -23,6 +24,8 @@ from typing import Iterator, Optional
 
 from lnkmem.core.errors import ToolError
 from lnkmem.core.knobs import knobs
+
+log = logging.getLogger("lnkmem")
 
 
 def _norm(line: str) -> str:
@@ -91,6 +94,7 @@ CHANGE_PATIENCE_S = 15.0  # how long `remember` keeps trying while someone else 
 BUSY_S = 1.0  # a read for the index: a file held open for writing longer than this is judged by its times
 SHORTER = 2  # a file that lost more than half its bytes ...
 RENAME_EXCHANGE = 2  # renameat2(2)
+LOCK = "notes.lock"  # in <state>: one change of the notes at a time, among all engines of the agent
 
 
 def wait_s() -> float:
@@ -158,7 +162,7 @@ class LocalNotes:
     def history(self):
         from lnkmem.memory.noteshistory import History
         if self._history is None:
-            self._history = History(self.state_fd())
+            self._history = History(self.state_fd(), where=self.state)
         return self._history
 
     def _lstat(self) -> Optional[os.stat_result]:
@@ -181,14 +185,10 @@ class LocalNotes:
         if not names:
             return 0
         try:
-            lock = os.open("notes.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                           dir_fd=self.state_fd())
+            lock = self._lock(block=False)
         except OSError:
             return 0
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(lock)
+        if lock is None:
             return 0
         try:
             return self._clean(names)
@@ -222,13 +222,50 @@ class LocalNotes:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open("notes.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=self.state_fd())
+        fd = self._lock(block=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
+
+    def _lock(self, block: bool) -> Optional[int]:
+        """A descriptor holding the notes lock: a plain file ``<state>/notes.lock``, never
+        reached through a link. Anything else standing there (a folder, a FIFO, a link: a
+        confused person or tool) is moved aside as it is, with a line in the log, and the
+        file made anew: the next change works without a restart. The file locked is still
+        the one at that name once held (else it is taken again). None when ``block`` is
+        false and another holds it."""
+        from lnkmem.memory.noteshistory import lstat_at, move_aside
+        sfd = self.state_fd()
+        where = os.path.join(self.state, LOCK)
+        for _ in range(10):
+            named = lstat_at(sfd, LOCK)
+            if named is not None and not stat.S_ISREG(named.st_mode):  # never opened: a FIFO, a device
+                move_aside(sfd, LOCK, where, "the notes lock file")
+                continue
+            try:
+                fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                             0o600, dir_fd=sfd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENOTDIR):  # changed shape meanwhile
+                    continue
+                raise
+            try:
+                held = os.fstat(fd)
+                if stat.S_ISREG(held.st_mode):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+                    except BlockingIOError:
+                        os.close(fd)
+                        return None
+                    named = lstat_at(sfd, LOCK)
+                    if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                        return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # not a file, or moved aside or replaced while we waited: take the one there now
+        raise OSError(errno.EAGAIN, "the notes lock kept changing shape", where)
 
     # --- reading ---------------------------------------------------------------
 
@@ -446,30 +483,54 @@ class LocalNotes:
         if not self._unchanged(fd, st, base, leased):  # (a lease broken: someone opening it for writing)
             return False, None
         if not _exchange(self.dir_fd, tmp, self.name):
-            if base:
-                self._keep(base, why)
-            os.rename(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            os.rename(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)  # ``base``: kept already
             return True, None
+        try:  # from here on the notes are changed: nothing below refuses the change
+            return True, self._swapped_out(tmp, st, base, why)
+        except OSError as e:
+            log.warning("the text a change of %s swapped out could not be read (%s); it stays in %s",
+                        self.path, e.strerror or e, os.path.join(self.folder, tmp))
+            return True, None
+
+    def _swapped_out(self, tmp: str, st: os.stat_result, base: bytes, why: str) -> Optional[bytes]:
+        """The file an exchange swapped out of the notes' name (now named ``tmp``): None when
+        it is what was read (kept already), else its text, kept (moved or copied in) before
+        its last name goes; where it cannot be kept it stays at ``tmp`` (kept at the next
+        start, :meth:`clean_temp`)."""
         try:
             out_fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.dir_fd)
         except OSError:  # a link put there meanwhile: never notes
             self._unlink(tmp)
-            return True, None
+            return None
         try:
             out = os.fstat(out_fd)
             if not stat.S_ISREG(out.st_mode) or out.st_size > NOTES_MAX:
-                return True, None
+                self._unlink(tmp)
+                return None
             data = self._read_fd(out_fd)
-            if data:
-                self._keep(data, why, source=tmp)  # moved (or copied) in, before its last name goes
-            same = (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) and data == base
-            return True, (None if same else data)
         finally:
             os.close(out_fd)
+        if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) and data == base:
             self._unlink(tmp)
+            return None
+        if data and not self._keep_quietly(data, why, source=tmp):
+            return data
+        self._unlink(tmp)
+        return data
 
     def _keep(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> None:
         self.history().keep(data, why, sync, (self.dir_fd, source) if source else None)
+
+    def _keep_quietly(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> bool:
+        """:meth:`_keep` once the notes are changed already: a failure is a line in the log,
+        never a refusal of a change that was made (whether it was kept)."""
+        try:
+            self._keep(data, why, sync, source)
+            return True
+        except OSError as e:
+            log.warning("a version of %s could not be kept in %s (%s)", self.path,
+                        os.path.join(self.state, "notes-history"), e.strerror or e)
+            return False
 
     def _change(self, make, why: str) -> Change:
         with self._locked():
@@ -497,8 +558,10 @@ class LocalNotes:
                         if text == current:
                             if leased:
                                 _drop_lease(fd)
-                            self._keep(data, "written")
+                            self._keep_quietly(data, "written")
                             return result
+                    if data:  # the history first: where the text replaced cannot be kept, nothing changes
+                        self._keep(data, why)
                     tmp = self._write_temp(text, self._mode(st))
                     swapped = None
                     try:
@@ -521,10 +584,13 @@ class LocalNotes:
                     finally:
                         if tmp:
                             self._unlink(tmp)
-                    os.fsync(self.dir_fd)
+                    try:  # changed: nothing below refuses it
+                        os.fsync(self.dir_fd)
+                    except OSError:
+                        pass
                     written = text.encode("utf-8")
                     self._last_seen, self._last_seen_at = written, time.monotonic()
-                    self._keep(written, "written", sync=False)  # an editor saving over it later loses nothing
+                    self._keep_quietly(written, "written", sync=False)  # an editor saving over it later loses nothing
                     if swapped is not None:  # a file renamed over the notes after the read: kept, merged
                         if leased:
                             _drop_lease(fd)
@@ -714,13 +780,17 @@ class BridgeNotes:
             return
         from lnkmem.memory.config import open_folder
         from lnkmem.memory.noteshistory import History
-        if self._history is None:
-            fd = open_folder(self.state, None, create=True, mode=0o700)
-            try:
-                self._history = History(fd)
-            finally:
-                os.close(fd)
-        self._history.keep(data, "replaced")
+        try:
+            if self._history is None:
+                fd = open_folder(self.state, None, create=True, mode=0o700)
+                try:
+                    self._history = History(fd, where=self.state)
+                finally:
+                    os.close(fd)
+            self._history.keep(data, "replaced")
+        except OSError as e:
+            raise ToolError(f"the text the change would replace could not be kept in {self.state}/notes-history "
+                            f"({e.strerror or e}); nothing was changed") from None
 
     def entry(self):
         return self.coll.stat(self.NAME)

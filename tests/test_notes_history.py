@@ -261,3 +261,85 @@ def test_a_temp_file_left_by_a_kill_is_kept_before_it_is_removed(home):
         assert until(lambda: not left.exists(), timeout=5)
     assert "- the text an exchange swapped out\n" in kept_texts(home)
     assert home.notes.read_text() == "- current\n"
+
+
+TEN = "".join(f"- old entry {k}\n" for k in range(10))
+
+
+def _editor(notes, style: str, truncated: threading.Event, go: threading.Event, text: bytes) -> None:
+    """An editor that empties the notes, then saves ``text`` once ``go`` is set (after the
+    `remember`, long past its wait): into the file it held open, or by name."""
+    if style == "held":
+        with open(notes, "r+b") as f:
+            f.truncate(0)
+            truncated.set()
+            go.wait(60)
+            f.write(text)
+    else:
+        os.truncate(notes, 0)
+        truncated.set()
+        go.wait(60)
+        with open(notes, "wb") as f:
+            f.write(text)
+
+
+def _all_there(home: Home, want: list[str]) -> bool:
+    have = home.notes.read_text().splitlines()
+    return all(have.count(x) == 1 for x in want)
+
+
+@pytest.mark.parametrize("style", ["held", "apart"])
+def test_an_editor_saving_after_remember_gave_up_waiting_loses_nothing(home, style):
+    """Issue 46: an editor empties the notes and saves long after `remember` stopped
+    waiting (here 1 s): `remember` writes on the emptied file, then the editor's save
+    lands (into the file it held open, which `remember` replaced, or over the notes by
+    name). Both are in the notes at the end: the editor's ten entries and its new line,
+    and the note `remember` added; the editor's save is a kept version too."""
+    home.notes.write_text(TEN)
+    save = (TEN + "- editor line\n").encode()
+    with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert s.call("read", {"ref": "notes"})["isError"] is False  # the engine has read the ten
+        truncated, go = threading.Event(), threading.Event()
+        ed = threading.Thread(target=_editor, args=(home.notes, style, truncated, go, save))
+        ed.start()
+        assert truncated.wait(10)
+        try:
+            r = s.call("remember", {"add": "engine entry"}, timeout=60)
+        finally:
+            go.set()
+            ed.join()
+        assert r["isError"] is False, r
+        want = TEN.splitlines() + ["- editor line", "- engine entry"]
+        assert until(lambda: _all_there(home, want), timeout=30), home.notes.read_text()
+    assert _all_there(home, want), home.notes.read_text()
+    kept = kept_texts(home)
+    assert any(all(x in t.splitlines() for x in TEN.splitlines()) for t in kept), kept
+
+
+def test_remember_before_the_engine_read_the_notes_loses_none_of_them(home):
+    """Issue 46: an editor holding the notes open has emptied them before the engine
+    started, and saves its ten entries after the first `remember` (which came before
+    the engine read anything): none of the ten is lost, nor the note remembered."""
+    home.notes.write_text(TEN)
+    truncated, go = threading.Event(), threading.Event()
+    save = (TEN + "- editor line\n").encode()
+    ed = threading.Thread(target=_editor, args=(home.notes, "held", truncated, go, save))
+    ed.start()
+    assert truncated.wait(10)
+    try:
+        with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
+            s.initialize()
+            try:
+                r = s.call("remember", {"add": "engine entry"}, timeout=60)
+            finally:
+                go.set()
+                ed.join()
+            assert r["isError"] is False, r
+            want = TEN.splitlines() + ["- editor line", "- engine entry"]
+            assert until(lambda: _all_there(home, want), timeout=30), home.notes.read_text()
+    finally:
+        go.set()
+        ed.join()
+    assert _all_there(home, want), home.notes.read_text()

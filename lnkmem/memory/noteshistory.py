@@ -22,8 +22,10 @@ import errno
 import hashlib
 import logging
 import os
+import functools
 import secrets
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -38,6 +40,7 @@ WHY = {
     "written": "written by remember",
     "seen": "seen before the notes were emptied or cut short",
     "restored": "replaced by a restore",
+    "late": "saved into the notes remember had replaced (merged in)",
 }
 
 
@@ -119,6 +122,15 @@ def move_aside(dir_fd: int, name: str, where: str, wanted: str) -> Optional[str]
     return aside
 
 
+def _serialized(method):
+    """One thread at a time in a :class:`History` (the engine's aftercare keeps from its own thread)."""
+    @functools.wraps(method)
+    def run(self, *args, **kw):
+        with self.mu:
+            return method(self, *args, **kw)
+    return run
+
+
 class History:
     """The versions kept below one ``<state>`` descriptor.
 
@@ -132,6 +144,7 @@ class History:
     FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
     def __init__(self, state_fd: int, recover: bool = True, where: str = "<state>"):
+        self.mu = threading.RLock()
         self.state_fd = os.dup(state_fd)
         self.recover = recover
         self.where = os.path.join(where, FOLDER)
@@ -198,6 +211,7 @@ class History:
         os.close(self.fd)
         os.close(self.state_fd)
 
+    @_serialized
     def versions(self) -> list[Version]:
         """Newest first (only plain files named as versions: a link, a FIFO or a folder
         under such a name is no version, and never opened)."""
@@ -214,6 +228,7 @@ class History:
         out.sort(key=lambda v: v.id, reverse=True)
         return out
 
+    @_serialized
     def text(self, v: Version) -> bytes:
         fd = os.open(v.id + ".md", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
         with os.fdopen(fd, "rb") as f:
@@ -227,6 +242,7 @@ class History:
         except OSError:
             return False
 
+    @_serialized
     def find(self, which: str) -> Version:
         """A version by its number in the listing (1: the newest) or its id; KeyError if none."""
         vs = self.versions()
@@ -237,6 +253,7 @@ class History:
                 return v
         raise KeyError(which)
 
+    @_serialized
     def keep(self, data: bytes, why: str, sync: bool = True, source: Optional[tuple[int, str]] = None
              ) -> Optional[Version]:
         """Keep ``data`` unless the newest version holds it already; then prune.

@@ -343,3 +343,24 @@ def test_remember_before_the_engine_read_the_notes_loses_none_of_them(home):
         go.set()
         ed.join()
     assert _all_there(home, want), home.notes.read_text()
+
+
+def test_a_note_removed_after_remember_on_emptied_notes_stays_removed(home):
+    """What the engine watches after a change on emptied notes (an editor's save over
+    it) is a save by someone else: the agent removing its own note afterwards, then a
+    person saving, does not bring the note back; the person's save is kept whole."""
+    home.notes.write_text(TEN)
+    with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "0.5"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert s.call("read", {"ref": "notes"})["isError"] is False
+        os.truncate(home.notes, 0)  # emptied, and no save follows
+        assert s.call("remember", {"add": "short lived"}, timeout=60)["isError"] is False
+        assert home.notes.read_text() == "- short lived\n"
+        assert s.call("remember", {"remove": "short lived"}, timeout=60)["isError"] is False
+        tmp = home.notes.parent / "editor~"
+        tmp.write_text("- a person's line\n")
+        os.replace(tmp, home.notes)
+        # the save is looked at within a second: the note removed must not come back
+        assert not until(lambda: "short lived" in home.notes.read_text(), timeout=5)
+        assert home.notes.read_text() == "- a person's line\n"

@@ -599,6 +599,10 @@ class LocalNotes:
                     if carry is None:
                         result = make(current)
                         text = result.text
+                        if text == current and fd is not None:  # nothing to change (a merge with nothing new)
+                            if leased:
+                                _drop_lease(fd)
+                            return result
                     else:  # carry the other writer's edit over, and ours where it was saved over since
                         base, theirs, ours = (x.decode("utf-8", "replace") for x in carry)
                         text = _merge(base, ours, _merge(base, theirs, current))
@@ -640,6 +644,7 @@ class LocalNotes:
                     written = text.encode("utf-8")
                     self._last_seen, self._last_seen_at = written, time.monotonic()
                     self._keep_quietly(written, "written", sync=False)  # an editor saving over it later loses nothing
+                    self._rebase(written)
                     if old_name is not None or suspect:  # its writer may save later: watched (issue 46)
                         self._aftercare(data, written, fd if old_name is not None else None, old_name, suspect)
                     if swapped is not None:  # a file renamed over the notes after the read: kept, merged
@@ -690,6 +695,19 @@ class LocalNotes:
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch_loop, name="lnkmem-notes-aftercare", daemon=True)
                 self._watcher.start()
+
+    def _rebase(self, written: bytes) -> None:
+        """After each change of this engine: what the notes watches hold as the change is
+        what was written last (a later change of the agent's, a removal say, is no save
+        to undo), and the notes as written now are not someone else's save."""
+        with self._watch_mu:
+            if not self._watches:
+                return
+            s = self._lstat()
+            for w in self._watches:
+                if w.name_until:
+                    w.ours = written
+                    w.name_ident = _ident(s) if s is not None else None
 
     def _watch_loop(self) -> None:
         while True:
@@ -759,9 +777,12 @@ class LocalNotes:
                 current, st = self._read()
                 if st is not None and not self._cut_short(current.encode("utf-8"), st) and self._stable_since(st):
                     w.name_ident = _ident(st)
-                    base, ours = w.base.decode("utf-8", "replace"), w.ours.decode("utf-8", "replace")
-                    if _merge(base, ours, current) != current:  # saved over, dropping the change: merged back
-                        self._carry(lambda cur: _merge(base, ours, cur), "the change was saved over")
+                    base = w.base.decode("utf-8", "replace")
+                    if _merge(base, w.ours.decode("utf-8", "replace"), current) != current:
+                        # saved over, dropping the change: merged back (as the change is when the lock is
+                        # held: a change of the agent's own since is no save to undo)
+                        self._carry(lambda cur: _merge(base, w.ours.decode("utf-8", "replace"), cur),
+                                    "the change was saved over")
                         w.name_until = 0.0
         return w.old_fd is None and not w.name_until
 
@@ -782,8 +803,11 @@ class LocalNotes:
 
     def _carry(self, merged, what: str) -> None:
         """Make the notes ``merged(current)`` (a change like `remember`'s), and say so in the log."""
+        news = []
+
         def make(current: str) -> Change:
             t = merged(current)
+            news.append(t != current)
             return Change(t, len(t.encode("utf-8")), count_entries(t))
         try:
             change = self._change(make, "replaced")
@@ -791,8 +815,9 @@ class LocalNotes:
             log.warning("%s: a save after a change (%s) could not be merged in (%s); it is kept in %s",
                         self.path, what, e, os.path.join(self.state, "notes-history"))
             return
-        log.warning("%s: a save after a change (%s) was merged in; the notes hold %d entries", self.path, what,
-                    change.entries)
+        if news and news[-1]:
+            log.warning("%s: a save after a change (%s) was merged in; the notes hold %d entries", self.path, what,
+                        change.entries)
 
     def _saved_over(self, carry: tuple[bytes, bytes, bytes]) -> ToolError:
         """The error of a change that was written, then saved over until the change gave up:

@@ -318,14 +318,15 @@ def test_an_editor_saving_after_remember_gave_up_waiting_loses_nothing(home, sty
     assert any(all(x in t.splitlines() for x in TEN.splitlines()) for t in kept), kept
 
 
-def test_remember_before_the_engine_read_the_notes_loses_none_of_them(home):
-    """Issue 46: an editor holding the notes open has emptied them before the engine
-    started, and saves its ten entries after the first `remember` (which came before
-    the engine read anything): none of the ten is lost, nor the note remembered."""
+@pytest.mark.parametrize("style", ["held", "apart"])
+def test_remember_before_the_engine_read_the_notes_loses_none_of_them(home, style):
+    """Issue 46: an editor (holding the notes open, or not) has emptied them before the
+    engine started, and saves its ten entries after the first `remember` (which came
+    before the engine read anything): none of the ten is lost, nor the note remembered."""
     home.notes.write_text(TEN)
     truncated, go = threading.Event(), threading.Event()
     save = (TEN + "- editor line\n").encode()
-    ed = threading.Thread(target=_editor, args=(home.notes, "held", truncated, go, save))
+    ed = threading.Thread(target=_editor, args=(home.notes, style, truncated, go, save))
     ed.start()
     assert truncated.wait(10)
     try:

@@ -204,3 +204,26 @@ def test_restore_recovers_a_bad_lock(tmp_path, shape):
     assert home.notes.read_text() == SEED
     assert tree_digest(other.base) == theirs
     assert stat.S_ISREG(os.lstat(home.state / "notes.lock").st_mode)
+
+
+@pytest.mark.parametrize("shape", ["folder", "fifo", "link-file", "link-nowhere"])
+def test_notes_of_a_bad_shape_are_refused_and_nothing_changes(tmp_path, shape):
+    """The notes file itself is the person's: in a wrong shape `remember` refuses (a clear
+    message, nothing changed, nothing made), every time it is retried, and never follows
+    a link; the engine's history and lock are left as they were."""
+    home = Home(tmp_path / "mine")
+    other = _other(tmp_path)
+    _make(home.notes, shape, other)
+    theirs = tree_digest(other.base)
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        for _ in range(3):
+            r = s.call("remember", {"add": "note A"}, timeout=60)
+            said = r["content"][0]["text"]
+            assert r["isError"] is True and "nothing was changed" in said and str(home.notes) in said, r
+    assert tree_digest(other.base) == theirs
+    assert home.notes.is_symlink() or home.notes.exists()
+    if shape == "folder":
+        assert [p.name for p in home.notes.iterdir()] == ["inside.md"]
+    assert not [p for p in home.notes.parent.iterdir() if p.name.startswith(".notes.md.lnkmem-")]

@@ -227,3 +227,14 @@ def test_notes_of_a_bad_shape_are_refused_and_nothing_changes(tmp_path, shape):
     if shape == "folder":
         assert [p.name for p in home.notes.iterdir()] == ["inside.md"]
     assert not [p for p in home.notes.parent.iterdir() if p.name.startswith(".notes.md.lnkmem-")]
+
+
+def test_notes_history_of_a_state_that_is_not_a_folder_says_so(tmp_path):
+    state = tmp_path / "state"
+    state.write_text("not a folder\n")
+    for extra in ([], ["--json"], ["--show", "1"]):
+        out = run_cli("notes-history", str(state), *extra)
+        err = out.stderr.decode()
+        assert out.returncode == 2 and "not a folder" in err and len(err.splitlines()) == 1, (extra, err)
+    out = run_cli("notes-history", str(tmp_path / "missing"), "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["versions"] == []

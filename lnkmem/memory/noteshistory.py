@@ -197,9 +197,13 @@ class History:
         """The history of the state folder ``state`` as named (a person's command); None when
         none; :class:`HistoryRefused` when something else stands at its name."""
         try:
-            fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
+            fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                raise HistoryRefused(f"{state} is not a folder (give the memory's state folder)") from None
+            raise
         try:
             return cls(fd, recover=False, where=state)
         except FileNotFoundError:

@@ -238,3 +238,38 @@ def test_notes_history_of_a_state_that_is_not_a_folder_says_so(tmp_path):
         assert out.returncode == 2 and "not a folder" in err and len(err.splitlines()) == 1, (extra, err)
     out = run_cli("notes-history", str(tmp_path / "missing"), "--json")
     assert out.returncode == 0 and json.loads(out.stdout)["versions"] == []
+
+
+def test_a_history_that_cannot_be_written_refuses_and_changes_nothing(tmp_path):
+    """Where the text `remember` would replace cannot be copied into the history (here the
+    engine may write no file over 1 KiB: EFBIG, while the new notes would fit), the change
+    is either refused, changing nothing however often it is retried, or done with that
+    text kept all the same; once the history can be written it is done once, and the
+    text it replaced is kept."""
+    import resource
+    home = Home(tmp_path / "mine")
+    long_line = "- " + "x" * 3000
+    home.notes.write_text(f"- keep me\n{long_line}\n")
+    before = home.notes.read_text()
+    with Server.start(home) as s:
+        s.initialize()
+        s.wait_indexed()
+        limits = resource.prlimit(s.proc.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(s.proc.pid, resource.RLIMIT_FSIZE, (1024, limits[1]))
+        try:
+            for _ in range(3):
+                r = s.call("remember", {"remove": long_line}, timeout=60)
+                if not r["isError"]:
+                    assert before in _kept(home)
+                    break
+                said = r["content"][0]["text"]
+                assert "nothing was changed" in said, r
+                assert home.notes.read_text() == before
+        finally:
+            resource.prlimit(s.proc.pid, resource.RLIMIT_FSIZE, limits)
+        if r["isError"]:
+            r = s.call("remember", {"remove": long_line}, timeout=60)
+            assert r["isError"] is False, r
+        assert home.notes.read_text() == "- keep me\n"
+    assert before in _kept(home)
+    assert not [p for p in home.notes.parent.iterdir() if p.name.startswith(".notes.md.lnkmem-")]

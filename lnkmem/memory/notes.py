@@ -756,10 +756,13 @@ class LocalNotes:
                 w.old_last = (cur, now)
             holds = _writer_holds(w.old_fd)
             quiet = now - w.old_last[1] >= LATE_QUIET_S
-            if holds is False or (holds is None and quiet and cur != w.old_ident):
-                if cur != w.old_ident:  # saved into the file that was replaced: kept, merged
+            if holds is False:  # its writer closed it: what it saved there is kept and merged, once
+                if cur != w.old_ident:
                     self._late_save(w)
                 self._unwatch(w)
+            elif holds is None and quiet and cur != w.old_ident:  # no leases: each quiet save merged
+                self._late_save(w)
+                w.old_ident = cur
             elif now > w.until + (HELD_MAX_S if holds else 0):
                 if holds:  # held open past all patience: left under its name, kept at the next start
                     log.warning("%s is still held open for writing since it was replaced; it stays as %s",

@@ -365,3 +365,33 @@ def test_a_note_removed_after_remember_on_emptied_notes_stays_removed(home):
         # the save is looked at within a second: the note removed must not come back
         assert not until(lambda: "short lived" in home.notes.read_text(), timeout=5)
         assert home.notes.read_text() == "- a person's line\n"
+
+
+def test_a_save_into_the_replaced_file_after_a_kill_is_kept_at_the_next_start(home):
+    """The engine killed while it watches the file `remember` replaced (its editor still
+    holding it open): the editor's save lands there, and the next start keeps it as a
+    version (`notes-history --show N`), then removes the file."""
+    home.notes.write_text(TEN)
+    save = (TEN + "- editor line\n").encode()
+    truncated, go = threading.Event(), threading.Event()
+    with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert s.call("read", {"ref": "notes"})["isError"] is False
+        ed = threading.Thread(target=_editor, args=(home.notes, "held", truncated, go, save))
+        ed.start()
+        assert truncated.wait(10)
+        try:
+            assert s.call("remember", {"add": "engine entry"}, timeout=60)["isError"] is False
+            s.proc.kill()
+            s.proc.wait()
+        finally:
+            go.set()
+            ed.join()
+    left = [p for p in home.notes.parent.iterdir() if p.name.startswith(".notes.md.lnkmem-")]
+    assert len(left) == 1 and left[0].read_bytes() == save, left
+    with Server.start(home) as s:
+        s.initialize()
+        assert until(lambda: not left[0].exists(), timeout=10)
+    assert save.decode() in kept_texts(home)
+    assert home.notes.read_text() == "- engine entry\n"

@@ -19,10 +19,10 @@ descriptor (opened once, never through a link).
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import logging
 import os
-import functools
 import secrets
 import stat
 import threading

@@ -261,3 +261,137 @@ def test_a_temp_file_left_by_a_kill_is_kept_before_it_is_removed(home):
         assert until(lambda: not left.exists(), timeout=5)
     assert "- the text an exchange swapped out\n" in kept_texts(home)
     assert home.notes.read_text() == "- current\n"
+
+
+TEN = "".join(f"- old entry {k}\n" for k in range(10))
+
+
+def _editor(notes, style: str, truncated: threading.Event, go: threading.Event, text: bytes) -> None:
+    """An editor that empties the notes, then saves ``text`` once ``go`` is set (after the
+    `remember`, long past its wait): into the file it held open, or by name."""
+    if style == "held":
+        with open(notes, "r+b") as f:
+            f.truncate(0)
+            truncated.set()
+            go.wait(60)
+            f.write(text)
+    else:
+        os.truncate(notes, 0)
+        truncated.set()
+        go.wait(60)
+        with open(notes, "wb") as f:
+            f.write(text)
+
+
+def _all_there(home: Home, want: list[str]) -> bool:
+    have = home.notes.read_text().splitlines()
+    return all(have.count(x) == 1 for x in want)
+
+
+@pytest.mark.parametrize("style", ["held", "apart"])
+def test_an_editor_saving_after_remember_gave_up_waiting_loses_nothing(home, style):
+    """Issue 46: an editor empties the notes and saves long after `remember` stopped
+    waiting (here 1 s): `remember` writes on the emptied file, then the editor's save
+    lands (into the file it held open, which `remember` replaced, or over the notes by
+    name). Both are in the notes at the end: the editor's ten entries and its new line,
+    and the note `remember` added; the editor's save is a kept version too."""
+    home.notes.write_text(TEN)
+    save = (TEN + "- editor line\n").encode()
+    with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert s.call("read", {"ref": "notes"})["isError"] is False  # the engine has read the ten
+        truncated, go = threading.Event(), threading.Event()
+        ed = threading.Thread(target=_editor, args=(home.notes, style, truncated, go, save))
+        ed.start()
+        assert truncated.wait(10)
+        try:
+            r = s.call("remember", {"add": "engine entry"}, timeout=60)
+        finally:
+            go.set()
+            ed.join()
+        assert r["isError"] is False, r
+        want = TEN.splitlines() + ["- editor line", "- engine entry"]
+        assert until(lambda: _all_there(home, want), timeout=30), home.notes.read_text()
+    assert _all_there(home, want), home.notes.read_text()
+    kept = kept_texts(home)
+    assert any(all(x in t.splitlines() for x in TEN.splitlines()) for t in kept), kept
+
+
+@pytest.mark.parametrize("style", ["held", "apart"])
+def test_remember_before_the_engine_read_the_notes_loses_none_of_them(home, style):
+    """Issue 46: an editor (holding the notes open, or not) has emptied them before the
+    engine started, and saves its ten entries after the first `remember` (which came
+    before the engine read anything): none of the ten is lost, nor the note remembered."""
+    home.notes.write_text(TEN)
+    truncated, go = threading.Event(), threading.Event()
+    save = (TEN + "- editor line\n").encode()
+    ed = threading.Thread(target=_editor, args=(home.notes, style, truncated, go, save))
+    ed.start()
+    assert truncated.wait(10)
+    try:
+        with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
+            s.initialize()
+            try:
+                r = s.call("remember", {"add": "engine entry"}, timeout=60)
+            finally:
+                go.set()
+                ed.join()
+            assert r["isError"] is False, r
+            want = TEN.splitlines() + ["- editor line", "- engine entry"]
+            assert until(lambda: _all_there(home, want), timeout=30), home.notes.read_text()
+    finally:
+        go.set()
+        ed.join()
+    assert _all_there(home, want), home.notes.read_text()
+
+
+def test_a_note_removed_after_remember_on_emptied_notes_stays_removed(home):
+    """What the engine watches after a change on emptied notes (an editor's save over
+    it) is a save by someone else: the agent removing its own note afterwards, then a
+    person saving, does not bring the note back; the person's save is kept whole."""
+    home.notes.write_text(TEN)
+    with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "0.5"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert s.call("read", {"ref": "notes"})["isError"] is False
+        os.truncate(home.notes, 0)  # emptied, and no save follows
+        assert s.call("remember", {"add": "short lived"}, timeout=60)["isError"] is False
+        assert home.notes.read_text() == "- short lived\n"
+        assert s.call("remember", {"remove": "short lived"}, timeout=60)["isError"] is False
+        tmp = home.notes.parent / "editor~"
+        tmp.write_text("- a person's line\n")
+        os.replace(tmp, home.notes)
+        # the save is looked at within a second: the note removed must not come back
+        assert not until(lambda: "short lived" in home.notes.read_text(), timeout=5)
+        assert home.notes.read_text() == "- a person's line\n"
+
+
+def test_a_save_into_the_replaced_file_after_a_kill_is_kept_at_the_next_start(home):
+    """The engine killed while it watches the file `remember` replaced (its editor still
+    holding it open): the editor's save lands there, and the next start keeps it as a
+    version (`notes-history --show N`), then removes the file."""
+    home.notes.write_text(TEN)
+    save = (TEN + "- editor line\n").encode()
+    truncated, go = threading.Event(), threading.Event()
+    with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
+        s.initialize()
+        s.wait_indexed()
+        assert s.call("read", {"ref": "notes"})["isError"] is False
+        ed = threading.Thread(target=_editor, args=(home.notes, "held", truncated, go, save))
+        ed.start()
+        assert truncated.wait(10)
+        try:
+            assert s.call("remember", {"add": "engine entry"}, timeout=60)["isError"] is False
+            s.proc.kill()
+            s.proc.wait()
+        finally:
+            go.set()
+            ed.join()
+    left = [p for p in home.notes.parent.iterdir() if p.name.startswith(".notes.md.lnkmem-")]
+    assert len(left) == 1 and left[0].read_bytes() == save, left
+    with Server.start(home) as s:
+        s.initialize()
+        assert until(lambda: not left[0].exists(), timeout=10)
+    assert save.decode() in kept_texts(home)
+    assert home.notes.read_text() == "- engine entry\n"

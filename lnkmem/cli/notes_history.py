@@ -8,13 +8,16 @@ from __future__ import annotations
 import os
 
 from lnkmem.memory.notes import count_entries
-from lnkmem.memory.noteshistory import History, rfc3339
+from lnkmem.memory.noteshistory import History, HistoryRefused, rfc3339
 
 
 def listing(state: str, texts: bool = False) -> list[dict]:
     """The kept versions as plain data (newest first, numbered from 1), for `status`;
     with ``texts``, each one's text too."""
-    h = History.at(state)
+    try:
+        h = History.at(state)
+    except (HistoryRefused, OSError):  # `notes-history` itself says what is wrong
+        return []
     if h is None:
         return []
     try:
@@ -52,7 +55,15 @@ def cmd_notes_history(args) -> int:
     if args.show is not None and args.restore is not None:
         raise UsageError("notes-history: --show or --restore, not both")
     which = args.show if args.show is not None else args.restore
+    try:  # a wrong shape at the history folder: one line, exit 2 (never followed)
+        opened = History.at(state)
+    except HistoryRefused as e:
+        raise UsageError(f"notes-history: {e}") from None
+    except OSError as e:
+        raise UsageError(f"notes-history: {state}/notes-history could not be read: {e.strerror or e}") from None
     if which is None:
+        if opened is not None:
+            opened.close()
         versions = listing(state, texts=args.json and args.texts)
         if args.json:
             sys.stdout.write(json.dumps({"state": state, "versions": versions}, ensure_ascii=False) + "\n")
@@ -63,7 +74,7 @@ def cmd_notes_history(args) -> int:
                 sys.stdout.write(f"{v['n']:>3}  {v['at']}  {v['bytes']:>8,} bytes  {v['entries']:>4} entries  {v['why']}\n")
             sys.stdout.write(f"print one: lnk-lnkmem notes-history {state} --show N; put it back: --restore N\n")
         return 0
-    h = History.at(state)
+    h = opened
     try:
         v = h.find(which) if h is not None else None
     except KeyError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import signal
 import stat
@@ -23,6 +24,8 @@ from typing import Iterator, Optional
 
 from lnkmem.core.errors import ToolError
 from lnkmem.core.knobs import knobs
+
+log = logging.getLogger("lnkmem")
 
 
 def _norm(line: str) -> str:
@@ -91,6 +94,32 @@ CHANGE_PATIENCE_S = 15.0  # how long `remember` keeps trying while someone else 
 BUSY_S = 1.0  # a read for the index: a file held open for writing longer than this is judged by its times
 SHORTER = 2  # a file that lost more than half its bytes ...
 RENAME_EXCHANGE = 2  # renameat2(2)
+LOCK = "notes.lock"  # in <state>: one change of the notes at a time, among all engines of the agent
+
+
+LATE_QUIET_S = 0.5  # a file not held open for writing, quiet this long, is saved (no leases: judged by times)
+HELD_MAX_S = 600.0  # how long a file replaced while held open for writing is watched beyond aftercare_s()
+WATCH_STEP_S = 0.05
+
+
+def aftercare_s() -> float:
+    """How long the notes are watched after a change made on notes someone had emptied
+    or held open for writing, for that writer's save (issue 46): 4 times :func:`wait_s`,
+    at least a minute."""
+    return max(60.0, 4 * wait_s())
+
+
+@dataclass
+class _Watch:
+    base: bytes  # what the change read (and replaced)
+    ours: bytes  # what it wrote
+    old_fd: Optional[int]  # the file replaced, watched for a save into it
+    old_name: Optional[str]  # its name beside the notes meanwhile
+    name_ident: Optional[tuple]  # the notes as last looked at (for a save over them by name)
+    until: float
+    name_until: float  # 0: the notes themselves are not watched
+    old_ident: tuple = ()
+    old_last: tuple = ((), 0.0)
 
 
 def wait_s() -> float:
@@ -145,6 +174,9 @@ class LocalNotes:
         self._history = None
         self._last_seen: Optional[bytes] = None  # the last text read that was not cut short
         self._last_seen_at = 0.0
+        self._watches: list[_Watch] = []
+        self._watch_mu = threading.Lock()
+        self._watcher: Optional[threading.Thread] = None
         self.clean_temp()
 
     # --- the folders ---------------------------------------------------------------
@@ -158,7 +190,7 @@ class LocalNotes:
     def history(self):
         from lnkmem.memory.noteshistory import History
         if self._history is None:
-            self._history = History(self.state_fd())
+            self._history = History(self.state_fd(), where=self.state)
         return self._history
 
     def _lstat(self) -> Optional[os.stat_result]:
@@ -181,14 +213,10 @@ class LocalNotes:
         if not names:
             return 0
         try:
-            lock = os.open("notes.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                           dir_fd=self.state_fd())
+            lock = self._lock(block=False)
         except OSError:
             return 0
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(lock)
+        if lock is None:
             return 0
         try:
             return self._clean(names)
@@ -222,13 +250,50 @@ class LocalNotes:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open("notes.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=self.state_fd())
+        fd = self._lock(block=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
+
+    def _lock(self, block: bool) -> Optional[int]:
+        """A descriptor holding the notes lock: a plain file ``<state>/notes.lock``, never
+        reached through a link. Anything else standing there (a folder, a FIFO, a link: a
+        confused person or tool) is moved aside as it is, with a line in the log, and the
+        file made anew: the next change works without a restart. The file locked is still
+        the one at that name once held (else it is taken again). None when ``block`` is
+        false and another holds it."""
+        from lnkmem.memory.noteshistory import lstat_at, move_aside
+        sfd = self.state_fd()
+        where = os.path.join(self.state, LOCK)
+        for _ in range(10):
+            named = lstat_at(sfd, LOCK)
+            if named is not None and not stat.S_ISREG(named.st_mode):  # never opened: a FIFO, a device
+                move_aside(sfd, LOCK, where, "the notes lock file")
+                continue
+            try:
+                fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                             0o600, dir_fd=sfd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENOTDIR):  # changed shape meanwhile
+                    continue
+                raise
+            try:
+                held = os.fstat(fd)
+                if stat.S_ISREG(held.st_mode):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+                    except BlockingIOError:
+                        os.close(fd)
+                        return None
+                    named = lstat_at(sfd, LOCK)
+                    if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                        return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # not a file, or moved aside or replaced while we waited: take the one there now
+        raise OSError(errno.EAGAIN, "the notes lock kept changing shape", where)
 
     # --- reading ---------------------------------------------------------------
 
@@ -432,8 +497,8 @@ class LocalNotes:
             return False
         return self._read_fd(fd) == base
 
-    def _replace(self, tmp: str, fd: int, st: os.stat_result, base: bytes, leased: bool, why: str
-                 ) -> tuple[bool, Optional[bytes]]:
+    def _replace(self, tmp: str, fd: int, st: os.stat_result, base: bytes, leased: bool, why: str,
+                 keep_old: bool = False) -> tuple[bool, Optional[bytes], Optional[str]]:
         """Put ``tmp`` in the notes' place, keeping the text it replaces (§2.2 rev. 3):
         (False, None) when someone wrote meanwhile (start over; ``tmp`` not used), else
         (True, what was replaced when it is not what was read, for the caller to merge).
@@ -442,34 +507,73 @@ class LocalNotes:
         With an exchange (renameat2), the file it swaps out is what was replaced,
         whoever put it there in the moment since the re-check: it is kept, then
         removed. Without one (the filesystem), the text read is kept and a rename
-        replaces."""
+        replaces.
+
+        With ``keep_old`` (someone may still write into the file replaced: it was held
+        open for writing, or emptied lately) that file keeps a temporary name beside
+        the notes, returned third, for :meth:`_aftercare` to watch."""
         if not self._unchanged(fd, st, base, leased):  # (a lease broken: someone opening it for writing)
-            return False, None
+            return False, None, None
         if not _exchange(self.dir_fd, tmp, self.name):
-            if base:
-                self._keep(base, why)
-            os.rename(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-            return True, None
+            old_name = None
+            if keep_old:
+                old_name = self.tmp_prefix + secrets.token_hex(6)
+                try:
+                    os.link(self.name, old_name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd, follow_symlinks=False)
+                except OSError:
+                    old_name = None
+            os.rename(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)  # ``base``: kept already
+            return True, None, old_name
+        try:  # from here on the notes are changed: nothing below refuses the change
+            return (True,) + self._swapped_out(tmp, st, base, why, keep_old)
+        except OSError as e:
+            log.warning("the text a change of %s swapped out could not be read (%s); it stays in %s",
+                        self.path, e.strerror or e, os.path.join(self.folder, tmp))
+            return True, None, None
+
+    def _swapped_out(self, tmp: str, st: os.stat_result, base: bytes, why: str, keep_old: bool
+                     ) -> tuple[Optional[bytes], Optional[str]]:
+        """The file an exchange swapped out of the notes' name (now named ``tmp``): (None, ...)
+        when it is what was read (kept already), else its text, kept (moved or copied in)
+        before its last name goes; where it cannot be kept it stays at ``tmp`` (kept at the
+        next start, :meth:`clean_temp`). Second: ``tmp`` where the file read stays there
+        (``keep_old``), else None."""
         try:
             out_fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.dir_fd)
         except OSError:  # a link put there meanwhile: never notes
             self._unlink(tmp)
-            return True, None
+            return None, None
         try:
             out = os.fstat(out_fd)
             if not stat.S_ISREG(out.st_mode) or out.st_size > NOTES_MAX:
-                return True, None
+                self._unlink(tmp)
+                return None, None
             data = self._read_fd(out_fd)
-            if data:
-                self._keep(data, why, source=tmp)  # moved (or copied) in, before its last name goes
-            same = (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) and data == base
-            return True, (None if same else data)
         finally:
             os.close(out_fd)
+        if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) and data == base:
+            if keep_old:
+                return None, tmp
             self._unlink(tmp)
+            return None, None
+        if data and not self._keep_quietly(data, why, source=tmp):
+            return data, None
+        self._unlink(tmp)
+        return data, None
 
     def _keep(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> None:
         self.history().keep(data, why, sync, (self.dir_fd, source) if source else None)
+
+    def _keep_quietly(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> bool:
+        """:meth:`_keep` once the notes are changed already: a failure is a line in the log,
+        never a refusal of a change that was made (whether it was kept)."""
+        try:
+            self._keep(data, why, sync, source)
+            return True
+        except OSError as e:
+            log.warning("a version of %s could not be kept in %s (%s)", self.path,
+                        os.path.join(self.state, "notes-history"), e.strerror or e)
+            return False
 
     def _change(self, make, why: str) -> Change:
         with self._locked():
@@ -485,28 +589,40 @@ class LocalNotes:
                             _drop_lease(fd)
                         time.sleep(0.02)
                         continue
+                    suspect = False  # emptied or cut short lately: its writer may save later (issue 46)
                     if self._last_seen and (st is None or not data or len(data) * SHORTER < len(self._last_seen)):
                         self._keep(self._last_seen, "seen")  # cut short long enough: the text before it, kept
+                        suspect = True
+                    elif st is not None and not data and time.time() - st.st_mtime < wait_s():
+                        suspect = True  # emptied lately, before this engine saw what it held
                     current = data.decode("utf-8", "replace")
                     if carry is None:
                         result = make(current)
                         text = result.text
+                        if text == current and fd is not None:  # nothing to change (a merge with nothing new)
+                            if leased:
+                                _drop_lease(fd)
+                            return result
                     else:  # carry the other writer's edit over, and ours where it was saved over since
                         base, theirs, ours = (x.decode("utf-8", "replace") for x in carry)
                         text = _merge(base, ours, _merge(base, theirs, current))
                         if text == current:
                             if leased:
                                 _drop_lease(fd)
-                            self._keep(data, "written")
+                            self._keep_quietly(data, "written")
                             return result
+                    if data:  # the history first: where the text replaced cannot be kept, nothing changes
+                        self._keep(data, why)
+                    held = None if fd is None else False if leased else _writer_holds(fd)
+                    keep_old = held is True or (held is None and suspect and fd is not None)
                     tmp = self._write_temp(text, self._mode(st))
-                    swapped = None
+                    swapped = old_name = None
                     try:
                         if fd is None:
                             os.link(tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd,
                                     follow_symlinks=False)  # create only: a file made meanwhile is never replaced
                         else:
-                            done, swapped = self._replace(tmp, fd, st, data, leased, why)
+                            done, swapped, old_name = self._replace(tmp, fd, st, data, leased, why, keep_old)
                             if not done:  # someone wrote meanwhile: start over
                                 if leased:
                                     _drop_lease(fd)
@@ -521,16 +637,22 @@ class LocalNotes:
                     finally:
                         if tmp:
                             self._unlink(tmp)
-                    os.fsync(self.dir_fd)
+                    try:  # changed: nothing below refuses it
+                        os.fsync(self.dir_fd)
+                    except OSError:
+                        pass
                     written = text.encode("utf-8")
                     self._last_seen, self._last_seen_at = written, time.monotonic()
-                    self._keep(written, "written", sync=False)  # an editor saving over it later loses nothing
+                    self._keep_quietly(written, "written", sync=False)  # an editor saving over it later loses nothing
+                    self._rebase(written)
+                    if old_name is not None or suspect:  # its writer may save later: watched (issue 46)
+                        self._aftercare(data, written, fd if old_name is not None else None, old_name, suspect)
                     if swapped is not None:  # a file renamed over the notes after the read: kept, merged
                         if leased:
                             _drop_lease(fd)
                         carry = (data, swapped, written)
                         continue
-                    late = self._late_writer(fd, st, data, leased) if fd is not None else None
+                    late = self._late_writer(fd, st, data, leased) if fd is not None and old_name is None else None
                     if late is None:
                         if carry is not None:
                             result = Change(text, len(written), count_entries(text))
@@ -542,6 +664,163 @@ class LocalNotes:
             if carry is not None:  # ours landed, then another writer saved over it: say what is there now
                 raise self._saved_over(carry)
             raise ToolError("the notes kept changing under us; nothing was changed, try again")
+
+    # --- after a change on notes someone may still be writing (issue 46) --------------
+
+    def _aftercare(self, base: bytes, ours: bytes, fd: Optional[int], old_name: Optional[str], name: bool) -> None:
+        """Watch, for a while after a change, for the save of a writer that had emptied or
+        held the notes when the change replaced them (§2.2 rev. 3, issue 46), so that it
+        loses nothing and neither does the change:
+
+        - the file replaced (``fd``, kept under ``old_name`` beside the notes): once its
+          writer has closed it (where leases work; else once it is quiet), what it saved
+          there is kept in the history and its lines are merged into the notes;
+        - with ``name``, the notes themselves: the first save over them that drops what
+          the change did (an editor saving by name, over the change) gets the change
+          merged back in.
+
+        The watch ends after :func:`aftercare_s` (the old file, once nobody holds it
+        open for writing, at most :data:`HELD_MAX_S`); a kill leaves the old file under
+        its temporary name, kept at the next start (:meth:`clean_temp`)."""
+        now = time.monotonic()
+        w = _Watch(base, ours, os.dup(fd) if fd is not None else None, old_name, None, now + aftercare_s(),
+                   now + aftercare_s() if name else 0.0)
+        if w.old_fd is not None:
+            w.old_ident = _ident(os.fstat(w.old_fd))
+            w.old_last = (w.old_ident, now)
+        s = self._lstat()
+        w.name_ident = _ident(s) if s is not None else None
+        with self._watch_mu:
+            self._watches.append(w)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch_loop, name="lnkmem-notes-aftercare", daemon=True)
+                self._watcher.start()
+
+    def _rebase(self, written: bytes) -> None:
+        """After each change of this engine: what the notes watches hold as the change is
+        what was written last (a later change of the agent's, a removal say, is no save
+        to undo), and the notes as written now are not someone else's save."""
+        with self._watch_mu:
+            if not self._watches:
+                return
+            s = self._lstat()
+            for w in self._watches:
+                if w.name_until:
+                    w.ours = written
+                    w.name_ident = _ident(s) if s is not None else None
+
+    def _watch_loop(self) -> None:
+        while True:
+            with self._watch_mu:
+                ws = list(self._watches)
+                if not ws:
+                    self._watcher = None
+                    return
+            for w in ws:
+                try:
+                    done = self._look(w)
+                except Exception as e:  # never the end of the engine: the texts are in the history
+                    log.warning("after a change of %s: %s", self.path, e)
+                    done = True
+                if done:
+                    try:
+                        self._unwatch(w)
+                    except OSError:
+                        pass
+                    with self._watch_mu:
+                        self._watches.remove(w)
+            time.sleep(WATCH_STEP_S)
+
+    def _unwatch(self, w: "_Watch") -> None:
+        if w.old_fd is not None:
+            if w.old_name is not None:
+                named = self._lstat_name(w.old_name)
+                held = os.fstat(w.old_fd)
+                if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                    self._unlink(w.old_name)
+            os.close(w.old_fd)
+            w.old_fd = None
+
+    def _lstat_name(self, name: str) -> Optional[os.stat_result]:
+        try:
+            return os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except OSError:
+            return None
+
+    def _look(self, w: "_Watch") -> bool:
+        """One look at a watch; True when it is over."""
+        now = time.monotonic()
+        if w.old_fd is not None:
+            cur = _ident(os.fstat(w.old_fd))
+            if cur != w.old_last[0]:
+                w.old_last = (cur, now)
+            holds = _writer_holds(w.old_fd)
+            quiet = now - w.old_last[1] >= LATE_QUIET_S
+            if holds is False:  # its writer closed it: what it saved there is kept and merged, once
+                if cur != w.old_ident:
+                    self._late_save(w)
+                self._unwatch(w)
+            elif holds is None and quiet and cur != w.old_ident:  # no leases: each quiet save merged
+                self._late_save(w)
+                w.old_ident = cur
+            elif now > w.until + (HELD_MAX_S if holds else 0):
+                if holds:  # held open past all patience: left under its name, kept at the next start
+                    log.warning("%s is still held open for writing since it was replaced; it stays as %s",
+                                self.path, os.path.join(self.folder, w.old_name or "?"))
+                    os.close(w.old_fd)
+                    w.old_fd = None
+                else:
+                    self._unwatch(w)
+        if w.name_until and now > w.name_until:
+            w.name_until = 0.0
+        if w.name_until:
+            s = self._lstat()
+            ident = _ident(s) if s is not None else None
+            if ident is not None and ident != w.name_ident:
+                current, st = self._read()
+                if st is not None and not self._cut_short(current.encode("utf-8"), st) and self._stable_since(st):
+                    w.name_ident = _ident(st)
+                    base = w.base.decode("utf-8", "replace")
+                    if _merge(base, w.ours.decode("utf-8", "replace"), current) != current:
+                        # saved over, dropping the change: merged back (as the change is when the lock is
+                        # held: a change of the agent's own since is no save to undo)
+                        self._carry(lambda cur: _merge(base, w.ours.decode("utf-8", "replace"), cur),
+                                    "the change was saved over")
+                        w.name_until = 0.0
+        return w.old_fd is None and not w.name_until
+
+    @staticmethod
+    def _stable_since(st: os.stat_result) -> bool:
+        return time.time_ns() - st.st_mtime_ns >= int(LATE_QUIET_S * 1e9)
+
+    def _late_save(self, w: "_Watch") -> None:
+        s = os.fstat(w.old_fd)
+        if not stat.S_ISREG(s.st_mode) or s.st_size > NOTES_MAX:
+            return
+        data = self._read_fd(w.old_fd)
+        if not data or data == w.base:
+            return
+        self._keep_quietly(data, "late")
+        base, theirs = w.base.decode("utf-8", "replace"), data.decode("utf-8", "replace")
+        self._carry(lambda cur: _merge(base, cur, theirs), "saved into the file it replaced")
+
+    def _carry(self, merged, what: str) -> None:
+        """Make the notes ``merged(current)`` (a change like `remember`'s), and say so in the log."""
+        news = []
+
+        def make(current: str) -> Change:
+            t = merged(current)
+            news.append(t != current)
+            return Change(t, len(t.encode("utf-8")), count_entries(t))
+        try:
+            change = self._change(make, "replaced")
+        except (ToolError, OSError) as e:
+            log.warning("%s: a save after a change (%s) could not be merged in (%s); it is kept in %s",
+                        self.path, what, e, os.path.join(self.state, "notes-history"))
+            return
+        if news and news[-1]:
+            log.warning("%s: a save after a change (%s) was merged in; the notes hold %d entries", self.path, what,
+                        change.entries)
 
     def _saved_over(self, carry: tuple[bytes, bytes, bytes]) -> ToolError:
         """The error of a change that was written, then saved over until the change gave up:
@@ -673,6 +952,17 @@ def _try_lease(fd: int) -> str:
         return "busy" if e.errno == errno.EAGAIN else "no"
 
 
+def _writer_holds(fd: int) -> Optional[bool]:
+    """Whether anyone holds the file open for writing now; None where leases cannot tell."""
+    if not _leases():
+        return None
+    got = _try_lease(fd)
+    if got == "ok":
+        _drop_lease(fd)
+        return False
+    return True if got == "busy" else None
+
+
 def _take_lease(fd: int) -> bool:
     return _try_lease(fd) == "ok"
 
@@ -714,13 +1004,17 @@ class BridgeNotes:
             return
         from lnkmem.memory.config import open_folder
         from lnkmem.memory.noteshistory import History
-        if self._history is None:
-            fd = open_folder(self.state, None, create=True, mode=0o700)
-            try:
-                self._history = History(fd)
-            finally:
-                os.close(fd)
-        self._history.keep(data, "replaced")
+        try:
+            if self._history is None:
+                fd = open_folder(self.state, None, create=True, mode=0o700)
+                try:
+                    self._history = History(fd, where=self.state)
+                finally:
+                    os.close(fd)
+            self._history.keep(data, "replaced")
+        except OSError as e:
+            raise ToolError(f"the text the change would replace could not be kept in {self.state}/notes-history "
+                            f"({e.strerror or e}); nothing was changed") from None
 
     def entry(self):
         return self.coll.stat(self.NAME)

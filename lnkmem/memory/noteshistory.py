@@ -18,15 +18,21 @@ descriptor (opened once, never through a link).
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
+import logging
 import os
 import secrets
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 from lnkmem.core.knobs import knobs
+
+log = logging.getLogger("lnkmem")
 
 FOLDER = "notes-history"
 WHY = {
@@ -34,6 +40,7 @@ WHY = {
     "written": "written by remember",
     "seen": "seen before the notes were emptied or cut short",
     "restored": "replaced by a restore",
+    "late": "saved into the notes remember had replaced (merged in)",
 }
 
 
@@ -73,39 +80,146 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-class History:
-    """The versions kept below one ``<state>`` descriptor."""
+class HistoryRefused(Exception):
+    """The history folder has a wrong shape (a file, a FIFO, a link) where a person only
+    looks (:meth:`History.at`): it is reported, never followed nor changed."""
 
-    def __init__(self, state_fd: int):
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+def shape(s: Optional[os.stat_result]) -> str:
+    """What stands at a path, in words: "nothing", "a folder", "a file", "a symbolic link", ..."""
+    if s is None:
+        return "nothing"
+    m = s.st_mode
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"), (stat.S_ISLNK, "a symbolic link"),
+                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(m):
+            return words
+    return "a device"
+
+
+def lstat_at(dir_fd: int, name: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def move_aside(dir_fd: int, name: str, where: str, wanted: str) -> Optional[str]:
+    """Move what stands at ``name`` (below ``dir_fd``; ``where`` names it for the log)
+    aside, to ``<name>.moved-<time>-<hex>`` beside it, as it is: a link is renamed,
+    never followed, and nothing is deleted. The name it got, or None when the thing
+    went meanwhile. One line in the log says what it was and where it is now."""
+    s = lstat_at(dir_fd, name)
+    if s is None:
+        return None
+    aside = f"{name}.moved-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+    try:
+        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    log.warning("%s was %s where %s belongs: moved aside to %s (not followed; nothing in it was read, "
+                "written or deleted), and %s made anew", where, shape(s), wanted, aside, name)
+    return aside
+
+
+def _serialized(method):
+    """One thread at a time in a :class:`History` (the engine's aftercare keeps from its own thread)."""
+    @functools.wraps(method)
+    def run(self, *args, **kw):
+        with self.mu:
+            return method(self, *args, **kw)
+    return run
+
+
+class History:
+    """The versions kept below one ``<state>`` descriptor.
+
+    The folder is opened beside ``<state>``'s descriptor, never through a link,
+    and checked again before each use: removed, or swapped for anything else while
+    the engine runs, it is made anew. Where something else stands at its name (a
+    file, a FIFO, a link: a confused person or tool), that is moved aside
+    (:func:`move_aside`) and the folder made; with ``recover`` false (a person's
+    command, which only looks) :class:`HistoryRefused` says so instead."""
+
+    FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+    def __init__(self, state_fd: int, recover: bool = True, where: str = "<state>"):
+        self.mu = threading.RLock()
+        self.state_fd = os.dup(state_fd)
+        self.recover = recover
+        self.where = os.path.join(where, FOLDER)
+        self.fd = -1
         try:
-            self.fd = os.open(FOLDER, flags, dir_fd=state_fd)
-        except FileNotFoundError:
+            self.fd = self._open()
+        except BaseException:
+            os.close(self.state_fd)
+            raise
+
+    def _open(self) -> int:
+        for _ in range(5):
             try:
-                os.mkdir(FOLDER, 0o700, dir_fd=state_fd)
-            except FileExistsError:
-                pass
-            self.fd = os.open(FOLDER, flags, dir_fd=state_fd)
+                return os.open(FOLDER, self.FLAGS, dir_fd=self.state_fd)
+            except FileNotFoundError:
+                if not self.recover:
+                    raise
+                try:
+                    os.mkdir(FOLDER, 0o700, dir_fd=self.state_fd)
+                except FileExistsError:
+                    pass
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                s = lstat_at(self.state_fd, FOLDER)
+                if s is not None and stat.S_ISDIR(s.st_mode):
+                    continue  # made a folder meanwhile
+                if not self.recover:
+                    raise HistoryRefused(f"{self.where} is {shape(s)}, not a folder: it is not followed; the engine "
+                                         f"moves it aside and makes the folder anew at its next `remember`") from None
+                move_aside(self.state_fd, FOLDER, self.where, "the notes history folder")
+        raise OSError(errno.ENOTDIR, "kept changing shape", self.where)
+
+    def _check(self) -> None:
+        """Open the folder again where what stands at its name is no longer the one held."""
+        if not self.recover:
+            return
+        s = lstat_at(self.state_fd, FOLDER)
+        held = os.fstat(self.fd)
+        if s is not None and (s.st_dev, s.st_ino) == (held.st_dev, held.st_ino):
+            return
+        if s is None:
+            log.warning("%s was removed while the engine ran: made anew", self.where)
+        fd = self._open()
+        os.close(self.fd)
+        self.fd = fd
 
     @classmethod
     def at(cls, state: str) -> Optional["History"]:
-        """The history of the state folder ``state`` as named (a person's command); None when none."""
+        """The history of the state folder ``state`` as named (a person's command); None when
+        none; :class:`HistoryRefused` when something else stands at its name."""
         try:
-            fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
+            fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                raise HistoryRefused(f"{state} is not a folder (give the memory's state folder)") from None
+            raise
         try:
-            if not os.path.isdir(os.path.join(state, FOLDER)):
-                return None
-            return cls(fd)
+            return cls(fd, recover=False, where=state)
+        except FileNotFoundError:
+            return None
         finally:
             os.close(fd)
 
     def close(self) -> None:
         os.close(self.fd)
+        os.close(self.state_fd)
 
+    @_serialized
     def versions(self) -> list[Version]:
-        """Newest first."""
+        """Newest first (only plain files named as versions: a link, a FIFO or a folder
+        under such a name is no version, and never opened)."""
+        self._check()
         out = []
         for name in os.listdir(self.fd):
             try:
@@ -118,14 +232,21 @@ class History:
         out.sort(key=lambda v: v.id, reverse=True)
         return out
 
+    @_serialized
     def text(self, v: Version) -> bytes:
-        fd = os.open(v.id + ".md", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
-        try:
-            with os.fdopen(fd, "rb") as f:
-                return f.read()
-        except BaseException:
-            raise
+        fd = os.open(v.id + ".md", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for a FIFO or a folder since listed
+                raise OSError(errno.EINVAL, "not a plain file", v.id + ".md")
+            return f.read()
 
+    def _holds(self, v: Version, data: bytes) -> bool:
+        try:
+            return self.text(v) == data
+        except OSError:
+            return False
+
+    @_serialized
     def find(self, which: str) -> Version:
         """A version by its number in the listing (1: the newest) or its id; KeyError if none."""
         vs = self.versions()
@@ -136,6 +257,7 @@ class History:
                 return v
         raise KeyError(which)
 
+    @_serialized
     def keep(self, data: bytes, why: str, sync: bool = True, source: Optional[tuple[int, str]] = None
              ) -> Optional[Version]:
         """Keep ``data`` unless the newest version holds it already; then prune.
@@ -147,7 +269,7 @@ class History:
         file itself still holds needs no sync of its own."""
         d = digest(data)
         vs = self.versions()
-        if vs and vs[0].digest == d and self.text(vs[0]) == data:
+        if vs and vs[0].digest == d and self._holds(vs[0], data):
             return None
         now = time.time_ns()
         if vs and int(vs[0].id.split("-")[0]) >= now:  # the clock went back: still newest

@@ -297,11 +297,11 @@ def test_temps_of_a_killed_save_are_removed(store):
 
 
 def test_a_state_that_refuses_the_file_keeps_the_graph_serving(store, tmp_path):
-    """`vectors.ann` cannot be written (here a folder stands in its place): a warning,
-    the graph built in memory still answers, and nothing is rebuilt at each add."""
+    """`vectors.ann` cannot be written (here its folder is gone): a warning, the graph
+    built in memory still answers, and nothing is rebuilt at each add. (A folder at its
+    name is no such refusal: it is removed, test_what_stands_at_the_files_names_...)"""
     st, pids, vecs, _ = store
-    path = tmp_path / "blocked.ann"
-    path.mkdir()
+    path = tmp_path / "gone" / "blocked.ann"
     vi = VectorIndex(str(path))
     vi.load(st)
     _ready(vi)
@@ -310,4 +310,34 @@ def test_a_state_that_refuses_the_file_keeps_the_graph_serving(store, tmp_path):
     vi.add([int(pids[3])], vecs[4:5])
     assert vi.ann is graph and vi.search(st, vecs[4], 1)[0][1] > 0.99
     vi.close()
-    assert path.is_dir() and not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert not path.parent.exists() and not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("kind", ["link", "folder", "fifo"])
+@pytest.mark.parametrize("which", ["file", "header"])
+def test_what_stands_at_the_files_names_is_replaced_never_written_through(store, tmp_path, which, kind):
+    """A link (to a file outside), a folder or a FIFO at `vectors.ann` or its header:
+    the save replaces it (the file outside unchanged), never waits on it, and the next
+    load reads the saved graph."""
+    st, pids, vecs, path = store
+    at = path if which == "file" else path + ".json"
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not the engine's")
+    if kind == "link":
+        os.symlink(outside, at)
+    elif kind == "folder":
+        os.mkdir(at)
+    else:
+        os.mkfifo(at)
+    vi = VectorIndex(path)
+    vi.load(st)
+    _ready(vi)
+    vi.close()
+    assert outside.read_bytes() == b"not the engine's"
+    assert os.path.isfile(path) and not os.path.islink(path)
+    assert os.path.isfile(path + ".json") and not os.path.islink(path + ".json")
+    again = VectorIndex(path)
+    again.load(st)
+    _ready(again)
+    assert again.ann is not None and again.ann.loaded_from_file
+    again.close()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 from typing import Optional
 
+from lnkmem.core import atomic
 from lnkmem.core.errors import UsageError
 
 PROG = "lnk-lnkmem"
@@ -73,8 +75,8 @@ def check_state(path: str, create: bool) -> str:
         return full
     try:
         os.makedirs(full, mode=0o700, exist_ok=True)
-        probe = os.path.join(full, f".write-check-{os.getpid()}")
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        probe = os.path.join(full, f".write-check-{os.getpid()}-{os.urandom(6).hex()}")
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
@@ -135,7 +137,7 @@ class BuildLock:
     def acquire(self) -> Optional[int]:
         """Take the lock; the pid of whoever holds it when it cannot be taken now."""
         import fcntl
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = atomic.open_lock(self.path)  # (a link there unlinked, never followed; a FIFO, a folder: removed)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -163,11 +165,13 @@ def read_pid(fd: int) -> int:
 def building_pid(state: str) -> Optional[int]:
     """The pid of a process building the index at ``state`` now, or None."""
     import fcntl
-    try:
-        fd = os.open(os.path.join(state, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    try:  # (never through a link, never waiting on a FIFO: none of those is a builder's lock)
+        fd = os.open(os.path.join(state, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except BlockingIOError:

@@ -21,7 +21,7 @@ from typing import Optional
 
 import lmdb
 
-from lnkmem.core import memtrim
+from lnkmem.core import atomic, memtrim
 from lnkmem.core.errors import DamagedIndex, ToolError
 from lnkmem.index import mapguard
 from lnkmem.index.child import child_env
@@ -284,7 +284,7 @@ def compact_file(path: str) -> bool:
         except OSError:
             return False  # open elsewhere (a serve, a search)
         tmp = os.path.join(path, COMPACTING)
-        shutil.rmtree(tmp, ignore_errors=True)
+        atomic.remove(tmp)  # (what a killed compaction left; anything else there: never followed)
         os.mkdir(tmp, 0o700)
         copy_packed(path, tmp)
         new = os.path.join(tmp, "data.mdb")
@@ -526,37 +526,14 @@ def release_map(data: str) -> None:
 _madvise = None
 
 
-_renameat2 = None
-
-
-def exchange_folders(a: str, b: str) -> bool:
-    """Swap two folders' names in one step (Linux's renameat2 with RENAME_EXCHANGE): a
-    process killed at any moment leaves each name to one whole folder. False, nothing
-    done, where the system or its file system cannot (then the caller does without)."""
-    global _renameat2
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-        if _renameat2 is None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            f = libc.renameat2  # (glibc 2.28 and later)
-            f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            _renameat2 = f
-        at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
-        return _renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def can_exchange_folders(where: str) -> bool:
-    """Whether :func:`exchange_folders` works in the folder ``where`` (tried on two
+    """Whether :func:`lnkmem.core.atomic.exchange` works in the folder ``where`` (tried on two
     folders made in it, removed after)."""
     a, b = os.path.join(where, ".exchange-a"), os.path.join(where, ".exchange-b")
     try:
         os.mkdir(a, 0o700)
         os.mkdir(b, 0o700)
-        return exchange_folders(a, b)
+        return atomic.exchange(a, b)
     except OSError:
         return False
     finally:
@@ -570,14 +547,11 @@ def can_exchange_folders(where: str) -> bool:
 def wipe(path: str) -> None:
     """Remove an index environment (only its own names; a folder found under one of them,
     never the index's own making, goes whole: else the index could never be made anew)."""
-    for name in ("data.mdb", "lock.mdb", SEAL, SEAL + ".tmp", SNAP, SNAP + ".tmp", LISTED, LISTED + ".tmp"):
-        p = os.path.join(path, name)
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            shutil.rmtree(p)
-    shutil.rmtree(os.path.join(path, COMPACTING), ignore_errors=True)
+    for name in ("data.mdb", "lock.mdb", SEAL, SNAP, LISTED, COMPACTING):
+        atomic.remove(os.path.join(path, name))  # (a link unlinked, never followed)
+    if os.path.isdir(path):
+        with atomic.folder(path, inside=True) as fd:
+            for name in (SEAL, SNAP, LISTED):
+                atomic.sweep_at(fd, name)  # their temp files (older versions' fixed names too)
     if os.path.isdir(path) and not os.listdir(path):
         shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,6 @@ a consistent snapshot.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import lmdb
 import msgspec
 import numpy as np
 
+from lnkmem.core import atomic
 from lnkmem.core.errors import DamagedIndex
 from lnkmem.index.format import SOURCE_CODE, encoder, file_decoder, file_entry, seg_codec, source_of
 from lnkmem.index.lmdbfile import LISTED, SNAP
@@ -244,8 +244,7 @@ def extend(old: Snapshot, d: Delta, buffers: Buffers) -> Snapshot:
 def saved_listed(path: str, sealed: Optional[str]) -> dict[str, bytes]:
     """The listings noted at the last clean close, when it was of the index as sealed."""
     try:
-        with open(os.path.join(path, LISTED), "rb") as f:
-            saved = msgspec.json.decode(f.read(), type=Listed)
+        saved = msgspec.json.decode(atomic.read_file(os.path.join(path, LISTED)) or b"", type=Listed)
         if sealed is None or saved.stamp != sealed:
             return {}
         return {k: bytes.fromhex(v) for k, v in saved.listed.items()}
@@ -256,33 +255,26 @@ def save_listed(path: str, stamp: str, listed: dict[str, bytes]) -> None:
     """Keep ``listed`` (the listings the index matches) beside a seal of ``stamp``."""
     where = os.path.join(path, LISTED)
     if not listed:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(where)
+        atomic.remove(where)
         return
-    tmp = where + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(msgspec.json.encode(Listed(stamp, {k: v.hex() for k, v in listed.items()})))
-    os.replace(tmp, where)
+    atomic.write_file(where, msgspec.json.encode(Listed(stamp, {k: v.hex() for k, v in listed.items()})))
 
 def saved_matches(path: str, sealed: Optional[str]) -> bool:
     """Whether the saved snapshot's first line is the stamp ``sealed`` (its body is read,
     and checked, when the snapshot is first asked for)."""
     if sealed is None:
         return False
-    try:
-        with open(os.path.join(path, SNAP), "rb") as f:
-            head = f.readline(len(sealed.encode()) + 1)
-    except OSError:
-        return False
-    return head == sealed.encode() + b"\n"
+    want = sealed.encode() + b"\n"
+    return atomic.read_file(os.path.join(path, SNAP), len(want)) == want
 
 def saved_snapshot(path: str, sealed: str, gen_now) -> Optional[Snapshot]:
     """The snapshot saved at the last clean close, when it is of the index as sealed
     (same stamp: no transaction since) and the generation it names (``gen_now()``: the
     index's); else None."""
     try:
-        with open(os.path.join(path, SNAP), "rb") as f:
-            raw = f.read()
+        raw = atomic.read_file(os.path.join(path, SNAP))  # (never through a link, never a FIFO's wait)
+        if raw is None:
+            return None
         head, _, body = raw.partition(b"\n")
         if head.decode() != sealed:
             return None

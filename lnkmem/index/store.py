@@ -23,6 +23,7 @@ import contextlib
 import functools
 import os
 import shutil
+import stat
 import threading
 import time
 import weakref
@@ -33,7 +34,7 @@ import lmdb
 import msgspec
 import numpy as np
 
-from lnkmem.core import memtrim
+from lnkmem.core import atomic, memtrim
 from lnkmem.core.errors import DamagedIndex
 from lnkmem.index import commit as commits
 from lnkmem.index import lmdbfile
@@ -163,6 +164,13 @@ class Store:
     # --- opening, checking, wiping ---------------------------------------
 
     def _open(self) -> None:
+        try:  # its folder: a folder, never a link's (to a folder or a file elsewhere), nor a FIFO
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            atomic.remove(self.path)
+            raise DamagedIndex(f"the index's folder was {atomic.kind_of(st.st_mode)} (removed)")
         os.makedirs(self.path, mode=0o700, exist_ok=True)
         real = os.path.realpath(self.path)
         with _open_here_lock:  # before anything is touched (the seal, the files)
@@ -173,11 +181,18 @@ class Store:
         size = self.MAP_SIZE
         data = os.path.join(self.path, "data.mdb")
         self.data = data
+        # LMDB opens data.mdb and lock.mdb itself, by name: a link there would be written
+        # through, a folder or a FIFO would fail every open. What is not a plain file at
+        # either name is removed (a link unlinked, never followed) and the index made anew.
+        for name in ("lock.mdb", "data.mdb"):
+            was = atomic.clear_non_file(os.path.join(self.path, name))
+            if was is not None:
+                raise DamagedIndex(f"{name} is not a file but {was} (removed)")
         seal = os.path.join(self.path, SEAL)
+        raw = atomic.read_file(seal, 4096)  # (never through a link, never waiting on a FIFO)
+        sealed = raw.decode("utf-8", "replace") if raw is not None else None
         try:
-            with open(seal) as f:
-                sealed = f.read()
-            os.unlink(seal)  # from now on the file may change
+            atomic.remove(seal)  # from now on the file may change
         except OSError:
             sealed = None
         # "new": no file yet; "sealed": closed whole and untouched since, so neither every
@@ -218,8 +233,9 @@ class Store:
                 if txn.get(LOADING, db=self.meta) is not None:  # (its copy is loaded again)
                     raise DamagedIndex("a load of the index copy did not finish")
         self.psize = self.env.stat()["psize"]
-        if os.path.isdir(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
-            shutil.rmtree(os.path.join(self.path, COMPACTING), ignore_errors=True)
+        if os.path.lexists(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
+            with contextlib.suppress(OSError):
+                atomic.remove(os.path.join(self.path, COMPACTING))
         self._sealed = sealed
         self._listed = snapshots.saved_listed(self.path, sealed) if self.opened_as == "sealed" else {}
         if self.opened_as == "sealed" and snapshots.saved_matches(self.path, sealed):
@@ -499,15 +515,9 @@ class Store:
                     # first: a kill before the seal leaves it unused; not again when no
                     # transaction ran since it was saved (a restart on an unchanged tree)
                     if saved is not None and stamp != self._snap_stamp:
-                        tmp = os.path.join(self.path, SNAP + ".tmp")
-                        with open(tmp, "wb") as f:
-                            f.write(stamp.encode() + b"\n" + saved)
-                        os.replace(tmp, os.path.join(self.path, SNAP))
+                        atomic.write_file(os.path.join(self.path, SNAP), stamp.encode() + b"\n" + saved)
                     snapshots.save_listed(self.path, stamp, self._listed)  # valid only beside a seal of the same stamp
-                    tmp = os.path.join(self.path, SEAL + ".tmp")
-                    with open(tmp, "w") as f:
-                        f.write(stamp)
-                    os.replace(tmp, os.path.join(self.path, SEAL))
+                    atomic.write_file(os.path.join(self.path, SEAL), stamp.encode())
                 except (OSError, DamagedIndex):
                     pass
 
@@ -562,7 +572,11 @@ class Store:
             # first: its guard no longer looks at the file by its folder's name, and a read
             # that looked just before and met the other file tells nobody
             events, self.events, self.retired = self.events, StoreEvents(), True
-            if not lmdbfile.exchange_folders(self.path, where):
+            try:
+                swapped = atomic.exchange(self.path, where)
+            except OSError:
+                swapped = False
+            if not swapped:
                 self.events, self.retired = events, False
                 raise OSError(f"{self.path} and {where} cannot swap names in one step here")
             self._let_go_of_path()  # (its name is the new index's)

@@ -35,9 +35,9 @@ import json
 import logging
 import os
 import re
-import secrets
 import selectors
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -45,6 +45,7 @@ from typing import Callable, Mapping, NamedTuple, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry, PlaceBase
+from lnkmem.core import atomic
 from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
@@ -247,9 +248,7 @@ class CopyFolder:
         try:
             fd = self._dir()
             try:
-                f = os.open(VERSIONS, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                with open(f, "rb") as fh:
-                    raw = json.loads(fh.read(16 << 20))
+                raw = json.loads(atomic.read_at(fd, VERSIONS, 16 << 20) or b"{}")  # (no link, no FIFO's wait)
             finally:
                 os.close(fd)
             return {t: Listed(v[0], v[1]) for t, v in raw.items()
@@ -285,23 +284,8 @@ class CopyFolder:
 
     def _write(self, name: str, data: bytes) -> None:
         fd = self._dir()
-        tmp = f".{name}.{secrets.token_hex(4)}"
         try:
-            f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(f, view):]
-                os.fsync(f)
-            finally:
-                os.close(f)
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=fd)
-            except OSError:
-                pass
-            raise
+            atomic.write_at(fd, name, data, sync=True)  # (a temp name of its own, renamed over the copy)
         finally:
             os.close(fd)
 
@@ -310,11 +294,12 @@ class CopyFolder:
         try:
             fd = self._dir()
             try:
-                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
             finally:
                 os.close(fd)
             with open(f, "rb") as fh:
-                if os.fstat(fh.fileno()).st_size != len(data):
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):  # (a FIFO: never waited on)
                     return False
                 return fh.read() == data
         except OSError:

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from lnkmem.bridges.http import BridgeDown, TooLarge
 from lnkmem.bridges.place import Conflict, Forbidden, NotFound
-from lnkmem.core import memtrim
+from lnkmem.core import atomic, memtrim
 from lnkmem.core.knobs import knobs
 from lnkmem.replica import copy as copyfmt
 from lnkmem.replica.apply import apply_change
@@ -223,17 +223,14 @@ class StateFile:
         shown = {"state": wb.state, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)),
                  "error": wb.error, "writes": wb.writes, "conflicts": wb.conflicts,
                  "failures": wb.failures, "pid": os.getpid()}
-        tmp = f"{self.path}.tmp"  # (one process a cache: its lock)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(shown, f)
-        os.replace(tmp, self.path)
+        atomic.write_file(self.path, json.dumps(shown).encode())  # (never through a link at its name)
 
     def read(self) -> Optional[dict]:
         import json
+        raw = atomic.read_file(self.path, 1 << 16)
         try:
-            with open(self.path, encoding="utf-8") as f:
-                shown = json.load(f)
-        except (OSError, ValueError):
+            shown = json.loads(raw) if raw is not None else None
+        except ValueError:
             return None
         return shown if isinstance(shown, dict) else None
 

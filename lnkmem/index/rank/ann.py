@@ -25,12 +25,13 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import threading
 from typing import Optional
 
 import numpy as np
 
-from lnkmem.core import procs
+from lnkmem.core import atomic, procs
 from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
@@ -65,7 +66,11 @@ def available() -> bool:
 def _digest(path: str) -> tuple[int, str]:
     h = hashlib.blake2b(digest_size=32)
     size = 0
-    with open(path, "rb") as f:
+    # (never through a link, never waiting on a FIFO: what is not a plain file is no saved index)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a file")
         while True:
             b = f.read(1 << 20)
             if not b:
@@ -102,8 +107,10 @@ class Ann:
             return "no path"
         self._clean_temps()
         try:
-            with open(self.header_path(), "rb") as f:
-                head = json.loads(f.read(4096))
+            raw = atomic.read_file(self.header_path(), 4096)  # (no link followed, no FIFO waited on)
+            if raw is None:
+                return "missing"
+            head = json.loads(raw)
             if not isinstance(head, dict) or head.get("format") != FORMAT:
                 return "unknown format"
             if head.get("dim") != self.dim or head.get("dtype") != "i8" or head.get("metric") != "cos":
@@ -129,7 +136,8 @@ class Ann:
         return None
 
     def _clean_temps(self) -> None:
-        """Remove the temp files of a save that a killed process left (``<file>.<pid>.tmp``)."""
+        """Remove the temp files of a save that a killed process left (``<file>.<pid>.tmp``, an
+        older version's names; :func:`atomic.new_temp`'s are swept by it)."""
         folder, base = os.path.split(self.path)
         try:
             names = os.listdir(folder or ".")
@@ -149,28 +157,23 @@ class Ann:
         that names the file's digest only ever follows the file it describes."""
         if not self.path:
             return
-        tmp = f"{self.path}.{os.getpid()}.tmp"  # two processes of one <state> never share a temp
+        tmp = atomic.new_temp(self.path)  # a name of its own, made here (usearch writes it by name)
         try:
             with self.lock:
                 self.index.save(tmp)
                 self.changes = 0
             size, digest = _digest(tmp)
-            try:
-                os.unlink(self.header_path())  # the old header no longer describes the file
-            except FileNotFoundError:
-                pass
-            os.replace(tmp, self.path)
+            atomic.remove(self.header_path())  # the old header no longer describes the file
+            atomic.replace(tmp, self.path)
         except BaseException:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
             raise
-        htmp = f"{self.header_path()}.{os.getpid()}.tmp"
-        with open(htmp, "w") as f:
-            json.dump({"format": FORMAT, "dim": self.dim, "dtype": "i8", "metric": "cos",
-                       "size": size, "blake2b": digest, "count": len(self.index)}, f)
-        os.replace(htmp, self.header_path())
+        atomic.write_file(self.header_path(), json.dumps({
+            "format": FORMAT, "dim": self.dim, "dtype": "i8", "metric": "cos",
+            "size": size, "blake2b": digest, "count": len(self.index)}).encode())
 
     # --- changes -------------------------------------------------------------
 

@@ -1,0 +1,156 @@
+"""The state folder is the engine's alone (issue 46): whatever is planted at a name the
+engine uses there -- a link to a file outside, a folder, a FIFO -- is never written
+through, never waited on, and never disables a tool. Each case: the file the link leads
+to is byte for byte as it was, every tool answers within 20 s, and the index works
+(then and at the next start). In `<state>` (`lnk-lnkmem index`, `status`, `serve`) and
+in a bound cache (`serve-many --cache`).
+
+Every fixed name the engine makes in those folders is listed once below (from the code:
+its constants where it has them), so a new one joins the matrix by joining the list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lnkmem.cli.common import LOCK_NAME
+from lnkmem.index.lmdbfile import COMPACTING, LISTED, SEAL, SNAP
+from lnkmem.index.store import Store
+from lnkmem.replica.sync import StateFile
+from tests.bridges import Layout
+from tests.helpers import Home, Server, refs, run_cli, until
+
+# the index's folder's own names: LMDB's two files; the seal, snapshot and listings saved
+# at a clean close; the fixed temp names older versions wrote them through (a link there
+# is what an attacker would plant); the folder a compaction is written in
+INDEX_NAMES = ["data.mdb", "lock.mdb", SEAL, SNAP, LISTED, SEAL + ".tmp", SNAP + ".tmp", LISTED + ".tmp",
+               COMPACTING]
+# <state>: the build lock, the folder a new version of the index is loaded in beside it, the
+# temp folder, the index's names (its folder itself: below the agent folder, a link or
+# what is not a folder there is refused by name, FolderRefused, as every folder of the agent's)
+STATE_NAMES = [LOCK_NAME, "index" + Store.BESIDE, "tmp"] + [f"index/{n}" for n in INDEX_NAMES]
+# a bound cache (<cache>/<owner>/<agent>): the write-back's state (and its older fixed temp
+# name), the index's folder and its names, the temp folder
+CACHE_NAMES = [StateFile.NAME, StateFile.NAME + ".tmp", "index", "tmp"] + [f"index/{n}" for n in INDEX_NAMES]
+KINDS = ["link", "folder", "fifo"]
+
+SECRET = b"a file outside the state folder, never to be written\n"
+ANSWER_S = 20
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def plant(where: Path, kind: str, outside: Path) -> None:
+    """Put ``kind`` at ``where`` in place of whatever the engine had there."""
+    if where.is_dir() and not where.is_symlink():
+        shutil.rmtree(where)
+    elif os.path.lexists(where):
+        os.unlink(where)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "link":
+        os.symlink(outside, where)
+    elif kind == "folder":
+        where.mkdir()
+        (where / "left.txt").write_text("something a person left\n")
+    else:
+        os.mkfifo(where)
+
+
+def _outside(tmp_path: Path) -> tuple[Path, str]:
+    outside = tmp_path / "outside" / "precious.txt"
+    outside.parent.mkdir()
+    outside.write_bytes(SECRET)
+    return outside, sha(outside)
+
+
+def _served(home: Home, env=None) -> None:
+    """A serve answers a search for the one file within 20 s, and closes cleanly."""
+    with Server.start(home, env=env) as s:
+        s.initialize()
+        assert until(lambda: _hits(s) == ["home/a.md"], timeout=ANSWER_S), (_hits(s), s.stderr[-2000:])
+        assert s.close() == 0, s.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", STATE_NAMES)
+def test_a_name_of_the_state_folder_planted_is_never_written_through_nor_fatal(tmp_path, name, kind):
+    home = Home(tmp_path)
+    home.write("a.md", "The pangolin eats ants.\n")
+    r = run_cli("index", *home.args(), timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    _served(home)  # (a serve's clean close leaves the seal, the snapshot and the listings)
+    outside, before = _outside(tmp_path)
+    plant(home.state / name, kind, outside)
+
+    r = run_cli("index", *home.args(), timeout=ANSWER_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    people = [str(home.folder), str(home.state), "--agent", str(home.agent)]
+    r = run_cli("status", *people, timeout=ANSWER_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("search", *people, "pangolin", timeout=ANSWER_S)
+    assert r.returncode == 0 and b"home/a.md" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
+    _served(home)
+    _served(home)  # and at the next start
+    assert outside.read_bytes() == SECRET and sha(outside) == before
+
+
+BRIDGES = Layout(homes={"a1": {"a.md": "The pangolin eats ants.\n"}})
+
+
+def _bound_served(bridges, tmp_path: Path) -> None:
+    """A serve-many bound to a1 answers a search within 20 s, writes back, and stops."""
+    with bridges.serve_many(tmp_path, "m", env={"LNKMEM_QUIET_S": "0.2"}) as m:
+        with m.connect(timeout=ANSWER_S + 10) as c:
+            assert c.first(bridges.bound()) == {"ok": True}
+            got = until(lambda: _hits(c) == ["home/a.md"], timeout=ANSWER_S)
+            assert got, _hits(c)
+            with m.connect(timeout=ANSWER_S + 10) as ctl:
+                assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert m.stop() == 0, m.stderr()[-2000:]
+
+
+def _hits(c) -> list:
+    """What a search for the one file answers: its refs, or the tool's error."""
+    r = c.call("search", {"query": "pangolin"}, **({"timeout": ANSWER_S} if isinstance(c, Server) else {}))
+    return r["content"] if r.get("isError") else refs(r)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", CACHE_NAMES)
+def test_a_name_of_a_bound_cache_planted_is_never_written_through_nor_fatal(bridges, tmp_path, name, kind):
+    _bound_served(bridges, tmp_path)
+    cache = tmp_path / "cache-m" / "o1" / "a1"
+    assert (cache / "index" / "data.mdb").is_file()
+    outside, before = _outside(tmp_path)
+    plant(cache / name, kind, outside)
+    _bound_served(bridges, tmp_path)
+    _bound_served(bridges, tmp_path)  # and at the next start
+    assert outside.read_bytes() == SECRET and sha(outside) == before
+
+
+def test_temp_files_of_a_write_killed_midway_are_removed_by_the_next(tmp_path):
+    """A process killed between its temp file and the rename leaves the temp file: the
+    next write of that name removes it (its writer has ended); a live writer's is kept."""
+    import subprocess
+    home = Home(tmp_path)
+    home.write("a.md", "The pangolin eats ants.\n")
+    _served(home)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    index = home.state / "index"
+    left = [index / f".{n}.{dead.pid}.0123456789ab.tmp" for n in (SEAL, SNAP, LISTED)] + \
+        [index / f"{n}.tmp" for n in (SEAL, SNAP, LISTED)]  # (an older version's names)
+    live = index / f".{SEAL}.{os.getpid()}.0123456789ab.tmp"
+    for p in left + [live]:
+        p.write_bytes(b"half written")
+    home.write("b.md", "The aardvark digs.\n")  # (a change: every file saved again at the close)
+    _served(home)
+    assert [p.name for p in left if p.exists()] == []
+    assert live.exists()

@@ -178,8 +178,11 @@ def test_zip_bomb_segment(bridges, tmp_path):
     check_copy(bridges.copy_files())
 
 
-@pytest.mark.parametrize("damage", ["truncated segment", "manifest not JSON", "missing file"])
+@pytest.mark.parametrize("damage", ["truncated segment", "manifest not JSON", "missing file", "manifest nested deep"])
 def test_unreadable_copy_blocks_nothing(bridges, tmp_path, damage):
+    """Issue 46 ("manifest nested deep"): a 4 kB manifest nested 2,000 levels was logged as
+    "could not be read: maximum recursion depth", not as damage, and every flush gave up
+    after 10 conflicting writes: the copy was never replaced. It is damaged like any other."""
     make_copy(bridges, tmp_path)
     m = manifest(bridges)
     if damage == "truncated segment":
@@ -189,6 +192,9 @@ def test_unreadable_copy_blocks_nothing(bridges, tmp_path, damage):
         set_manifest(bridges, m)
     elif damage == "manifest not JSON":
         (bridges.copy_dir() / "manifest.json").write_bytes(b"{not json")
+    elif damage == "manifest nested deep":
+        (bridges.copy_dir() / "manifest.json").write_bytes(
+            b'{"format": "lnkmem-copy-4", "segments": ' + b"[" * 2000 + b"]" * 2000 + b', "pages": [], "head": ""}')
     else:
         os.unlink(bridges.copy_dir() / m["segments"][0][0])
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges))

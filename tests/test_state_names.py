@@ -154,3 +154,22 @@ def test_temp_files_of_a_write_killed_midway_are_removed_by_the_next(tmp_path):
     _served(home)
     assert [p.name for p in left if p.exists()] == []
     assert live.exists()
+
+
+def test_a_link_at_the_temp_folder_never_reaches_the_folder_it_leads_to(tmp_path):
+    """Issue 46 (read from the code): a link at `<state>/tmp` to another folder had the
+    start's clean-up list that folder (the link followed) and delete its files older than a
+    minute. The link is removed, never followed; the folder it led to is as it was."""
+    home = Home(tmp_path)
+    home.write("a.md", "The pangolin eats ants.\n")
+    other = tmp_path / "other-agent" / "memory"
+    other.mkdir(parents=True)
+    kept = other / "notes.md"
+    kept.write_bytes(SECRET)
+    os.utime(kept, (1_000_000_000, 1_000_000_000))  # old: what the clean-up would take for a temp left
+    (other / "p999999").mkdir()  # a per-process folder of a process gone, by its name
+    home.state.mkdir(parents=True, exist_ok=True)
+    os.symlink(other, home.state / "tmp")
+    _served(home)
+    assert kept.read_bytes() == SECRET and (other / "p999999").is_dir()
+    assert not (home.state / "tmp").is_symlink()

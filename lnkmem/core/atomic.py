@@ -238,6 +238,25 @@ def clear_non_file(path: str) -> Optional[str]:
     return kind_of(st.st_mode)
 
 
+def clear_non_folder(path: str) -> Optional[str]:
+    """Remove what stands at ``path`` when it is not a folder (a link -- to a folder too --
+    unlinked, never followed; a file, a FIFO, a socket, a device unlinked): what it was, in
+    words; None when it is a folder or nothing."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    remove(path)
+    return kind_of(st.st_mode)
+
+
+def open_folder_nofollow(path: str) -> int:
+    """``path`` opened as a folder, never through a link at its last name (OSError otherwise)."""
+    return os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
+
+
 class folder:
     """``with folder(path) as (fd, name)``: the folder ``path`` lies in, opened, and its name there."""
 

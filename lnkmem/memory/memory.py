@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from lnkmem.core import memtrim, procs
+from lnkmem.core import atomic, memtrim, procs
 from lnkmem.memory.config import AgentConfig, FolderRefused, open_folder, same_folder
 from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
@@ -899,33 +899,40 @@ def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:
     files there, and ``notes-*`` temps in ``state``, once older than STALE_S.
     Only regular files and those folders are touched, never through a link.
     Returns how many were removed."""
+    import shutil
     removed = 0
     now = time.time()
     mine = f"p{os.getpid()}"
+    if tmpdir:
+        was = atomic.clear_non_folder(tmpdir)  # (a link there -- to another agent's folder -- is never followed)
+        if was is not None:
+            log.warning("%s was %s, not a folder: removed (never followed)", tmpdir, was)
     for folder, pattern in ((tmpdir, None), (state, "notes-")):
         if not folder:
             continue
         try:
-            it = list(os.scandir(folder))
+            fd = atomic.open_folder_nofollow(folder)  # each entry reached from this folder, as it was opened
         except OSError:
             continue
-        for d in it:
-            try:
-                s = d.stat(follow_symlinks=False)
-                if pattern is None and d.is_dir(follow_symlinks=False) and d.name[:1] == "p" and d.name[1:].isdigit():
-                    if d.name != mine and not procs.alive(int(d.name[1:])):
-                        import shutil
-                        shutil.rmtree(d.path, ignore_errors=True)
-                        removed += 1
+        try:
+            for d in list(os.scandir(fd)):
+                try:
+                    s = d.stat(follow_symlinks=False)
+                    if pattern is None and d.is_dir(follow_symlinks=False) and d.name[:1] == "p" and d.name[1:].isdigit():
+                        if d.name != mine and not procs.alive(int(d.name[1:])):
+                            shutil.rmtree(d.name, dir_fd=fd, ignore_errors=True)
+                            removed += 1
+                        continue
+                    if not d.is_file(follow_symlinks=False) or now - s.st_mtime < STALE_S:
+                        continue
+                    if pattern is not None and not (d.name.startswith(pattern) and len(d.name) == len(pattern) + 8):
+                        continue
+                    os.unlink(d.name, dir_fd=fd)
+                    removed += 1
+                except OSError:
                     continue
-                if not d.is_file(follow_symlinks=False) or now - s.st_mtime < STALE_S:
-                    continue
-                if pattern is not None and not (d.name.startswith(pattern) and len(d.name) == len(pattern) + 8):
-                    continue
-                os.unlink(d.path)
-                removed += 1
-            except OSError:
-                continue
+        finally:
+            os.close(fd)
     return removed
 
 

@@ -76,7 +76,7 @@ def checked_blob(fetch: Callable[[str], bytes], name: str) -> bytes:
 def decoded(raw: bytes, typ, name: str):
     try:
         return msgspec.msgpack.decode(raw, type=typ)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         raise _bad(f"{name} is not understood: {e}") from None
 
 

@@ -202,7 +202,7 @@ def decode_manifest(data: bytes) -> Manifest:
             o = msgspec.json.decode(data, type=OldManifest)
             return Manifest(OLD_FORMAT, [[s] for s in o.segments], [o.table], "", None, o.vectors,
                             o.model, o.made, o.of)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:  # (nested past msgspec's depth: not understood either)
         raise CopyDamaged(f"the manifest is not understood: {e}") from None
     raise CopyDamaged(f"copy format {fmt!r} is not {FORMAT!r}")
 

@@ -189,13 +189,14 @@ def test_a_bad_agents_entry_is_refused_for_that_agent_alone(tmp_path):
         "shape": ["not", "an", "object"],
         "twin": {"argv": good["argv"], "env": {}},  # the same state folder as good
         "bad id!": good,
+        "cwd": {**_entry(Home(tmp_path / "cwd")), "cwd": "/"},  # issue 46: a key no entry has
     }
     with Many(tmp_path / "run" / "m.sock", agents) as m:
         assert m.proc.poll() is None
         with m.hello("good") as c:
             assert until(lambda: c.search("goodword")["structuredContent"]["hits"], timeout=20)
         for agent, words in (("python", "argv[0]"), ("index", "serve"), ("badspec", "tokens"),
-                             ("shape", "object"), ("twin", "state"), ("late", "folder")):
+                             ("shape", "object"), ("twin", "state"), ("late", "folder"), ("cwd", "'cwd'")):
             with m.connect() as c:
                 r = c.first({"agent": agent})
                 assert set(r) == {"error"} and agent in r["error"] and words in r["error"], (agent, r)
@@ -205,7 +206,7 @@ def test_a_bad_agents_entry_is_refused_for_that_agent_alone(tmp_path):
             assert until(lambda: c.search("lateword")["structuredContent"]["hits"], timeout=20)
         m.stop()
         err = m.proc.stderr.read().decode()
-    for agent in ("python", "index", "badspec", "shape", "twin"):
+    for agent in ("python", "index", "badspec", "shape", "twin", "cwd"):
         assert f"{agent} is not served" in err  # logged at the start
 
 

@@ -86,6 +86,9 @@ class AgentsTable(dict):
         self.entries: dict[str, object] = {}  # a refused entry's raw value, looked at again later
 
 
+ENTRY_KEYS = ("argv", "env")  # §5.2: what an Agents entry holds
+
+
 def agent_config(agent: str, entry) -> AgentConfig:
     """One Agents entry as `serve` would serve its argv (§5.2); UsageError naming why not."""
     check_id("agent", agent)
@@ -93,6 +96,9 @@ def agent_config(agent: str, entry) -> AgentConfig:
         raise UsageError("the entry must be an object with argv and env")
     if "argv" not in entry:
         raise UsageError("the entry has no argv")
+    unknown = sorted(k for k in entry if k not in ENTRY_KEYS)
+    if unknown:  # (nothing of an entry is ignored unseen: a key meant for the engine would be)
+        raise UsageError(f"the entry has a key no entry holds: {ascii(unknown[0])} (an entry holds argv and env)")
     env = entry.get("env", {})
     if env is None:
         env = {}

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from lnkmem.core import atomic
 from lnkmem.core.errors import ToolError
 from lnkmem.core.knobs import knobs
 
@@ -93,7 +94,6 @@ LATE_WRITER_S = 0.05  # after a replace, how long the old file is watched for a 
 CHANGE_PATIENCE_S = 15.0  # how long `remember` keeps trying while someone else keeps writing
 BUSY_S = 1.0  # a read for the index: a file held open for writing longer than this is judged by its times
 SHORTER = 2  # a file that lost more than half its bytes ...
-RENAME_EXCHANGE = 2  # renameat2(2)
 LOCK = "notes.lock"  # in <state>: one change of the notes at a time, among all engines of the agent
 
 
@@ -514,7 +514,7 @@ class LocalNotes:
         the notes, returned third, for :meth:`_aftercare` to watch."""
         if not self._unchanged(fd, st, base, leased):  # (a lease broken: someone opening it for writing)
             return False, None, None
-        if not _exchange(self.dir_fd, tmp, self.name):
+        if not atomic.exchange(tmp, self.name, dir_fd=self.dir_fd):
             old_name = None
             if keep_old:
                 old_name = self.tmp_prefix + secrets.token_hex(6)
@@ -873,34 +873,6 @@ class LocalNotes:
             return None
         data = self._read_fd(fd)
         return None if data == base else data
-
-
-_renameat2 = None
-
-
-def _exchange(dir_fd: int, a: str, b: str) -> bool:
-    """Swap the names ``a`` and ``b`` in one step (renameat2 RENAME_EXCHANGE); False
-    where the kernel, libc or filesystem cannot (the caller renames instead)."""
-    global _renameat2
-    if _renameat2 is None:
-        try:
-            import ctypes
-            libc = ctypes.CDLL(None, use_errno=True)
-            fn = libc.renameat2
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            fn.restype = ctypes.c_int
-            _renameat2 = fn
-        except (OSError, AttributeError):
-            _renameat2 = False
-    if not _renameat2:
-        return False
-    import ctypes
-    if _renameat2(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), b)
 
 
 def _merge(base: str, theirs: str, ours: str) -> str:

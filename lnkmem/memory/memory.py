@@ -13,6 +13,7 @@ import enum
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -767,19 +768,31 @@ class Memory(ServedMemory):
             import watchfiles  # noqa: F401  (a help, not a need)
         except ImportError:
             return
-        paths = [r for r, _ in self._roots() if os.path.isdir(r)]
+        wanted = [r for r, _ in self._roots()]
         if isinstance(self.notes, LocalNotes):
             d = os.path.dirname(self.notes.path)
-            if os.path.isdir(d) and not any(d == p or d.startswith(p + os.sep) for p in paths):
-                paths.append(d)
-        if not paths:
+            if not any(d == p or d.startswith(p + os.sep) for p in wanted):
+                wanted.append(d)
+        if not wanted:
             return
         from watchfiles._rust_notify import WatchfilesRustInternalError  # noqa: PLC2701 (watchfiles exports no public name for it)
         told = retry = False
         rewatch = REWATCH_S
         while not self._stop.is_set():
+            # the folders there now, each as it is (a folder removed, or replaced, while watched:
+            # its watch ends with it, so the watch is made again once it is there)
+            self._watched = {p: _identity(p) for p in wanted}
+            paths = [p for p, ident in self._watched.items() if ident is not None]
+            if not paths:
+                self._stop.wait(REARM_S)
+                retry = True
+                continue
             try:
-                self._watch_loop(paths, retry)
+                if self._watch_loop(paths, retry) == "again" or self._stop.is_set():
+                    if not self._stop.is_set():
+                        log.info("a watched folder was removed or replaced: watched again")
+                    retry = True
+                    continue
                 return
             except WatchfilesRustInternalError as e:
                 # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
@@ -787,7 +800,10 @@ class Memory(ServedMemory):
                 # inotify itself, which keeps names as bytes
                 log.info("watching with inotify: %s", e)
                 try:
-                    self._inotify_loop(paths, retry)
+                    if self._inotify_loop(paths, retry) == "again":
+                        log.info("a watched folder was removed or replaced: watched again")
+                        retry = True
+                        continue
                     return
                 except OSError as e2:
                     e = e2
@@ -815,9 +831,16 @@ class Memory(ServedMemory):
             if place.local:
                 self.changed(source, wait=wait, timeout=60)
 
-    def _inotify_loop(self, paths: list[str], retry: bool = False) -> None:
-        """Watch with inotify directly (bytes names), until stopped. ``retry``: watching
-        again after a time unwatched (what changed meanwhile is looked for)."""
+    _watched: dict = {}  # each folder watched (or to be, once there): its identity when the watch began
+
+    def _watched_moved(self) -> bool:
+        """Whether a watched folder is gone, replaced, or there now though it was not."""
+        return any(_identity(p) != ident for p, ident in self._watched.items())
+
+    def _inotify_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
+        """Watch with inotify directly (bytes names), until stopped ("again": a watched
+        folder went or came: watch again). ``retry``: watching again after a time
+        unwatched (what changed meanwhile is looked for)."""
         from lnkmem.memory.inotify import Inotify
         ino = Inotify()
         try:
@@ -828,11 +851,16 @@ class Memory(ServedMemory):
             if retry or self.watch_settled.is_set() or self._listed_unwatched:
                 self._rescan_local()
             self.watch_settled.set()
+            looked = time.monotonic()
             while not self._stop.is_set():
                 events = ino.read(0.3)
                 if events is None:  # events were lost: look at everything
                     self._rescan_local()
                     continue
+                if time.monotonic() - looked >= REARM_S:
+                    looked = time.monotonic()
+                    if self._watched_moved():
+                        return "again"
                 if not events:
                     continue
                 deadline = time.monotonic() + WATCH_DEBOUNCE_MS / 1000
@@ -849,17 +877,24 @@ class Memory(ServedMemory):
         finally:
             ino.close()
 
-    def _watch_loop(self, paths: list[str], retry: bool = False) -> None:
+    def _watch_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
+        """Watch with watchfiles until stopped ("again": a watched folder went or came:
+        watch again)."""
         from watchfiles._rust_notify import RustNotify  # noqa: PLC2701 (watchfiles exports no public name for it)
         caught_up = False
         t0 = time.monotonic()
+        looked = t0
         with RustNotify(paths, False, False, 300, True, True) as watcher:
             log.debug("watching %s: in place after %.2fs", ", ".join(paths), time.monotonic() - t0)
             self.watch_settled.set()
             while not self._stop.is_set():
                 raw = watcher.watch(WATCH_DEBOUNCE_MS, 20, 300, self._stop)
                 if raw == "stop" or raw == "signal":
-                    return
+                    return None
+                if time.monotonic() - looked >= REARM_S:
+                    looked = time.monotonic()
+                    if self._watched_moved():
+                        return "again"
                 if raw == "timeout" or not raw:
                     if not caught_up:  # watching now: look once more at what changed before,
                         caught_up = True  # when the first look began unwatched (or this watch is a retry)
@@ -882,6 +917,16 @@ class Memory(ServedMemory):
 
 
 STALE_S = 60.0  # a loose temp file older than this is no writer's any more
+REARM_S = 1.0  # how often the watched folders are looked at (gone, replaced, back): watched again
+
+
+def _identity(path: str) -> Optional[tuple[int, int]]:
+    """A folder's device and inode (None: no folder there)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 TRIM_SLACK = 32 << 20

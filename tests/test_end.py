@@ -19,8 +19,10 @@ BRIDGES = Layout(bindings={a: {"owner": o, "key": k} for a, (o, k) in AGENTS.ite
                  team_files={f"t{a[1]}": {"memory/charter.md": "The crew charters a schooner every July.\n"}
                              for a in AGENTS})
 SLOW_WRITEBACK = {"LNKMEM_WRITEBACK_S": "3600"}  # nothing written back unless asked
-# end's answer awaited this long at most: the engine gives its write-backs 60 s (bound.CLOSE_S),
-# then stops every memory whatever they did; far less than this is expected
+# a binding's end gives its write-backs 60 s (bound.close_s(); LNKMEM_CLOSE_S), then stops every
+# memory whatever they did; where a test only waits that time out, 8 s
+SHORT_CLOSE = {**SLOW_WRITEBACK, "LNKMEM_CLOSE_S": "8"}
+# end's answer awaited this long at most: far less than this is expected
 END_DEADLINE_S = 120
 
 
@@ -131,8 +133,8 @@ def test_sigterm_writes_every_agent_and_team_back(bridges, tmp_path):
 
 def test_sigterm_with_a_stalled_bridge_ends_within_bounds(bridges, tmp_path):
     """Team t1's copy stalls (its manifest never answered): SIGTERM still writes every other
-    memory back, and the process exits, once the write-backs' time (bound.CLOSE_S) is spent."""
-    m = bridges.serve_many(tmp_path, "t", env=SLOW_WRITEBACK)
+    memory back, and the process exits, once the write-backs' time (bound.close_s()) is spent."""
+    m = bridges.serve_many(tmp_path, "t", env=SHORT_CLOSE)
     try:
         sessions = [s for a in AGENTS for s in bound_with_team(bridges, m, a)]
         for a in AGENTS:

@@ -86,6 +86,8 @@ class Knobs:
     # serve-many
     linger_s: float = 2.0  # LNKMEM_LINGER_S: an agent's memory kept open after its last session
     first_line_s: float = 10.0  # LNKMEM_FIRST_LINE_S: a connection's first line awaited this long
+    close_s: float = 60.0  # LNKMEM_CLOSE_S: a binding's end waits this long for its write-backs (serve/bound.py)
+    stop_s: float = 15.0  # LNKMEM_STOP_S: ... then this long for its memories to stop
 
 
 _PARSE: dict[str, Callable[[str], object]] = {
@@ -107,6 +109,8 @@ _PARSE: dict[str, Callable[[str], object]] = {
     "driver_timeout_s": _seconds(above_zero=True),
     "linger_s": _seconds(above_zero=False),
     "first_line_s": _seconds(above_zero=False),
+    "close_s": _seconds(above_zero=False),
+    "stop_s": _seconds(above_zero=False),
 }
 NAMES = {f.name: "LNKMEM_" + f.name.upper() for f in fields(Knobs)}
 assert set(_PARSE) == set(NAMES)

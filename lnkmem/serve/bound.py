@@ -26,6 +26,7 @@ from lnkmem.memory import changes
 from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig
 from lnkmem.memory.spec import parse_size
+from lnkmem.core.knobs import knobs
 from lnkmem.core.wire import Bound, Changed, FirstLine, Spec
 
 log = logging.getLogger("lnkmem")
@@ -34,14 +35,20 @@ BIND_PATIENCE_S = 5.0
 BIND_GRACE_S = 1.0  # once one bridge took the key, how long the others may still answer
 REBIND_FIRST_S, REBIND_MAX_S, REBIND_PATIENCE_S = 0.5, 10.0, 2.0  # a bridge down at Bound time, tried again
 # A binding's end (`end`, a Bound line with a new key, SIGTERM, the linger's end: one path,
-# Binding.close) waits CLOSE_S for its write-backs, all together, then stops its memories
+# Binding.close) waits close_s() (60 s) for its write-backs, all together, then stops its memories
 # whatever they did: its bridges are closed first, so a write-back still trying fails at once
 # (what it held stays dirty in the local cache, written back once bound again); stopping them
-# takes STOP_S more at most. serve-many ends its bindings at once, so its shutdown takes at
-# most about CLOSE_S + STOP_S however many it holds (many.END_S, with its connections'
+# takes stop_s() (15 s) more at most. serve-many ends its bindings at once, so its shutdown takes at
+# most about their sum however many it holds (many.end_s(), with its connections'
 # end): within a service manager's usual patience (systemd's: 90 s).
-CLOSE_S = 60.0
-STOP_S = 15.0
+def close_s() -> float:
+    """How long a binding's end waits for its write-backs (`LNKMEM_CLOSE_S`, 60 s)."""
+    return knobs().close_s
+
+
+def stop_s() -> float:
+    """... then for its memories to stop (`LNKMEM_STOP_S`, 15 s)."""
+    return knobs().stop_s
 NOT_WHOLE_TEAM = "this agent is not granted the whole team folder, so the team's memory is not served to it"
 
 
@@ -211,7 +218,7 @@ class Binding(_Held):
         errors, _ = self._flush_each(None, 0)
         return "; ".join(errors) or None
 
-    def close(self, patience: float = CLOSE_S) -> Optional[str]:
+    def close(self, patience: Optional[float] = None) -> Optional[str]:
         """The one way a binding ends (`end`, a new key, SIGTERM, the linger's end): its
         sessions closed; its own memory written back, then its teams', while its bridges
         are open (within ``patience`` together); those written back stopped; its bridges
@@ -221,6 +228,7 @@ class Binding(_Held):
             if self._closed.is_set():
                 return None
             self._closed.set()  # (and the bridges down at Bound time are no longer tried)
+        patience = close_s() if patience is None else patience
         deadline = time.monotonic() + patience
         held = self.held()
         for _, h in held:
@@ -235,10 +243,10 @@ class Binding(_Held):
             except Exception as e:  # noqa: BLE001 - the others are closed all the same
                 log.warning("agent %s: the %s bridge's client did not close: %s", self.agent, c.purpose, type(e).__name__)
         stops += [(what, Job(h.stop)) for what, h in held if h in failed]
-        end = time.monotonic() + STOP_S
+        end = time.monotonic() + stop_s()
         for what, job in stops:
             if not job.wait(end):
-                errors.append(f"{what}: did not stop within {STOP_S:g} s")
+                errors.append(f"{what}: did not stop within {stop_s():g} s")
             elif job.answer:
                 errors.append(f"{what}: {job.answer}")
         self.teams.clear()
@@ -615,7 +623,7 @@ class Bindings:
 
     def end_all(self) -> list[tuple[str, Job]]:
         """SIGTERM or the linger's end: every binding ended as `end` ends one, all at once,
-        each on a thread of its own (so within CLOSE_S + STOP_S however many there are):
+        each on a thread of its own (so within close_s() + stop_s() however many there are):
         (the agent, its Job) of each, begun."""
         return [(f"agent {agent}", Job(lambda o=owner, a=agent: self._end(o, a, gone_ok=True)))
                 for owner, agent in list(self.held)]

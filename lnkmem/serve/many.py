@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from lnkmem.memory import changes
-from lnkmem.serve.bound import CLOSE_S, STOP_S, Bindings, Job
+from lnkmem.serve.bound import Bindings, Job, close_s, stop_s
 from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig, check_id, from_serve_argv
 from lnkmem.memory.served import Made, MemoryHandle
@@ -211,10 +211,14 @@ def peer_uid(sock: socket.socket) -> Optional[int]:
 
 TOOL_THREADS = 16  # the pool's threads for tool calls, every one started before the first session
 # SIGTERM (or the linger's end): the open connections are given CONNECTIONS_S to end, then
-# every binding and memory is ended at once (bound.CLOSE_S for the write-backs, bound.STOP_S
-# to stop): the process exits within about END_S, however many agents it serves.
+# every binding and memory is ended at once (bound.close_s() for the write-backs, bound.stop_s()
+# to stop): the process exits within about end_s() (85 s), however many agents it serves.
 CONNECTIONS_S = 5.0
-END_S = CONNECTIONS_S + CLOSE_S + STOP_S + 5.0
+
+
+def end_s() -> float:
+    """How long serve-many's end takes at most, about (its connections, then its bindings)."""
+    return CONNECTIONS_S + close_s() + stop_s() + 5.0
 
 
 def started_pool(n: int) -> ThreadPoolExecutor:
@@ -456,9 +460,9 @@ class Service:
     async def _end_memories(self) -> None:
         """SIGTERM or the linger's end: every binding ended as `end` ends one (written back,
         then stopped) and every Hello agent's memory stopped, all at once, each whatever the
-        others do; within END_S together however many there are."""
+        others do; within end_s() together however many there are."""
         jobs = self.bindings.end_all() + self._stop_hello()
-        await asyncio.get_running_loop().run_in_executor(None, _waited, jobs, END_S - CONNECTIONS_S)
+        await asyncio.get_running_loop().run_in_executor(None, _waited, jobs, end_s() - CONNECTIONS_S)
 
     def _stop_hello(self) -> list:
         jobs = [(f"agent {agent}", Job(m.stop)) for agent, m in list(self.memories.items())]
@@ -466,7 +470,7 @@ class Service:
         return jobs
 
     def close(self) -> None:
-        _waited(self._stop_hello(), STOP_S)  # (none left after a run that ended as it should)
+        _waited(self._stop_hello(), stop_s())  # (none left after a run that ended as it should)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 

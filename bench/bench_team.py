@@ -40,6 +40,7 @@ from pathlib import Path
 
 import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
 from common import HERE, ROOT  # noqa: E402
+from bench_bound import control  # noqa: E402
 from bench_many import loadavg, log, machine, record  # noqa: E402
 from tests.bridges import KEY, Bridges  # noqa: E402
 from tests.helpers import Many  # noqa: E402
@@ -76,16 +77,6 @@ def place(scale: float, br: Bridges) -> int:
             shutil.copyfile(os.path.join(d, name), dst / rel / name)
             n += 1
     return n
-
-
-def control(m, obj: dict, timeout: float = 3600) -> float:
-    with m.connect(timeout=timeout) as ctl:
-        t0 = time.perf_counter()
-        r = ctl.first(obj)
-        dt = time.perf_counter() - t0
-    if r != {"ok": True}:
-        raise RuntimeError(f"{obj}: {r}")
-    return dt
 
 
 def ready(c, line: dict) -> float:

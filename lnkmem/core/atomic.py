@@ -228,25 +228,22 @@ def clear_non_file(path: str) -> Optional[str]:
     """Remove what stands at ``path`` when it is not a plain file (a link unlinked, never
     followed; a folder removed whole; a FIFO, a socket, a device unlinked): what it was,
     in words; None when it is a plain file or nothing."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISREG(st.st_mode):
-        return None
-    remove(path)
-    return kind_of(st.st_mode)
+    return _clear_unless(path, stat.S_ISREG)
 
 
 def clear_non_folder(path: str) -> Optional[str]:
     """Remove what stands at ``path`` when it is not a folder (a link -- to a folder too --
     unlinked, never followed; a file, a FIFO, a socket, a device unlinked): what it was, in
     words; None when it is a folder or nothing."""
+    return _clear_unless(path, stat.S_ISDIR)
+
+
+def _clear_unless(path: str, kind_ok) -> Optional[str]:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    if stat.S_ISDIR(st.st_mode):
+    if kind_ok(st.st_mode):
         return None
     remove(path)
     return kind_of(st.st_mode)

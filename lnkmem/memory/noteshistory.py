@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from lnkmem.core import atomic
 from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
@@ -283,21 +284,7 @@ class History:
             except OSError:  # another filesystem (EXDEV): copied below
                 moved = False
         if not moved:
-            tmp = f".{name}.{secrets.token_hex(4)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=self.fd)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                if sync:
-                    os.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                _unlink(tmp, self.fd)
-                raise
-            os.close(fd)
-            os.rename(tmp, name + ".md", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            atomic.write_at(self.fd, name + ".md", data, sync=sync)  # (a temp file of its own, renamed over)
         if sync:
             os.fsync(self.fd)
         v = Version(name, now / 1e9, why, d, len(data))

@@ -173,3 +173,34 @@ def test_a_link_at_the_temp_folder_never_reaches_the_folder_it_leads_to(tmp_path
     _served(home)
     assert kept.read_bytes() == SECRET and (other / "p999999").is_dir()
     assert not (home.state / "tmp").is_symlink()
+
+
+def test_a_folder_swapped_for_a_link_to_another_agents_while_serving_is_never_written_there(tmp_path):
+    """Issue 46: while an agent is served, its `memory/` is replaced by a link to another
+    agent's. The engine's clean close wrote its seal, snapshot and listings through the link
+    into the other agent's index folder. What a close saves beside data.mdb goes only to the
+    folder the index was opened in; the other agent's index is byte for byte as it was, and
+    opens as it was left (sealed)."""
+    from lnkmem.index.store import Store
+    a, b = Home(tmp_path / "a"), Home(tmp_path / "b")
+    a.write("a.md", "The pangolin eats ants.\n")
+    b.write("a.md", "The pangolin of the other agent.\n")
+    r = run_cli("index", *b.args(), timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    _served(b)
+    theirs = b.state / "index"
+    before = {p.name: sha(p) for p in theirs.iterdir() if p.is_file()}
+    with Server.start(a) as s:
+        s.initialize()
+        assert until(lambda: _hits(s) == ["home/a.md"], timeout=ANSWER_S)
+        os.rename(a.agent / "memory", tmp_path / "a-memory-away")
+        os.symlink(b.agent / "memory", a.agent / "memory")
+        assert _hits(s) == ["home/a.md"]  # its own index, still
+        assert s.close() == 0, s.stderr[-2000:]
+    after = {p.name: sha(p) for p in theirs.iterdir() if p.is_file()}
+    assert after == before
+    st = Store.open(str(theirs))
+    try:
+        assert st.opened_as == "sealed" and sorted(st.all_files()) == ["home/a.md"]
+    finally:
+        st.close()

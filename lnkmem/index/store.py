@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import shutil
 import stat
@@ -118,6 +119,18 @@ class StoreEvents:
     map_grown: Optional[Callable[[], None]] = None
 
 
+log = logging.getLogger("lnkmem")
+
+
+def _folder_identity(path: str) -> Optional[tuple[int, int]]:
+    """The device and inode of the folder ``path`` names now (None: none there)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class Store:
     """One agent's words index, in one LMDB environment."""
 
@@ -211,6 +224,7 @@ class Store:
         self.env = CoveringEnv(lmdb.open(
             self.path, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
         ), data)
+        self._folder = _folder_identity(self.path)  # (what its close writes beside data.mdb goes there only)
         t = self.tables = Tables(self.env)
         # (the handles, for the index's own layers: callers above it read and write through
         # reading() and writing())
@@ -502,6 +516,11 @@ class Store:
             except (lmdb.Error, OSError, DamagedIndex):
                 whole = False
             whole = whole and not self.env.faulted()  # (what was saved was read through it)
+            if whole and _folder_identity(self.path) != self._folder:
+                # its folder's name leads elsewhere now (a folder above swapped for a link, to
+                # another agent's, say): nothing is written or compacted there
+                log.warning("the index's folder %s is no longer the one opened: nothing saved beside it", self.path)
+                whole = False
             self.env.close()
             if whole and compact:
                 memtrim.trim()  # the build's freed heap, before the copy adds its own
@@ -520,6 +539,8 @@ class Store:
                     atomic.write_file(os.path.join(self.path, SEAL), stamp.encode())
                 except (OSError, DamagedIndex):
                     pass
+
+    _folder: Optional[tuple[int, int]] = None
 
     # --- a whole new version, loaded beside the index and put in its place ------
 

@@ -390,7 +390,8 @@ class DriverConversations(PlaceBase):
         """Keep the copy while ``memory`` serves: a listing now, then every interval."""
         self._memory = memory
         if self._thread is None:
-            self.idle.clear()  # the first listing is under way from now
+            if not self.copies.versions():  # nothing kept yet: a search waits (2 s at most) for the first
+                self.idle.clear()  # listing, under way from now; with copies kept, it answers from them
             self._thread = threading.Thread(target=self._loop, name="lnkmem-driver", daemon=True)
             self._thread.start()
 

@@ -67,10 +67,21 @@ def loaded(path, manifest, files, version) -> Store:
     return st
 
 
-def test_a_newer_version_is_applied_as_a_change_and_answers_as_the_whole_version(versions, tmp_path):
+@pytest.mark.parametrize("pages", ["refs kept", "walked"])
+def test_a_newer_version_is_applied_as_a_change_and_answers_as_the_whole_version(versions, tmp_path, pages):
+    """The refs each table page held are kept at the load (a changed page's removed files found
+    without a walk of every file); a cache loaded before they were walks its files instead."""
+    from lnkmem.replica.state import PAGE_REFS
     (m1, v1), (m2, v2) = versions
     whole = loaded(tmp_path / "whole", m2, v2, "v2")
     cache = loaded(tmp_path / "cache", m1, v1, "v1")
+    with cache.reading() as r:
+        assert [r.meta(PAGE_REFS + i.to_bytes(4, "big")) is not None for i in range(len(m1.pages))] == \
+            [True] * len(m1.pages)
+    if pages == "walked":
+        with cache.writing() as w:
+            for i in range(len(m1.pages)):
+                w.delete_meta(PAGE_REFS + i.to_bytes(4, "big"))
     try:
         got: list = []
         applied = apply_change(cache, m2, fetcher(v2, got), "v2", OF, SOURCES)

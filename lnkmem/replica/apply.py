@@ -22,6 +22,7 @@ the caller loads the whole version as before (which calls a damaged copy damaged
 from __future__ import annotations
 
 import logging
+import zlib
 from typing import Callable, Iterable, Optional
 
 import msgspec
@@ -34,7 +35,7 @@ from lnkmem.index.format import file_decoder, passage_decoder
 from lnkmem.index.store import Store
 from lnkmem.replica.load import RATIO, SLACK, blob_size, checked_blob, decoded, valid_ref
 from lnkmem.replica.manifest import FORMAT, CopyDamaged, Head, Manifest, SegmentPart, TablePage, page_of
-from lnkmem.replica.state import CopyState, content_gen, copy_state, put_state
+from lnkmem.replica.state import CopyState, content_gen, copy_state, page_refs, put_page_refs, put_state
 
 log = logging.getLogger("lnkmem")
 
@@ -83,21 +84,33 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
         wanted: dict[str, object] = {}  # ref -> its record in the new version (changed or new)
         gone: list[str] = []
         npages = len(manifest.pages)
-        on_page: dict[int, set] = {i: set() for i in new_pages}
-        if new_pages:
+        on_page: dict[int, dict] = {}  # a changed page: its refs (and their records' CRC-32, when kept)
+        with store.reading() as r:
+            for i in new_pages:
+                held_there = page_refs(r, i)
+                if held_there is not None:
+                    on_page[i] = held_there
+        if len(on_page) < len(new_pages):  # (a cache loaded before pages' refs were kept: a walk)
+            on_page = {i: {} for i in new_pages}
             for ref in store.refs_under(""):
                 p = page_of(ref, npages)
                 if p in on_page:
-                    on_page[p].add(ref)
+                    on_page[p][ref] = None
+        new_pages_files: dict[int, list] = {}
+        same: set = set()  # files of a changed page whose record the page did not change
         for i in new_pages:
             name = manifest.pages[i]
             files = decoded(checked_blob(fetch, name), TablePage, name).files
             fetched += blob_size(name) or 0
             seen = set()
+            before = on_page[i]
             for ref, rec_raw in files:
                 if not valid_ref(ref, srcs) or ref in seen or page_of(ref, npages) != i:
                     raise CopyDamaged(f"{name} holds {ref!r}, which is no ref of its page")
                 seen.add(ref)
+                if before.get(ref) is not None and before[ref] == zlib.crc32(rec_raw):
+                    same.add(ref)
+                    continue
                 try:
                     rec = file_decoder.decode(rec_raw)
                 except (msgspec.DecodeError, msgspec.ValidationError):
@@ -106,7 +119,8 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
                         any(not 0 <= p < 1 << 32 for p in rec.pids) or len(set(rec.pids)) != len(rec.pids):
                     raise CopyDamaged(f"the table's record of {ref!r} is not sane")
                 wanted[ref] = rec
-            gone.extend(sorted(on_page[i] - seen))
+            gone.extend(sorted(set(before) - seen))
+            new_pages_files[i] = files
         held = store.file_recs(wanted)
         for ref in list(wanted):
             was, rec = held.get(ref), wanted[ref]
@@ -130,6 +144,8 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
             put_state(w, CopyState(version, w.meta_int(b"gen"), w.meta_int(b"next_seg"), [], manifest.model,
                                    list(manifest.pages), manifest.names(), [], sweep=True, content_gen=done))
             w.delete_meta(b"copy-segs")  # (its ids are no longer the copy's)
+            for i, files_there in new_pages_files.items():
+                put_page_refs(w, i, files_there)
     return Applied(len(files), len(gone), fetched)
 
 

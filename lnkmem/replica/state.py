@@ -5,6 +5,7 @@ the copy's segments as the cache knows them (ids, live, digests)."""
 from __future__ import annotations
 
 import hashlib
+import zlib
 from typing import Iterable, Optional
 
 import msgspec
@@ -112,6 +113,29 @@ def content_gen(r: Reading) -> int:
     """The generation of the index's last commit (``cgen``: a merge is none), 0 before any."""
     raw = r.meta(b"cgen")
     return int(raw) if raw else 0
+
+
+PAGE_REFS = b"copy-page-refs:"  # + a table page's number (4 bytes): what the page held, as loaded
+
+
+def page_refs(r: Reading, page: int) -> Optional[dict[str, int]]:
+    """What the copy's table page ``page`` held in the version the cache is of: each ref and
+    the CRC-32 of its record as the page had it (None: not kept, a cache loaded before they
+    were). A change to the page is applied without a walk of every file, and without a
+    look-up of the files whose record it did not change."""
+    raw = r.meta(PAGE_REFS + page.to_bytes(4, "big"))
+    if raw is None:
+        return None
+    try:
+        return msgspec.msgpack.decode(zlib.decompress(raw), type=dict[str, int])
+    except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def put_page_refs(w: Writing, page: int, files: list) -> None:
+    """Keep what page ``page`` holds (``files``: its (ref, record) pairs, as the copy has them)."""
+    held = {ref: zlib.crc32(rec) for ref, rec in files}
+    w.put_meta(PAGE_REFS + page.to_bytes(4, "big"), zlib.compress(msgspec.msgpack.encode(held), 1))
 
 
 def put_state(w: Writing, state: CopyState) -> None:

@@ -159,10 +159,11 @@ def test_sigterm_with_a_stalled_bridge_ends_within_bounds(bridges, tmp_path):
 
 def test_end_with_a_stalled_team_copy_answers_and_loses_nothing(bridges, tmp_path):
     """`end` while the team's copy stalls: answered once the write-backs' time is spent, the
-    team named; the agent's own copy written; the team's index let go of, so a Bound line
-    is served at once, and its change, kept in the cache, is written back once the bridge
-    answers again."""
-    with bridges.serve_many(tmp_path, "g", env=SLOW_WRITEBACK) as m:
+    team named; the agent's own copy written; a Bound line right after is served (its memory
+    waits for the stopping one to let go of the index: with a short close it was "already
+    open in this process" for good), and its change, kept in the cache, is written back once
+    the bridge answers again."""
+    with bridges.serve_many(tmp_path, "g", env=SHORT_CLOSE) as m:
         bound_with_team(bridges, m)
         pending_changes(bridges, m)
         bridges.storage.fault("slow", delay=3600, path="/v1/teams/t1/c/memory/lnkmem/manifest.json")

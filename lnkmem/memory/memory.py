@@ -169,6 +169,24 @@ class Memory(ServedMemory):
             import shutil
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
+    def _open_when_let_go(self) -> Store:
+        """The index opened; while another memory of this process still holds it (one whose
+        binding ended and is still stopping: a write-back held by a stalled bridge), waited
+        for, up to INDEX_HELD_WAIT_S, rather than refused for good."""
+        from lnkmem.index.store import IndexInUse
+        deadline = time.monotonic() + INDEX_HELD_WAIT_S
+        told = False
+        while True:
+            try:
+                return Store.open(self.layout.index_path)
+            except IndexInUse:
+                if time.monotonic() >= deadline or self._stop.is_set():
+                    raise
+                if not told:
+                    log.info("the index is still held by a memory that is stopping: waiting for it")
+                    told = True
+                self._stop.wait(0.2)
+
     def open_store(self) -> Store:
         os.makedirs(os.path.dirname(self.layout.index_path), mode=0o700, exist_ok=True)
         if self.layout.tmpdir:
@@ -180,8 +198,8 @@ class Memory(ServedMemory):
         if self.layout.state_fd is not None:  # its folder never through a link, made here
             index_fd = open_folder(self.layout.index_path, self.layout.agent)
         try:
+            store = self._open_when_let_go()
             Store.discard_beside(self.layout.index_path)  # a load beside it cut short, or the version it replaced
-            store = Store.open(self.layout.index_path)
             if index_fd is not None and not same_folder(index_fd, self.layout.index_path):
                 try:  # another folder by that name now: never one reached through a link
                     again = open_folder(self.layout.index_path, self.layout.agent, create=False)
@@ -917,6 +935,7 @@ class Memory(ServedMemory):
 
 
 STALE_S = 60.0  # a loose temp file older than this is no writer's any more
+INDEX_HELD_WAIT_S = 60.0  # the index held by another memory of this process (stopping): waited for this long
 REARM_S = 1.0  # how often the watched folders are looked at (gone, replaced, back): watched again
 
 

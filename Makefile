@@ -35,6 +35,7 @@ test: lint
 
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
+	$(BIN)/python bench/soak_reload.py --reloads 100
 	NOTES_EDITOR_S=20 $(BIN)/python -m pytest -q tests/test_notes_history.py -k rename_editor
 
 bench: $(STAMP)

@@ -753,10 +753,16 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
         txn.put_meta(b"gen", str(gen).encode())
         named = manifest.names()
         keep = set(named)
-        # the files of the version this cache held (and any it sent) that this one does not
-        # name: a writer that was killed once its manifest was on its way never deleted them
-        doomed = [n for n in dict.fromkeys(old.doomed + old.named) if n not in keep]
+        # the files this cache sent that this version does not name stay doomed (its own: no
+        # other writer relies on them); those of the version it held that this one does not name
+        # are the new version's writer's to delete, and an orphan here until the copy moves past
+        # this version (a writer killed once its manifest was on its way never deleted them;
+        # deleted at once, one another writer made again for a manifest conditional on this
+        # version -- it loaded it too -- would be gone under it)
+        doomed = [n for n in dict.fromkeys(old.doomed) if n not in keep]
         orphans = [o for o in old.orphans if o[0] not in keep]  # (still not named: still found at their version)
+        mine = set(doomed) | {o[0] for o in orphans}
+        orphans += [(n, version) for n in dict.fromkeys(old.named) if n not in keep and n not in mine]
         if v.renumbered or manifest.format != FORMAT:
             # of this version, but every file is sent anew at the next write-back (renumbered:
             # the copy's files are no longer the cache's segments; the previous format: written

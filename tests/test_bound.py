@@ -464,3 +464,74 @@ def test_a_flush_during_the_first_build_writes_a_copy_that_says_it_is_partial(br
         bridges.files.fault("ok")
         assert until(lambda: "indexing" not in c.search("zzzzprobe")["structuredContent"], timeout=120)
         assert until(lambda: json.loads(bridges.copy_files()["manifest.json"])["partial"] is False, timeout=30)
+
+
+def test_three_writers_one_cold_one_killed_converge_on_the_union(bridges, tmp_path):
+    """Issue 45: writers never undo each other. Three engines write one copy in rounds (each
+    its own file, then a flush), the third starting cold after the first round; one is
+    killed mid-round (its change indexed, not written back) and started again; a manifest
+    PUT is held by the bridge once while another engine flushes. In the end the copy holds
+    every engine's every file, passes every check, names every file the bucket holds and
+    nothing more, and a new machine loads it and finds them all. (It passes on the code before
+    issue 45's fixes too: this schedule does not hit the cold writer's sweep race, which
+    test_copy_scale.py's held-manifest test shows; it holds the union with three writers.)"""
+    from tests.test_copy_verify import check_copy, manifest, named_files
+    env = {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "3600"}
+    engines = {w: bridges.serve_many(tmp_path, w, env=env) for w in "pq"}
+    conns = {w: m.connect() for w, m in engines.items()}
+    for c in conns.values():
+        assert c.first(bridges.bound()) == {"ok": True}
+    written: set = set()
+
+    def change(w: str, i: int) -> None:
+        bridges.write_home(f"{w}/{i}.md", f"{w}word{i} token\n")
+        with engines[w].connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/{w}/{i}.md"}}) == {"ok": True}
+        written.add(f"home/{w}/{i}.md")
+
+    def flush(w: str, timeout: float = 60) -> None:
+        with engines[w].connect(timeout=timeout) as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+
+    try:
+        for w in "pq":
+            change(w, 0)
+            flush(w)
+        engines["r"] = bridges.serve_many(tmp_path, "r", env=env)  # a new machine: cold
+        conns["r"] = engines["r"].connect()
+        assert conns["r"].first(bridges.bound()) == {"ok": True}
+        for i in (1, 2):
+            for w in "pqr":
+                change(w, i)
+            # p's manifest held by the bridge while q and r flush
+            bridges.storage.fault("slow", delay=3.0, count=1, path="/v1/c/memory/lnkmem/manifest.json")
+            held = threading.Thread(target=flush, args=("p",), daemon=True)
+            held.start()
+            flush("q")
+            flush("r")
+            held.join(60)
+            if i == 1:  # q killed with a change indexed but not written back, then started again
+                change("q", 9)
+                engines["q"].proc.send_signal(signal.SIGKILL)
+                engines["q"].proc.wait(10)
+                conns["q"].close()
+                engines["q"].__exit__(None, None, None)
+                engines["q"] = bridges.serve_many(tmp_path, "q", env=env)
+                conns["q"] = engines["q"].connect()
+                assert conns["q"].first(bridges.bound()) == {"ok": True}
+        for w in "pqrpqr":  # each takes the others' versions and writes its own again
+            flush(w)
+        assert written <= bridges.copy_refs()
+        check_copy(bridges.copy_files())
+        assert set(bridges.copy_files()) == named_files(manifest(bridges)) | {"manifest.json"}
+    finally:
+        for c in conns.values():
+            c.close()
+        for m in engines.values():
+            m.__exit__(None, None, None)
+    with bridges.serve_many(tmp_path, "new", env=env) as m, m.connect() as c:  # a new machine finds them all
+        assert c.first(bridges.bound()) == {"ok": True}
+        for ref in sorted(written):
+            w, i = ref.split("/")[1], ref.split("/")[2].split(".")[0]
+            assert until(lambda: ref in [h["ref"] for h in c.search(f"{w}word{i}")["structuredContent"]["hits"]],
+                         timeout=30), ref

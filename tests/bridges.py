@@ -122,7 +122,13 @@ class Bridges:
         """Every file of ``agent``'s copy (``team``'s, when given): name -> bytes (empty when
         there is none)."""
         d = self.team_copy(team) if team is not None else self.copy_dir(agent)
-        return {p.name: p.read_bytes() for p in d.iterdir()} if d.exists() else {}
+        out = {}
+        for p in d.iterdir() if d.exists() else ():
+            try:
+                out[p.name] = p.read_bytes()
+            except FileNotFoundError:  # deleted by a write-back's sweep since the listing: not there
+                pass
+        return out
 
     def copy_refs(self, agent: str = "a1", team: Optional[str] = None) -> set:
         """The refs the copy's file table holds (read straight from the copy's files, every

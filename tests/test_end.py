@@ -177,3 +177,18 @@ def test_end_with_a_stalled_team_copy_answers_and_loses_nothing(bridges, tmp_pat
             assert until(lambda: hits(again, "canoea1") == ["home/theirs-a1.md"], timeout=30)
             assert control(m, "flush", timeout=60) == {"ok": True}
         assert "home/theirs-a1.md" in bridges.copy_refs(team="t1")
+
+
+def test_end_with_a_stalled_own_copy_still_writes_its_teams(bridges, tmp_path):
+    """`end` while the agent's own copy stalls (its manifest never answered): its team's
+    change is written back all the same. The own memory was flushed first and the teams only
+    after it, within the same patience, so a stalled own copy left them no time: "team t1:
+    the write-back did not finish", its change not in the team's copy."""
+    with bridges.serve_many(tmp_path, "h", env=SHORT_CLOSE) as m:
+        bound_with_team(bridges, m)
+        pending_changes(bridges, m)
+        bridges.storage.fault("slow", delay=3600, path="/v1/c/memory/lnkmem/manifest.json")
+        answer = control(m, "end", timeout=END_DEADLINE_S)
+        assert "error" in answer and "agent a1" in answer["error"] and "team t1" not in answer["error"], answer
+        assert "home/theirs-a1.md" in bridges.copy_refs(team="t1")
+        bridges.storage.fault("ok")

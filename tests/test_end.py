@@ -181,9 +181,10 @@ def test_end_with_a_stalled_team_copy_answers_and_loses_nothing(bridges, tmp_pat
 
 def test_end_with_a_stalled_own_copy_still_writes_its_teams(bridges, tmp_path):
     """`end` while the agent's own copy stalls (its manifest never answered): its team's
-    change is written back all the same. The own memory was flushed first and the teams only
+    change is written back all the same. The own memory is flushed first (§5.5) and the teams
     after it, within the same patience, so a stalled own copy left them no time: "team t1:
-    the write-back did not finish", its change not in the team's copy."""
+    the write-back did not finish", its change not in the team's copy. Now they begin once
+    half the patience is spent."""
     with bridges.serve_many(tmp_path, "h", env=SHORT_CLOSE) as m:
         bound_with_team(bridges, m)
         pending_changes(bridges, m)

@@ -372,8 +372,12 @@ class Memory(ServedMemory):
                 refs = {r for r in refs if isinstance(r, str)}  # the refs left
                 try:
                     if attach:
+                        # a reader told of changes the copy may not hold yet (§5.5: it searches
+                        # the copy plus what changed in the folder since) lists them again over a
+                        # newer version; one that was not lists nothing
+                        told = not self.layout.writes and self._committed_since_copy()
                         how = self._attach(for_write_back=reload)
-                        if how == "damaged" or (how == "loaded" and (self.layout.writes or self._partial())):
+                        if how == "damaged" or (how == "loaded" and (self.layout.writes or told or self._partial())):
                             refs.update(self.places)  # the sources over the version now held
                         elif how == "missing" and not self.layout.writes:
                             refs.add("home")  # a reader with no copy to read: the folder itself
@@ -420,6 +424,17 @@ class Memory(ServedMemory):
             log.exception("index thread failed")
             self.opened.set()
             self.ready.set()
+
+    def _committed_since_copy(self) -> bool:
+        """Whether the index holds commits of its own since the version of the copy it is of."""
+        from lnkmem.replica import copy as copyfmt
+        from lnkmem.replica.state import content_gen
+        try:
+            with self.store.reading() as r:
+                now = content_gen(r)
+            return copyfmt.copy_state(self.store).content_gen != now
+        except Exception:  # (a damaged index: rebuilt meanwhile)
+            return False
 
     def _partial(self) -> bool:
         """Whether the version the cache now holds says it was written before its writer's first

@@ -195,12 +195,18 @@ class Binding(_Held):
         return [(f"agent {self.agent}", self)] + [(f"team {t}", tb) for t, tb in list(self.teams.items())]
 
     def _flush_each(self, deadline: Optional[float], patience: float) -> tuple[list[str], list[_Held]]:
-        """Write back its own memory and its teams' at once: each whatever the others did
-        (one stalled never takes the others' time), until ``deadline`` (None: each
-        write-back's own patience). (Every failure named, the memories that failed.)"""
+        """Write back its own memory, then its teams' (at once; §5.5: its own first), each
+        whatever the others did, until ``deadline`` (None: each write-back's own patience).
+        A stalled own write-back never takes the teams' time: they begin once it is done or
+        half the patience is spent, whichever comes first. (Every failure named, the memories
+        that failed.)"""
         errors: list[str] = []
         failed: list[_Held] = []
-        jobs = [(what, h, Job(h.flush)) for what, h in self.held()]
+        held = self.held()
+        jobs = [(what, h, Job(h.flush)) for what, h in held[:1]]
+        if jobs and len(held) > 1:
+            jobs[0][2].wait(None if deadline is None else time.monotonic() + max(deadline - time.monotonic(), 0) / 2)
+        jobs += [(what, h, Job(h.flush)) for what, h in held[1:]]
         for what, h, job in jobs:
             if not job.wait(deadline):
                 errors.append(f"{what}: the write-back did not finish within {patience:g} s")
@@ -212,14 +218,15 @@ class Binding(_Held):
         return errors, failed
 
     def flush_all(self) -> Optional[str]:
-        """`flush`: its own memory and its teams' written back at once; every failure named."""
+        """`flush`: its own memory written back, then its teams'; every failure named."""
         errors, _ = self._flush_each(None, 0)
         return "; ".join(errors) or None
 
     def close(self, patience: Optional[float] = None) -> Optional[str]:
         """The one way a binding ends (`end`, a new key, SIGTERM, the linger's end): its
-        sessions closed; its own memory and its teams' written back at once, while its
-        bridges are open (within ``patience``); those written back stopped; its bridges
+        sessions closed; its own memory written back, then its teams' (a stalled own one
+        given half the time at most before they begin), while its bridges are open (within
+        ``patience`` together); those written back stopped; its bridges
         closed (a write-back still trying fails at once); the others stopped. Every memory
         is stopped, its index let go of, whatever happened; every failure is named."""
         with self._watch_lock:

@@ -428,11 +428,9 @@ class Memory(ServedMemory):
     def _committed_since_copy(self) -> bool:
         """Whether the index holds commits of its own since the version of the copy it is of."""
         from lnkmem.replica import copy as copyfmt
-        from lnkmem.replica.state import content_gen
+        from lnkmem.replica.state import content_gen_of
         try:
-            with self.store.reading() as r:
-                now = content_gen(r)
-            return copyfmt.copy_state(self.store).content_gen != now
+            return copyfmt.copy_state(self.store).content_gen != content_gen_of(self.store)
         except Exception:  # (a damaged index: rebuilt meanwhile)
             return False
 

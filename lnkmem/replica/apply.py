@@ -31,11 +31,12 @@ import numpy as np
 from lnkmem.bridges.place import NotFound
 from lnkmem.index.codec import postings, textpack
 from lnkmem.index.commit import Batch, NewFile
-from lnkmem.index.format import file_decoder, passage_decoder
+from lnkmem.index.format import passage_decoder
 from lnkmem.index.store import Store
-from lnkmem.replica.load import RATIO, SLACK, blob_size, checked_blob, decoded, valid_ref
+from lnkmem.replica.load import RATIO, SLACK, blob_size, checked_blob, checked_record, decoded, valid_ref
 from lnkmem.replica.manifest import FORMAT, CopyDamaged, Head, Manifest, SegmentPart, TablePage, page_of
-from lnkmem.replica.state import CopyState, content_gen, copy_state, page_refs, put_page_refs, put_state
+from lnkmem.replica.state import (CopyState, content_gen, content_gen_of, copy_state, page_refs, put_page_refs,
+                                  put_state)
 
 log = logging.getLogger("lnkmem")
 
@@ -97,7 +98,6 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
                 if p in on_page:
                     on_page[p][ref] = None
         new_pages_files: dict[int, list] = {}
-        same: set = set()  # files of a changed page whose record the page did not change
         for i in new_pages:
             name = manifest.pages[i]
             files = decoded(checked_blob(fetch, name), TablePage, name).files
@@ -109,16 +109,9 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
                     raise CopyDamaged(f"{name} holds {ref!r}, which is no ref of its page")
                 seen.add(ref)
                 if before.get(ref) is not None and before[ref] == zlib.crc32(rec_raw):
-                    same.add(ref)
-                    continue
-                try:
-                    rec = file_decoder.decode(rec_raw)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    raise CopyDamaged(f"the table's record of {ref!r} is not understood") from None
-                if rec.size < 0 or rec.kind not in ("text", "name") or \
-                        any(not 0 <= p < 1 << 32 for p in rec.pids) or len(set(rec.pids)) != len(rec.pids):
-                    raise CopyDamaged(f"the table's record of {ref!r} is not sane")
-                wanted[ref] = rec
+                    continue  # (the same record: the page changed for another file)
+                # (a passage id twice, in one record or two: _changed_files refuses it)
+                wanted[ref] = checked_record(ref, rec_raw)
             gone.extend(sorted(set(before) - seen))
             new_pages_files[i] = files
         held = store.file_recs(wanted)
@@ -147,11 +140,6 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
             for i, files_there in new_pages_files.items():
                 put_page_refs(w, i, files_there)
     return Applied(len(files), len(gone), fetched)
-
-
-def content_gen_of(store: Store) -> int:
-    with store.reading() as r:
-        return content_gen(r)
 
 
 def _can_apply(state: CopyState, m: Manifest, now: int, model: Optional[bytes]) -> bool:

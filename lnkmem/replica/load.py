@@ -94,6 +94,20 @@ def valid_ref(ref: str, sources: Optional[Iterable[str]]) -> bool:
     return all(p not in ("", ".", "..") for p in path.split("/"))
 
 
+def checked_record(ref: str, rec_raw: bytes) -> FileRec:
+    """A file's record as a table page of the copy holds it, decoded and sane (its size, its
+    kind, its passage ids within 32 bits); CopyDamaged otherwise."""
+    try:
+        rec = file_decoder.decode(rec_raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise _bad(f"the table's record of {ref!r} is not understood") from None
+    if rec.size < 0 or rec.kind not in ("text", "name"):
+        raise _bad(f"the table's record of {ref!r} is not sane")
+    if rec.pids and (min(rec.pids) < 0 or max(rec.pids) >= 1 << 32):
+        raise _bad(f"the table gives {ref!r} a passage that is not its own live one")
+    return rec
+
+
 def _distinct(a: np.ndarray) -> bool:
     k = np.sort(a)
     return bool((k[1:] != k[:-1]).all())
@@ -280,18 +294,11 @@ class _Reader:
                     raise _bad(f"the table names {ref!r} twice")
                 if not old and page_of(ref, npages) != i:
                     raise _bad(f"{name} holds {ref!r}, which is not of its page")
-                try:
-                    rec = file_decoder.decode(rec_raw)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    raise _bad(f"the table's record of {ref!r} is not understood") from None
-                if rec.size < 0 or rec.kind not in ("text", "name"):
-                    raise _bad(f"the table's record of {ref!r} is not sane")
+                rec = checked_record(ref, rec_raw)
                 ix = ref_ix[ref] = len(refs)
                 refs.append(ref)
                 if rec.pids:
                     p = rec.pids  # (ints: the record's type says so)
-                    if min(p) < 0 or max(p) >= 1 << 32:
-                        raise _bad(f"the table gives {ref!r} a passage that is not its own live one")
                     owned_p.extend(p)
                     owned_r.extend(array("q", (ix,)) * len(p))
                 items.append((file_key(ref), file_value(ref, rec_raw)))  # any length (LMDB keys ≤ 511 bytes)

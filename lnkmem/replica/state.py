@@ -138,6 +138,12 @@ def put_page_refs(w: Writing, page: int, files: list) -> None:
     w.put_meta(PAGE_REFS + page.to_bytes(4, "big"), zlib.compress(msgspec.msgpack.encode(held), 1))
 
 
+def content_gen_of(store: Store) -> int:
+    """:func:`content_gen` of the store now."""
+    with store.reading() as r:
+        return content_gen(r)
+
+
 def put_state(w: Writing, state: CopyState) -> None:
     w.put_meta(b"copy", msgspec.msgpack.encode(state))
 

@@ -102,6 +102,18 @@ class Bridges:
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": agent}}) == {"ok": True}
 
+    def changed_and_flushed(self, m: Many, c, rel: str, text: str, word: str, agent: str = "a1",
+                            timeout: float = 60) -> None:
+        """Write ``text`` to ``rel`` of ``agent``'s Home, tell ``m`` (a `changed` control), wait
+        until a search of ``c`` for ``word`` finds it, then a `flush` control."""
+        self.write_home(rel, text, agent=agent)
+        ref = f"home/{rel}"
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": agent, "path": ref}}) == {"ok": True}
+        assert until(lambda: ref in hits(c, word), timeout=timeout), (ref, word)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": agent}}) == {"ok": True}
+
     def flags(self) -> list[str]:
         return ["--files-bridge", str(self.files_sock), "--storage-bridge", str(self.storage_sock)]
 

@@ -158,12 +158,8 @@ def test_one_changed_file_sends_one_page_of_the_table(bridges, tmp_path):
         assert len(before["pages"]) >= 4, before["pages"]
         table_bytes = sum(copyfmt.blob_size(n) for n in before["pages"])
         bridges.storage.request("DELETE", "/_log")
-        bridges.write_home("notes/f123.md", text(123, 1) + "\nA new line about lighthouses.\n")
-        with m.connect() as ctl:
-            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/notes/f123.md"}}) == {"ok": True}
-        assert until(lambda: "home/notes/f123.md" in hits(c, "lighthouses"), timeout=20)
-        with m.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.changed_and_flushed(m, c, "notes/f123.md", text(123, 1) + "\nA new line about lighthouses.\n",
+                                    "lighthouses", timeout=20)
     page_puts = puts(bridges, "page-")
     assert len(page_puts) == 1, [e["path"] for e in page_puts]
     assert page_puts[0]["size"] * 3 < table_bytes, (page_puts[0]["size"], table_bytes)
@@ -363,12 +359,7 @@ def test_a_cold_writers_sweep_never_deletes_what_a_manifest_on_its_way_names(bri
         assert on_its_way <= landed <= set(bridges.copy_files())
         check_copy(bridges.copy_files())  # whole: what it names is there
         # the copy moves on (the cold writer writes after a change): what no version names goes
-        bridges.write_home("notes/f001.md", text(1, 1) + "\nand a word of harbours\n")
-        with q.connect() as qc:
-            assert qc.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/notes/f001.md"}}) == {"ok": True}
-        assert until(lambda: "home/notes/f001.md" in hits(cq, "harbours"), timeout=60)
-        with q.connect() as qc:
-            assert qc.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        bridges.changed_and_flushed(q, cq, "notes/f001.md", text(1, 1) + "\nand a word of harbours\n", "harbours")
         ctl.close()
     assert {"home/notes/f006.md", "home/notes/f001.md"} <= bridges.copy_refs()
     assert set(bridges.copy_files()) == named_files(manifest(bridges))

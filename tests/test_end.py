@@ -157,6 +157,15 @@ def test_sigterm_with_a_stalled_bridge_ends_within_bounds(bridges, tmp_path):
         m.stop()
 
 
+def ended_while_stalled(b, m, manifest_path: str) -> dict:
+    """a1 bound with its team, a change pending in each, then `end` while the manifest at
+    ``manifest_path`` is never answered: end's answer."""
+    bound_with_team(b, m)
+    pending_changes(b, m)
+    b.storage.fault("slow", delay=3600, path=manifest_path)
+    return control(m, "end", timeout=END_DEADLINE_S)
+
+
 def test_end_with_a_stalled_team_copy_answers_and_loses_nothing(bridges, tmp_path):
     """`end` while the team's copy stalls: answered once the write-backs' time is spent, the
     team named; the agent's own copy written; a Bound line right after is served (its memory
@@ -164,10 +173,7 @@ def test_end_with_a_stalled_team_copy_answers_and_loses_nothing(bridges, tmp_pat
     open in this process" for good), and its change, kept in the cache, is written back once
     the bridge answers again."""
     with bridges.serve_many(tmp_path, "g", env=SHORT_CLOSE) as m:
-        bound_with_team(bridges, m)
-        pending_changes(bridges, m)
-        bridges.storage.fault("slow", delay=3600, path="/v1/teams/t1/c/memory/lnkmem/manifest.json")
-        answer = control(m, "end", timeout=END_DEADLINE_S)
+        answer = ended_while_stalled(bridges, m, "/v1/teams/t1/c/memory/lnkmem/manifest.json")
         assert "error" in answer and "team t1" in answer["error"] and "agent a1" not in answer["error"], answer
         assert "home/mine-a1.md" in bridges.copy_refs()
         assert "home/theirs-a1.md" not in bridges.copy_refs(team="t1")
@@ -186,10 +192,7 @@ def test_end_with_a_stalled_own_copy_still_writes_its_teams(bridges, tmp_path):
     the write-back did not finish", its change not in the team's copy. Now they begin once
     half the patience is spent."""
     with bridges.serve_many(tmp_path, "h", env=SHORT_CLOSE) as m:
-        bound_with_team(bridges, m)
-        pending_changes(bridges, m)
-        bridges.storage.fault("slow", delay=3600, path="/v1/c/memory/lnkmem/manifest.json")
-        answer = control(m, "end", timeout=END_DEADLINE_S)
+        answer = ended_while_stalled(bridges, m, "/v1/c/memory/lnkmem/manifest.json")
         assert "error" in answer and "agent a1" in answer["error"] and "team t1" not in answer["error"], answer
         assert "home/theirs-a1.md" in bridges.copy_refs(team="t1")
         bridges.storage.fault("ok")

@@ -305,17 +305,24 @@ def test_an_editor_saving_after_remember_gave_up_waiting_loses_nothing(home, sty
         ed = threading.Thread(target=_editor, args=(home.notes, style, truncated, go, save))
         ed.start()
         assert truncated.wait(10)
-        try:
-            r = s.call("remember", {"add": "engine entry"}, timeout=60)
-        finally:
-            go.set()
-            ed.join()
-        assert r["isError"] is False, r
-        want = TEN.splitlines() + ["- editor line", "- engine entry"]
-        assert until(lambda: _all_there(home, want), timeout=30), home.notes.read_text()
+        want = _remembered_then_saved(s, home, go, ed)
     assert _all_there(home, want), home.notes.read_text()
     kept = kept_texts(home)
     assert any(all(x in t.splitlines() for x in TEN.splitlines()) for t in kept), kept
+
+
+def _remembered_then_saved(s, home, go: threading.Event, ed: threading.Thread) -> list[str]:
+    """`remember` while the editor ``ed`` holds its save, then the save (``go``): both land in
+    the notes (the lines wanted: the ten, the editor's, the engine's)."""
+    try:
+        r = s.call("remember", {"add": "engine entry"}, timeout=60)
+    finally:
+        go.set()
+        ed.join()
+    assert r["isError"] is False, r
+    want = TEN.splitlines() + ["- editor line", "- engine entry"]
+    assert until(lambda: _all_there(home, want), timeout=30), home.notes.read_text()
+    return want
 
 
 @pytest.mark.parametrize("style", ["held", "apart"])
@@ -332,14 +339,7 @@ def test_remember_before_the_engine_read_the_notes_loses_none_of_them(home, styl
     try:
         with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
             s.initialize()
-            try:
-                r = s.call("remember", {"add": "engine entry"}, timeout=60)
-            finally:
-                go.set()
-                ed.join()
-            assert r["isError"] is False, r
-            want = TEN.splitlines() + ["- editor line", "- engine entry"]
-            assert until(lambda: _all_there(home, want), timeout=30), home.notes.read_text()
+            want = _remembered_then_saved(s, home, go, ed)
     finally:
         go.set()
         ed.join()

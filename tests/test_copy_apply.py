@@ -105,18 +105,68 @@ def test_a_newer_version_is_applied_as_a_change_and_answers_as_the_whole_version
         again.close()
 
 
-def test_a_cache_changed_since_its_version_is_not_applied_to(versions, tmp_path):
-    """Something committed to the cache since its version (a reader told of a change): the
-    newer version is not applied as a change (the whole of it is loaded instead)."""
-    from lnkmem.index.commit import Batch
+def test_a_writers_own_change_is_kept_and_the_other_writers_version_applied(versions, tmp_path):
+    """Issue 45: a writer whose write-back met another writer's newer version (a 412), or that
+    restarted one version behind with a change unsent, loaded the whole copy again (35 MB at 1x
+    for a one-file version). Its cache holds commits of its own since its version: the newer
+    version is applied as a change all the same (only the files it lacks fetched); the writer's
+    own changes are kept where the other writer did not touch the file, a file both changed is
+    named for its source to be looked at again, and the cache stays dirty. Its next write-back
+    sends what the copy lacks (its own change and the other's under its own ids), not the whole
+    index; the version it writes loads whole into what it answers."""
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
+    from tests.helpers import Home
     (m1, v1), (m2, v2) = versions
-    cache = loaded(tmp_path / "cache", m1, v1, "v1")
+    home = Home(tmp_path / "a")
+    for i in range(80):
+        home.write(f"n/f{i:02}.md", text(i))
+    mem = Memory(from_args(*home.args(), {}))
+    mem.store = mem.open_store()
+    copyfmt.load_copy(mem.store, m1, fetcher(v1, []), "v1", OF, SOURCES)
+    assert not copyfmt.dirty(mem.store)
+    # the writer's own change, not in any copy yet
+    home.write("n/f10.md", text(10) + "\nonly here: a narwhal compass\n")
+    home.write("n/f41.md", text(41) + "\nchanged here too: a kelp galley\n")  # (the other changed it)
+    home.write("n/mine.md", "Mine alone: uniq7x1 lighthouses.\n")
+    (home.folder / "n" / "f20.md").unlink()
+    for rel in ("f10", "f41", "mine", "f20"):
+        mem.refresh(f"home/n/{rel}.md")
     try:
-        cache.commit(Batch(removed=["home/n/f00.md"]))
-        assert apply_change(cache, m2, fetcher(v2, []), "v2", OF, SOURCES) is None
-        assert copyfmt.copy_state(cache).version == "v1"
+        got: list = []
+        applied = apply_change(mem.store, m2, fetcher(v2, got), "v2", OF, SOURCES)
+        assert applied is not None
+        assert set(got) <= set(m2.names()) - set(m1.names())
+        assert sum(len(v2[n]) for n in got) < 0.2 * sum(len(v2[n]) for n in m2.names())
+        assert applied.touched == ("home/n/f41.md",)
+        files = mem.store.all_files()
+        assert "home/n/mine.md" in files and "home/n/f20.md" not in files  # its own kept
+        assert "home/n/new.md" in files and "home/n/f59.md" not in files  # the other's taken
+        mem.refresh("home/n/f41.md")  # the file both changed: its source says which is right
+        assert copyfmt.dirty(mem.store) and copyfmt.copy_state(mem.store).version == "v2"
+        # what a cache indexing the folders' union from nothing answers
+        want, _ = memory(tmp_path / "union", {**{f"n/f{i:02}.md": text(i) for i in range(80) if i not in (20, 59)},
+                                              "n/f03.md": text(3) + "\nlighthouses and a harbour walrus\n",
+                                              "n/f77.md": text(77) + "\nlighthouses and a harbour walrus\n",
+                                              "n/new.md": "A new note about lighthouses.\n",
+                                              "n/f10.md": text(10) + "\nonly here: a narwhal compass\n",
+                                              "n/f41.md": text(41) + "\nchanged here too: a kelp galley\n",
+                                              "n/mine.md": "Mine alone: uniq7x1 lighthouses.\n"})
+        assert answers(mem.store) == answers(want.store)
+        want.store.close()
+        # its write-back sends the change, not the index
+        out: dict = {}
+        m3 = exported(mem.store, out, "v3")
+        whole = sum(len({**v2, **out}[n]) for n in m3.names())
+        assert sum(len(b) for b in out.values()) < 0.3 * whole
+        v3 = {**v2, **out}
+        again = loaded(tmp_path / "again", m3, v3, "v3")
+        try:
+            assert answers(again) == answers(mem.store)
+        finally:
+            again.close()
     finally:
-        cache.close()
+        mem.store.close()
 
 
 @pytest.mark.parametrize("damage", ["other ref", "no text", "posting elsewhere", "missing"])

@@ -162,3 +162,69 @@ def test_a_readers_recheck_answered_304_lists_nothing_and_a_new_version_fetches_
         assert got and not got & held and got <= named() - held  # the version's new files only
         lists = [e for e in bridges.files.log() if e.get("agent") == "a2" and e["path"].startswith("/v1/list")]
         assert lists == []
+
+
+def test_a_writers_412_and_a_restart_one_version_behind_fetch_only_the_other_writers_change(bridges, tmp_path):
+    """Issue 45: a writer whose write-back met another writer's version (412), and a writer
+    restarted one version behind, loaded the whole copy again (35 MB at 1x for a one-file
+    version). Each now fetches only the files of the newer version it lacks, keeps its own
+    change, and lists nothing for the 412; a fresh reader then finds both writers' changes."""
+    env = {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_RECHECK_S": "3600"}
+    mem = bridges.team_folder("t1") / "memory"
+
+    def named():
+        m = json.loads((bridges.team_copy("t1") / "manifest.json").read_bytes())
+        return {n for parts in m["segments"] for n in parts} | set(m["pages"]) | {m["head"]} | \
+            ({m["dict"]} if m.get("dict") else set()) | set(m.get("vectors") or [])
+
+    def fetched(agent):
+        return {e["path"].rsplit("/", 1)[1] for e in bridges.storage.log() if e.get("agent") == agent
+                and e["method"] == "GET" and e["path"].endswith(".bin")}
+
+    def change(m, owner, agent, name, words, then=lambda: None):
+        (mem / name).write_text(words)
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": owner, "agent": agent, "path": name, "team": "t1"}}) == {"ok": True}
+        then()  # (the change's own look at its folder done)
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": owner, "agent": agent}}) == {"ok": True}
+
+    with bridges.serve_many(tmp_path, "x", env=env) as m1, bridges.serve_many(tmp_path, "y", env=env) as m2:
+        for i in range(40):  # a copy of some size, so that its change is a small part of it
+            (mem / f"bulk{i}.md").write_text(f"bulk note {i} about ropes and the harbour, item{i}\n" * 20)
+        c1, c2 = m1.connect(), m2.connect()
+        assert c1.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
+        assert until(lambda: refs(c1, "item39") == ["home/bulk39.md"], timeout=15)
+        with m1.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert c2.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", True)) == {"ok": True}
+        assert until(lambda: refs(c2, "item39") == ["home/bulk39.md"], timeout=15)
+        v1 = named()
+        change(m2, "o2", "a2", "second.md", "The second writer saw a narwhal.\n")  # v2, a2's
+        v2 = named()
+        def forget():
+            bridges.storage.request("DELETE", "/_log")
+            bridges.files.request("DELETE", "/_log")
+        change(m1, "o1", "a1", "first.md", "The first writer saw a walrus.\n", forget)  # a 412, then v3
+        got = fetched("a1")
+        assert got and got <= v2 - v1  # the other writer's new files only
+        lists = [e for e in bridges.files.log() if e.get("agent") == "a1" and e["path"].startswith("/v1/list")]
+        assert lists == []
+        assert refs(c1, "narwhal") == ["home/second.md"] and refs(c1, "walrus") == ["home/first.md"]
+        v3 = named()
+        c1.close()
+        with m1.connect() as ctl:
+            assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        change(m2, "o2", "a2", "third.md", "The second writer again: a penguin.\n")  # a2 meets v3 (412), writes v4
+        v4 = named()
+        bridges.storage.request("DELETE", "/_log")
+        c1 = m1.connect()  # the first writer again, its cache at v3
+        assert c1.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
+        assert until(lambda: refs(c1, "penguin") == ["home/third.md"], timeout=15)
+        got = fetched("a1")
+        assert got and got <= v4 - v3
+        c1.close(), c2.close()
+    with bridges.serve_many(tmp_path, "z") as m3, m3.connect() as c3:
+        assert c3.first(line(bridges, "a1", "o1", KEY, "crew", False)) == {"ok": True}
+        for word, ref in (("narwhal", "second"), ("walrus", "first"), ("penguin", "third"), ("item7", "bulk7")):
+            assert until(lambda: refs(c3, word) == [f"home/{ref}.md"], timeout=15)

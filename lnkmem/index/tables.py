@@ -16,7 +16,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from lnkmem.index.format import file_entry, id_key
+from lnkmem.index.format import file_entry, file_get, id_key
 
 TABLES = ("meta", "files", "passages", "postings", "segments", "dead", "vectors", "vec_pending")
 DATA_TABLES = TABLES[1:]  # every table but meta: what the index holds (a copy's load replaces them all)
@@ -82,6 +82,10 @@ class Reading:
         """(ref, its record's bytes) of every file, in key order (a long ref's by its key)."""
         for k, v in self.txn.cursor(db=self.tables.files):
             yield file_entry(k, v)
+
+    def file(self, ref: str) -> Optional[bytes]:
+        """``ref``'s record's bytes, None where the index holds no such file."""
+        return file_get(self.txn, self.tables.files, ref)
 
     # --- passages, segments, postings ---------------------------------------------------
 

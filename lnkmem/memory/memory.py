@@ -379,10 +379,15 @@ class Memory(ServedMemory):
                         how = self._attach(for_write_back=reload)
                         if how == "damaged" or (how == "loaded" and (self.layout.writes or told or self._partial())):
                             refs.update(self.places)  # the sources over the version now held
+                        elif how == "applied" and told:
+                            refs.update(self.places)
+                        elif how == "applied":  # the files both changed: their sources say which is right
+                            refs.update(self._touched)
                         elif how == "missing" and not self.layout.writes:
                             refs.add("home")  # a reader with no copy to read: the folder itself
                         # (a reader's copy unchanged (304) or a newer one loaded: nothing listed;
-                        # the copy is what its writers indexed, and a `changed` is looked at)
+                        # the copy is what its writers indexed, and a `changed` is looked at; a
+                        # writer's newer version applied as a change keeps its own changes)
                     told = {p: changes.candidates(p, self.places) for p in paths}
                     before = {p for p, cands in told.items() if any(changes.known(self.store, c) for c in cands)}
                     for cands in told.values():
@@ -458,8 +463,8 @@ class Memory(ServedMemory):
             old = self.store
             # a newer version is loaded beside the index (bounded memory; searches answer
             # the version held meanwhile) and put in its place (with its events and merger)
-            how, store = attach(old, self.layout.replica, set(self.places), width, beside=True,
-                                changes=not self.layout.writes)  # a reader: what changed only
+            how, store, self._touched = attach(old, self.layout.replica, set(self.places), width, beside=True,
+                                               changes=True)  # what changed only, where it can
             if store is not old:  # served before the lock lets a write-back read the index
                 if self.closing:  # stop() closed, or is closing, the store it knew: this one too
                     store.close()
@@ -520,6 +525,7 @@ class Memory(ServedMemory):
         done.wait(timeout)
 
     last_check = 0.0  # when the copy's version was last asked for
+    _touched: tuple = ()  # the last version applied as a change: the files both it and the cache changed
 
     def reload_from_copy(self) -> None:
         """Another engine wrote the copy first (the write-back met a 412): its version taken and

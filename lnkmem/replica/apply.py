@@ -2,17 +2,25 @@
 for what changed, as Litestream's LTX files, SlateDB's readers and Lightning Stream's
 snapshots do): the cache keeps what it holds and fetches only the files it lacks.
 
-A cache that is one version of the copy, with nothing committed to it since (merges
-change no content: ``content_gen``), compares the newer manifest with what it is of:
-the table's pages that differ say which files changed, were added or are gone; the
-segments it does not know hold the passages and postings of the files that changed.
-Those files are fetched and checked (every check of §7.2 that a file can take alone:
-its name is the hash of its content, its sizes are bounded, its refs are this memory's,
-its passages and posting lists are ones the engine makes, and every passage a changed
-file names is in a new segment, once, of its ref) and the change is written as one
-commit of the store (one transaction: a search sees the old version or the new one,
-never a mix), its snapshot extended by what changed. The passage ids the cache gives
-the new passages are its own (the copy's ids are not kept).
+The cache is of one version of the copy (its state says which, and what each table page
+of it held: each ref and its record's CRC-32), with or without commits of its own since.
+The table's pages that differ from that version's say which files the newer one changed,
+added or removed; the segments it does not know hold the passages and postings of the
+files that changed. Those files are fetched and checked (every check of §7.2 that a file
+can take alone: its name is the hash of its content, its sizes are bounded, its refs are
+this memory's, its passages and posting lists are ones the engine makes, and every
+passage a changed file names is in a new segment, once, of its ref) and the change is
+written as one commit of the store (one transaction: a search sees the old version or
+the new one, never a mix), its snapshot extended by what changed. The passage ids the
+cache gives the new passages are its own; the copy's segments it held keep theirs (and
+its record of them), so a write-back after an apply sends what the cache has that the
+copy lacks, not the whole index.
+
+Commits of the cache's own since its version (a writer's change the copy does not hold
+yet, met by another writer's version: a 412; a writer restarted with a change unsent) are
+kept, files the newer version did not change; a file both changed is taken from the
+newer version and named in :attr:`Applied.touched`, for its source to be looked at again
+(the folder says which is right). A cache with commits of its own stays dirty.
 
 Anything this path cannot do -- another format or dictionary, the table paged anew,
 vectors, a changed file whose passages are in a segment the cache knows, new files
@@ -35,8 +43,8 @@ from lnkmem.index.format import passage_decoder
 from lnkmem.index.store import Store
 from lnkmem.replica.load import RATIO, SLACK, blob_size, checked_blob, checked_record, decoded, valid_ref
 from lnkmem.replica.manifest import FORMAT, CopyDamaged, Head, Manifest, SegmentPart, TablePage, page_of
-from lnkmem.replica.state import (CopyState, content_gen, content_gen_of, copy_state, page_refs, put_page_refs,
-                                  put_state)
+from lnkmem.replica.state import (CopySegments, CopyState, content_gen, content_gen_of, copy_segments, copy_state,
+                                  page_crcs, page_refs, put_page_refs, put_state)
 
 log = logging.getLogger("lnkmem")
 
@@ -45,10 +53,11 @@ SMALL = 1 << 20
 
 
 class Applied:
-    """What a change applied: files (re)written, files removed, bytes fetched."""
+    """What a change applied: files (re)written, files removed, bytes fetched, and the refs of
+    the files the cache had changed itself that the newer version changed too (``touched``)."""
 
-    def __init__(self, changed: int, removed: int, fetched: int):
-        self.changed, self.removed, self.fetched = changed, removed, fetched
+    def __init__(self, changed: int, removed: int, fetched: int, touched: tuple = ()):
+        self.changed, self.removed, self.fetched, self.touched = changed, removed, fetched, touched
 
 
 def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes], version: str,
@@ -60,8 +69,9 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
         zdict = r.meta(b"zdict")
         model = r.meta(b"model")
         now = content_gen(r)
-    if not _can_apply(state, manifest, now, model):
+    if not _can_apply(state, manifest, model):
         return None
+    own = state.content_gen != now  # commits of the cache's own since its version
     known = set(state.named)
     new_pages = [i for i, (a, b) in enumerate(zip(state.pages, manifest.pages)) if a != b]
     new_segs = [parts for parts in manifest.segments if any(n not in known for n in parts)]
@@ -88,7 +98,7 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
         on_page: dict[int, dict] = {}  # a changed page: its refs (and their records' CRC-32, when kept)
         with store.reading() as r:
             for i in new_pages:
-                held_there = page_refs(r, i)
+                held_there = page_refs(r, i, state.pages[i])
                 if held_there is not None:
                     on_page[i] = held_there
         if len(on_page) < len(new_pages):  # (a cache loaded before pages' refs were kept: a walk)
@@ -122,6 +132,7 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
                 del wanted[ref]  # the same file (its page changed for another)
         files, got = _changed_files(wanted, new_segs, fetch, zdict, srcs)
         fetched += got
+        touched = _both_changed(store, list(wanted) + gone, on_page, npages) if own else ()
     except (CopyDamaged, NotFound) as e:  # (the whole version's load says whether it is damaged)
         log.info("the copy's newer version is not applied as a change (%s): loaded whole", e)
         return None
@@ -133,18 +144,45 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
             return None
         store.commit(batch)
         with store.writing() as w:
-            done = content_gen(w)
-            put_state(w, CopyState(version, w.meta_int(b"gen"), w.meta_int(b"next_seg"), [], manifest.model,
-                                   list(manifest.pages), manifest.names(), [], sweep=True, content_gen=done))
-            w.delete_meta(b"copy-segs")  # (its ids are no longer the copy's)
+            named = manifest.names()
+            now_named = set(named)
+            held = copy_segments(w, state)  # the copy's segments the cache holds, by the copy's ids
+            kept = [c for c in held if all(n in now_named for n in c.parts)]
+            has = {n for n, _ in state.orphans}
+            # (the files of the version it was of that this one does not name: another writer's
+            # to delete; orphans here, deleted once the copy has moved on without them)
+            orphans = state.orphans + [(n, version) for n in state.named if n not in now_named and n not in has]
+            put_state(w, CopyState(version, state.gen if own else w.meta_int(b"gen"), state.seg_mark, [],
+                                   manifest.model, list(manifest.pages), named,
+                                   [n for n in state.doomed if n not in now_named], sweep=state.sweep,
+                                   unknown=state.unknown, orphans=[o for o in orphans if o[0] not in now_named],
+                                   content_gen=state.content_gen if own else content_gen(w)))
+            if held:
+                w.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, kept)))
+            else:
+                w.delete_meta(b"copy-segs")
             for i, files_there in new_pages_files.items():
-                put_page_refs(w, i, files_there)
-    return Applied(len(files), len(gone), fetched)
+                put_page_refs(w, i, manifest.pages[i], page_crcs(files_there))
+    return Applied(len(files), len(gone), fetched, touched)
 
 
-def _can_apply(state: CopyState, m: Manifest, now: int, model: Optional[bytes]) -> bool:
-    """Whether the cache is one whole version of the copy the newer one can be applied to."""
-    if state.version is None or state.content_gen != now or not state.pages or not state.named:
+def _both_changed(store: Store, refs: list, on_page: dict, npages: int) -> tuple:
+    """Of ``refs`` (the files a change writes or removes), those whose record in the cache is
+    not the one the version it is of held (what each page held: ``on_page``): changed here too."""
+    out = []
+    with store.reading() as r:
+        for ref in refs:
+            before = on_page[page_of(ref, npages)]
+            raw = r.file(ref)
+            now = zlib.crc32(raw) if raw is not None else None
+            if ref in before and (before[ref] is None or before[ref] != now) or ref not in before and now is not None:
+                out.append(ref)
+    return tuple(out)
+
+
+def _can_apply(state: CopyState, m: Manifest, model: Optional[bytes]) -> bool:
+    """Whether the cache is of a version of the copy the newer one can be applied to."""
+    if state.version is None or not state.pages or not state.named:
         return False
     if m.format != FORMAT or len(m.pages) != len(state.pages) or m.vectors or state.vectors:
         return False

@@ -13,8 +13,8 @@ import numpy as np
 from lnkmem.index.format import seg_codec
 from lnkmem.index.store import Store
 from lnkmem.replica.manifest import (FORMAT, Head, MAX_BLOB, Manifest, SegmentPart, TablePage, VectorChunk, blob_name, pack, page_of, part_bytes)
-from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, copy_segments, passage_digests,
-                                  put_state, state_in)
+from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, copy_segments, drop_page_refs,
+                                  has_page_refs, page_crcs, passage_digests, put_page_refs, put_state, state_in)
 
 MAX_COPY_SEGMENTS = 256  # past this many segments the copy is written anew whole (a load's GETs)
 PAGE_GROUP_BYTES = 8 << 20  # the file table's bytes an export holds at once, about
@@ -44,6 +44,7 @@ class Export:
         self.seg_mark = 0
         self.compacted = False
         self.pages: list[str] = []
+        self.page_crcs: list[bytes] = []  # what each page holds (:func:`state.page_crcs`), kept once it lands
         self.vec_sent: list[int] = []  # pending vectors this export carries
         self.sent: list[str] = []
         self._manifest: Optional[Manifest] = None
@@ -121,6 +122,7 @@ class Export:
                         store.let_go()  # the map's pages the walk read (10x: 120 MiB by its end)
                 for p in range(lo, hi):
                     name, blob = self._out("page", TablePage(by_page[p - lo]))
+                    self.page_crcs.append(page_crcs(by_page[p - lo]))
                     by_page[p - lo] = None  # type: ignore[call-overload]
                     self.pages.append(name)
                     if name not in known:
@@ -335,6 +337,11 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
                           orphans=[o for o in old.orphans if o[0] not in keep], content_gen=content_gen(w))
         put_state(w, state)
         w.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, exp.copy_segs)))
+        # what each page holds, for a newer version applied as a change (a 412's, a restart's)
+        for i, (name, crcs) in enumerate(zip(m.pages, exp.page_crcs)):
+            if not has_page_refs(w, i, name):
+                put_page_refs(w, i, name, crcs)
+        drop_page_refs(w, range(len(m.pages), len(old.pages)))
     return state
 
 

@@ -17,8 +17,8 @@ from lnkmem.index.format import (LOADING, FileRec, encoder, file_decoder, file_k
                                  id_key, passage_decoder, seg_codec)
 from lnkmem.index.store import Store
 from lnkmem.replica.manifest import (CopyDamaged, FORMAT, Head, MAX_BLOB, MAX_DIM, MAX_FILES, MAX_TERM, Manifest, NAME_RE, OLD_FORMAT, OLD_MAX_BLOB, OLD_NAME_RE, OldTable, RATIO, SLACK, SegmentPart, TablePage, VectorChunk, blob_name, page_of)
-from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, passage_digests, put_page_refs,
-                                  put_state, state_in)
+from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, page_crcs, passage_digests,
+                                  put_page_refs, put_state, state_in)
 
 LOAD_STEP = 8 << 20  # an empty cache's load commits after about this many bytes written (16: 10x peak +9 MiB, no faster)
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
@@ -306,7 +306,7 @@ class _Reader:
                 items.sort()
                 self.txn.put_files(items)
             if self.txn is not None and not old:  # (what the page held: a change to it applied without a walk)
-                put_page_refs(self.txn, i, files)
+                put_page_refs(self.txn, i, name, page_crcs(files))
                 self.wrote(sum(len(k) + len(v) for k, v in items))
             del files, items
         table = None

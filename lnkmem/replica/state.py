@@ -115,27 +115,54 @@ def content_gen(r: Reading) -> int:
     return int(raw) if raw else 0
 
 
-PAGE_REFS = b"copy-page-refs:"  # + a table page's number (4 bytes): what the page held, as loaded
+PAGE_REFS = b"copy-page-refs:"  # + a table page's number (4 bytes): what the page held, and its name
 
 
-def page_refs(r: Reading, page: int) -> Optional[dict[str, int]]:
-    """What the copy's table page ``page`` held in the version the cache is of: each ref and
-    the CRC-32 of its record as the page had it (None: not kept, a cache loaded before they
-    were). A change to the page is applied without a walk of every file, and without a
-    look-up of the files whose record it did not change."""
-    raw = r.meta(PAGE_REFS + page.to_bytes(4, "big"))
-    if raw is None:
+def page_refs(r: Reading, page: int, name: str) -> Optional[dict[str, int]]:
+    """What the copy's table page ``page``, the file ``name``, held in the version the cache
+    is of: each ref and the CRC-32 of its record as the page had it (None: not kept for that
+    file -- a cache loaded before they were, or a page of another version). A change to the
+    page is applied without a walk of every file, and without a look-up of the files whose
+    record it did not change."""
+    packed = _page_refs_of(r, page, name)
+    if packed is None:
         return None
     try:
-        return msgspec.msgpack.decode(zlib.decompress(raw), type=dict[str, int])
+        return msgspec.msgpack.decode(zlib.decompress(packed), type=dict[str, int])
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
-def put_page_refs(w: Writing, page: int, files: list) -> None:
-    """Keep what page ``page`` holds (``files``: its (ref, record) pairs, as the copy has them)."""
-    held = {ref: zlib.crc32(rec) for ref, rec in files}
-    w.put_meta(PAGE_REFS + page.to_bytes(4, "big"), zlib.compress(msgspec.msgpack.encode(held), 1))
+def has_page_refs(r: Reading, page: int, name: str) -> bool:
+    """Whether what page ``page``, the file ``name``, holds is kept."""
+    return _page_refs_of(r, page, name) is not None
+
+
+def _page_refs_of(r: Reading, page: int, name: str) -> Optional[bytes]:
+    raw = r.meta(PAGE_REFS + page.to_bytes(4, "big"))
+    if raw is None:
+        return None
+    try:
+        held_name, packed = msgspec.msgpack.decode(raw, type=tuple[str, bytes])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return packed if held_name == name else None
+
+
+def page_crcs(files: Iterable[tuple[str, bytes]]) -> bytes:
+    """A page's (ref, record) pairs as :func:`page_refs` keeps them: each ref and its record's CRC-32."""
+    return zlib.compress(msgspec.msgpack.encode({ref: zlib.crc32(rec) for ref, rec in files}), 1)
+
+
+def put_page_refs(w: Writing, page: int, name: str, crcs: bytes) -> None:
+    """Keep what page ``page`` (the file ``name``) holds (``crcs``: :func:`page_crcs` of its files)."""
+    w.put_meta(PAGE_REFS + page.to_bytes(4, "big"), msgspec.msgpack.encode((name, crcs)))
+
+
+def drop_page_refs(w: Writing, pages: Iterable[int]) -> None:
+    """Forget what ``pages`` held (a table paged anew into fewer pages)."""
+    for page in pages:
+        w.delete_meta(PAGE_REFS + page.to_bytes(4, "big"))
 
 
 def content_gen_of(store: Store) -> int:

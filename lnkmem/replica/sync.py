@@ -19,7 +19,7 @@ import random
 import threading
 import time
 import weakref
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from lnkmem.bridges.http import BridgeDown, TooLarge
 from lnkmem.bridges.place import Conflict, Forbidden, NotFound
@@ -137,10 +137,20 @@ class Replica:
         return True
 
 
+class Attached(NamedTuple):
+    """What :func:`attach` did (``how``), the store that now holds the cache, and the files
+    the cache had changed itself that a version applied as a change changed too (their
+    sources to be looked at again)."""
+    how: str
+    store: Store
+    touched: tuple = ()
+
+
 def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[str, int]] = None,
-           beside: bool = False, changes: bool = False) -> tuple[str, Store]:
+           beside: bool = False, changes: bool = False) -> Attached:
     """Make the cache one version of the copy (§7.2). Returns what happened:
-    "reused" (same version), "loaded" (another version, verified), "missing"
+    "reused" (same version), "loaded" (another version, verified), "applied" (another
+    version, taken as a change: ``changes``), "missing"
     (no copy), "damaged" (the copy failed a check: the cache is kept, to be
     brought up to date from the sources, and the next write-back replaces the
     copy, conditionally on the version seen); and the store that now holds the
@@ -150,25 +160,26 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
     answering from the version it held until then; else it is replaced in one
     write transaction, which LMDB holds in memory whole. ``changes``: a newer version is
     first applied as a change (:func:`apply.apply_change`: only the files the cache lacks
-    fetched, one commit), and loaded whole only where that cannot be done."""
+    fetched, one commit; the cache's own commits since its version kept, the files both
+    changed in ``touched``), and loaded whole only where that cannot be done."""
     state = copyfmt.copy_state(store)
     for _ in range(5):
         try:
             manifest, version = replica.manifest(state.version)
         except NotFound:
-            return "missing", store
+            return Attached("missing", store)
         except copyfmt.CopyDamaged as e:
             log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
             copyfmt.damaged(store, e.version)
-            return "damaged", store
+            return Attached("damaged", store)
         if manifest is None:
-            return "reused", store
+            return Attached("reused", store)
         if changes and store.file_count() and not manifest.partial:
             applied = apply_change(store, manifest, replica.fetch, version, replica.of, sources)
             if applied is not None:
                 log.info("the copy's newer version applied as a change: %d files written, %d removed, "
                          "%d bytes fetched", applied.changed, applied.removed, applied.fetched)
-                return "loaded", store
+                return Attached("applied", store, applied.touched)
         side = store.open_beside() if beside and store.file_count() else None
         try:
             if side is None:
@@ -178,7 +189,7 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
                     copyfmt.load_copy(side, manifest, replica.fetch, version, replica.of, sources, width,
                                       was=state)
                 placed, side = store.replaced_by(side), None
-                return "loaded", placed
+                return Attached("loaded", placed)
         except NotFound as e:  # vanished under a newer write, or never there
             try:
                 again, _ = replica.manifest(version)
@@ -188,17 +199,17 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
                 log.warning("the index copy is damaged (a file it names is missing: %s); "
                             "it will be replaced from the sources", e)
                 copyfmt.damaged(store, version)
-                return "damaged", store
+                return Attached("damaged", store)
             continue
         except copyfmt.CopyDamaged as e:
             log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
             copyfmt.damaged(store, version)
-            return "damaged", store
+            return Attached("damaged", store)
         finally:
             if side is not None:  # not loaded, or not put in place: nothing of it is kept
                 side.close()
                 Store.discard_beside(store.path)
-        return "loaded", store
+        return Attached("loaded", store)
     raise BridgeDown("the copy kept changing while it was read")
 
 

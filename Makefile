@@ -36,6 +36,7 @@ test: lint
 soak: $(STAMP)
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/soak_reload.py --reloads 100
+	for seed in 1 2 3; do $(BIN)/python bench/soak_writers.py --rounds 60 --seed $$seed || exit 1; done
 	NOTES_EDITOR_S=20 $(BIN)/python -m pytest -q tests/test_notes_history.py -k rename_editor
 
 bench: $(STAMP)

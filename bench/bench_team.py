@@ -21,6 +21,13 @@ and flushes. Measured per version, from the bridges' request logs and /proc:
 Also the first copy: bytes the writer PUT for it against the copy's size (goal: at
 most 1.2x), and the readers' idle re-checks: a minute's worth of 304s moving no listing.
 
+With ``--writers 2``, then a second writer (its own ``serve-many`` and cache) joins; it
+writes a one-file version, and the first writer, one version behind, writes another:
+its write-back meets a 412, and what it fetches for it is measured (files, bytes, its
+listings, the flush's time); then the first writer is stopped, the second writes once
+more, and the first is started again one version behind: what it fetches until it
+answers the new word.
+
 Prints a markdown table; ``--record`` writes it to the ``bench:team`` section of docs/BENCHMARKS.md.
 """
 
@@ -111,11 +118,65 @@ def lists_of(br: Bridges, agent: str) -> tuple[int, int]:
     return len(es), sum(e.get("sent") or 0 for e in es)
 
 
-def bench_team(scale: float, n_readers: int, versions: int) -> dict:
+def append(br: Bridges, files: list, n: int, word: str) -> str:
+    """A paragraph with ``word`` appended to the team folder's n-th file; its path below memory/."""
+    f = files[(n * 7919 + 13) % len(files)]
+    with open(f, "a") as fh:
+        fh.write(f"\n\nA late paragraph on the {word}, added by the benchmark.\n")
+    return f.relative_to(br.team_folder("t1") / "memory").as_posix()
+
+
+def second_writer(br: Bridges, base: Path, w, cw, files: list, names: list, running: list) -> dict:
+    """A writer's 412 and its restart one version behind: what it fetches for each."""
+    out: dict = {}
+    a2 = names[-1]  # (granted like the readers; its own serve-many and cache, writing)
+    m2 = Many(base / "w2" / "mem.sock", {}, br.flags() + ["--cache", str(base / "cache-w2"), "--stay"], env=ENV)
+    running.append(m2)
+    c2 = m2.connect(timeout=3600)
+    ready(c2, team_line(br, a2, len(names) - 1, True))
+    for who, m, c, agent, n in ((a2, m2, c2, a2, 1001), ("a1", w, cw, "a1", 1002)):
+        word = f"quokkawriter{n}"
+        control(m, {"changed": {"owner": "o1", "agent": agent, "path": append(br, files, n, word), "team": "t1"}})
+        while not found(c, word):
+            time.sleep(0.05)
+        br.storage.request("DELETE", "/_log")
+        br.files.request("DELETE", "/_log")
+        t = time.perf_counter()
+        control(m, {"flush": {"owner": "o1", "agent": agent}})
+        out[f"flush_{who}_s"] = time.perf_counter() - t
+    out["w412_gets"], out["w412_lists"] = gets_of(br, "a1"), lists_of(br, "a1")
+    out["w412_conflicts"] = sum(1 for e in br.storage.log() if e.get("agent") == "a1" and e["status"] == 412)
+    cw.close()
+    w.stop()
+    word = "quokkawriter1003"
+    control(m2, {"changed": {"owner": "o1", "agent": a2, "path": append(br, files, 1003, word), "team": "t1"}})
+    while not found(c2, word):
+        time.sleep(0.05)
+    control(m2, {"flush": {"owner": "o1", "agent": a2}})
+    br.storage.request("DELETE", "/_log")
+    br.files.request("DELETE", "/_log")
+    t = time.perf_counter()
+    w = Many(base / "w" / "mem.sock", {}, br.flags() + ["--cache", str(base / "cache-w"), "--stay"], env=ENV)
+    running.append(w)
+    cw = w.connect(timeout=3600)
+    ready(cw, team_line(br, "a1", 0, True))
+    while not found(cw, word):
+        time.sleep(0.05)
+    out["restart_s"] = time.perf_counter() - t
+    out["restart_gets"], out["restart_lists"] = gets_of(br, "a1"), lists_of(br, "a1")
+    cw.close(), c2.close()
+    log(f"  writer's 412: {out['w412_conflicts']} conflicts, GET {out['w412_gets'][0]} files, "
+        f"{out['w412_gets'][1]} B, {out['w412_lists'][0]} listings, flush {out['flush_a1_s']:.2f} s; restart one "
+        f"version behind: GET {out['restart_gets'][0]} files, {out['restart_gets'][1]} B, answered in "
+        f"{out['restart_s']:.1f} s")
+    return out
+
+
+def bench_team(scale: float, n_readers: int, versions: int, writers: int = 1) -> dict:
     base = Path(OUT + f"-scale-{scale:g}")
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
-    names = agents(n_readers)
+    names = agents(n_readers) + ([f"a{n_readers + 2}"] if writers > 1 else [])
     br = Bridges(base / "link", bindings={a: {"owner": "o1", "key": key(i)} for i, a in enumerate(names)},
                  teams={"t1": {"folder": "teams/t1", "names": {a: "crew" for a in names},
                                "grants": {a: "all" for a in names}}})
@@ -136,7 +197,7 @@ def bench_team(scale: float, n_readers: int, versions: int) -> dict:
         log(f"  writer: indexed {r['index_s']:.1f} s, first copy {r['first_put_bytes'] / 1e6:.1f} MB PUT for a "
             f"{r['copy_bytes'] / 1e6:.1f} MB copy of {r['copy_files']} files")
         readers = []
-        for i, a in enumerate(names[1:], start=1):
+        for i, a in enumerate(names[1:n_readers + 1], start=1):
             m = Many(base / f"r{i}" / "mem.sock", {}, br.flags() + ["--cache", str(base / f"cache-r{i}"), "--stay"],
                      env={**ENV, "LNKMEM_RECHECK_S": str(RECHECK_S)})
             running.append(m)
@@ -154,10 +215,7 @@ def bench_team(scale: float, n_readers: int, versions: int) -> dict:
         files = sorted((br.team_folder("t1") / "memory").rglob("*.md"))
         for v in range(versions):
             word = f"quokkateam{v}"
-            f = files[(v * 7919 + 13) % len(files)]
-            with open(f, "a") as fh:
-                fh.write(f"\n\nA late paragraph on the {word}, added by the benchmark.\n")
-            rel = f.relative_to(br.team_folder("t1") / "memory").as_posix()
+            rel = append(br, files, v, word)
             control(w, {"changed": {"owner": "o1", "agent": "a1", "path": rel, "team": "t1"}})
             while not found(cw, word):
                 time.sleep(0.05)
@@ -192,7 +250,10 @@ def bench_team(scale: float, n_readers: int, versions: int) -> dict:
         for _, _, c, s in readers:
             c.close()
             s.stop()
-        cw.close()
+        if writers > 1:
+            r["writers"] = second_writer(br, base, w, cw, files, names, running)
+        else:
+            cw.close()
     finally:
         for m in running:
             m.stop()
@@ -224,6 +285,16 @@ def table(rs: list) -> str:
                    f"{r['copy_files']} files ({r['first_put_bytes'] / max(r['copy_bytes'], 1):.2f}x; goal <= 1.2x: "
                    f"{'met' if ok else 'NOT met'}); idle, a reader's {r['idle_304']} re-checks answered 304 made "
                    f"{r['idle_lists'][0]} listings. Load average {r['load']}.")
+    for r in rs:
+        wr = r.get("writers")
+        if wr:
+            out.append(f"- {r['scale']:g}x, a second writer: the first writer's write-back one version behind met "
+                       f"{wr['w412_conflicts']} 412 and fetched {wr['w412_gets'][0]} files, {wr['w412_gets'][1]:,} B "
+                       f"({100.0 * wr['w412_gets'][1] / max(r['copy_bytes'], 1):.2f} % of the copy), "
+                       f"{wr['w412_lists'][0]} listings ({wr['w412_lists'][1]:,} B), its flush {wr['flush_a1_s']:.2f} s; "
+                       f"restarted one version behind, it fetched {wr['restart_gets'][0]} files, "
+                       f"{wr['restart_gets'][1]:,} B ({100.0 * wr['restart_gets'][1] / max(r['copy_bytes'], 1):.2f} %), "
+                       f"and answered the other's word {wr['restart_s']:.1f} s after its start.")
     return "\n".join(out)
 
 
@@ -232,13 +303,15 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", type=float, action="append", metavar="S", help="bench/corpus.py's scale (repeatable)")
     ap.add_argument("--readers", type=int, default=2)
     ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--writers", type=int, default=1, choices=(1, 2),
+                    help="2: a second writer joins; the first meets its version (412), then restarts behind it")
     ap.add_argument("--record", action="store_true", help="write the table into docs/BENCHMARKS.md")
     ap.add_argument("--json", help="also write the raw figures to this file")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mach = machine()
-    rs = [bench_team(s, a.readers, a.versions) for s in (a.scale or [1.0])]
+    rs = [bench_team(s, a.readers, a.versions, a.writers) for s in (a.scale or [1.0])]
     text = table(rs)
     common.report("lnkmem team copy: one writer, N readers", when, mach, text, {"runs": rs}, t0, a.json)
     if a.record:
@@ -246,7 +319,7 @@ def main(argv=None) -> int:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip() or "?"
         cmd = ".venv/bin/python bench/bench_team.py" + "".join(f" --scale {s:g}" for s in (a.scale or [1.0])) + \
-            f" --readers {a.readers} --versions {a.versions}"
+            f" --readers {a.readers} --versions {a.versions}" + (" --writers 2" if a.writers > 1 else "")
         record(text, cmd, when, mach, "team", "A team's copy: one writer, N readers", commit)
         log("recorded in docs/BENCHMARKS.md")
     return 0

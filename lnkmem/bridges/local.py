@@ -14,7 +14,6 @@ has no ref (§3.1 refs are text), and it never stops a walk or a listing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import stat as st
@@ -23,6 +22,7 @@ from typing import Iterable, Optional
 from lnkmem.bridges.local_entry import LocalEntry, version_of
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, PlaceBase, check_relpath
 from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES, Ignorer
+from lnkmem.core.libc import libc as c_library
 
 O_PATH = getattr(os, "O_PATH", 0)
 READ_FLAGS = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -75,7 +75,7 @@ class _OpenHow(ctypes.Structure):
 
 
 try:
-    _syscall = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).syscall
+    _syscall = c_library().syscall
     _syscall.restype = ctypes.c_long
     _has_openat2 = os.uname().sysname == "Linux"
 except (OSError, AttributeError):

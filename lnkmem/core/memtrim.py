@@ -9,14 +9,15 @@ indexing pass returns it. Elsewhere than glibc these are no-ops.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from typing import Optional
+
+from lnkmem.core.libc import libc as c_library
 
 M_ARENA_MAX = -8
 
 try:
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    _libc = c_library()
     _trim = _libc.malloc_trim
     _mallopt = _libc.mallopt
 except (OSError, AttributeError):

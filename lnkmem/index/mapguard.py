@@ -26,7 +26,6 @@ and nothing changes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 import signal
@@ -34,6 +33,8 @@ import struct
 import sys
 import threading
 from typing import Optional
+
+from lnkmem.core.libc import libc as c_library
 
 _lock = threading.Lock()
 _maps: dict[int, list] = {}  # token -> [start, end, faulted, LMDB's page size]
@@ -107,7 +108,9 @@ def install() -> bool:
         if not _supported() or os.environ.get("LNKMEM_NO_MAPGUARD"):
             return False
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc = c_library()
+            if libc is None:
+                return False
             libc.mmap.restype = ctypes.c_void_p
             libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_long]

@@ -10,11 +10,12 @@ the caller looks at everything again.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import select
 import struct
 from typing import Optional
+
+from lnkmem.core.libc import libc as c_library
 
 IN_MODIFY = 0x2
 IN_ATTRIB = 0x4
@@ -37,7 +38,7 @@ MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | I
 _EVENT = struct.Struct("iIII")
 
 try:
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    _libc = c_library()
     _init = _libc.inotify_init1
     _add = _libc.inotify_add_watch
     _add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]

@@ -145,7 +145,10 @@ def second_writer(br: Bridges, base: Path, w, cw, files: list, names: list, runn
         control(m, {"flush": {"owner": "o1", "agent": agent}})
         out[f"flush_{who}_s"] = time.perf_counter() - t
     out["w412_gets"], out["w412_lists"] = gets_of(br, "a1"), lists_of(br, "a1")
-    out["w412_conflicts"] = sum(1 for e in br.storage.log() if e.get("agent") == "a1" and e["status"] == 412)
+    out["w412_conflicts"] = sum(1 for e in br.storage.log() if e.get("agent") == "a1" and e["status"] == 412
+                                and e["path"].endswith("manifest.json"))
+    out["w412_taken"] = sum(1 for e in br.storage.log() if e.get("agent") == "a1" and e["status"] == 412
+                            and not e["path"].endswith("manifest.json"))
     cw.close()
     w.stop()
     word = "quokkawriter1003"
@@ -289,7 +292,7 @@ def table(rs: list) -> str:
         wr = r.get("writers")
         if wr:
             out.append(f"- {r['scale']:g}x, a second writer: the first writer's write-back one version behind met "
-                       f"{wr['w412_conflicts']} 412 and fetched {wr['w412_gets'][0]} files, {wr['w412_gets'][1]:,} B "
+                       f"{wr['w412_conflicts']} 412 (and {wr.get('w412_taken', 0)} of its own files found there: sent anew) and fetched {wr['w412_gets'][0]} files, {wr['w412_gets'][1]:,} B "
                        f"({100.0 * wr['w412_gets'][1] / max(r['copy_bytes'], 1):.2f} % of the copy), "
                        f"{wr['w412_lists'][0]} listings ({wr['w412_lists'][1]:,} B), its flush {wr['flush_a1_s']:.2f} s; "
                        f"restarted one version behind, it fetched {wr['restart_gets'][0]} files, "

@@ -910,7 +910,10 @@ class Memory(ServedMemory):
 
     def _watch_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
         """Watch with watchfiles until stopped ("again": a watched folder went or came:
-        watch again)."""
+        watch again). Its ``RustNotify``, not the public ``watchfiles.watch`` (issue 48): that
+        generator makes its watches at its first ``next()`` and gives nothing back until a
+        change or its timeout, so ``watch_settled`` (and the look at what changed unwatched)
+        would come a timeout late; and the error that sends us to inotify is public nowhere."""
         from watchfiles._rust_notify import RustNotify  # noqa: PLC2701 (watchfiles exports no public name for it)
         caught_up = False
         t0 = time.monotonic()

@@ -313,7 +313,7 @@ class Ignorer:
         add), kept from one search to the next while the folder's stat (an entry
         made, removed or renamed in it changes it) and those of the ignore files it
         held are as they were: one stat a folder, not an open a name and a stat
-        (a search's ten hits in a tree of 100 folders: ~250 us)."""
+        (a search looks at its hits' folders every time)."""
         key = _stamp(full, True, self.RECENT_NS)
         if key is not None:
             got = self._folders.get(rel_dir)

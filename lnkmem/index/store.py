@@ -546,7 +546,7 @@ class Store:
 
     BESIDE = ".next"  # the folder beside the index's a new version is loaded into (path + BESIDE)
 
-    retired = False  # another index was put in its place (replaced_by): read, never written or sealed
+    retired = False  # another index was put in its place (replaced_by): read, never sealed (a write is not refused: it lands in the unlinked file)
 
     @staticmethod
     def discard_beside(path: str) -> None:

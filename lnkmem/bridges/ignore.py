@@ -25,7 +25,7 @@ follows a matching file rule (``*`` then ``!*/``; ``x/**`` then ``!x/*/``) and w
 ``x/**`` meets the folder ``x`` itself: against ``git ls-files -o -i`` on github/gitignore's
 312 templates (17,576 files named after their patterns) it got 12 files wrong, these
 rules 0 (and 0 of git's own tree, 37 nested ignore files, 5,760 files); asked about
-files only it cannot prune and got 36 wrong. One bad line (a trailing ``\``) makes
+files only it cannot prune and got 36 wrong. One bad line (a trailing backslash) makes
 it refuse the whole file. It is slower too: walking the 10,870 entries of the bench
 corpus (scale 1.0) with a 39-rule root file and three nested ones, 61 ms here and
 136 ms with pathspec; with 246 rules (the Python, Node, macOS, JetBrains and VS Code

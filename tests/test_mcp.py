@@ -321,6 +321,14 @@ SCHEMA_BREAKS = [
     ("list", {"ref": None}, ["ref", "string"]),
     ("remember", {"add": ""}, ["add", "empty"]),
     ("remember", {"add": "x", "remove": 5}, ["remove", "string"]),
+    # answers msgspec's convert alone would not give (issue 48: why tooldefs keeps its validator)
+    ("search", {"query": "x", "sources": ["web"]}, ["sources[0]", '"web" is not one of', '"home"', '"notes"']),
+    ("search", {"query": "x", "under": None}, ["under", "expected a string, got null"]),
+    ("search", {"query": ""}, ["query", "must not be empty"]),
+    ("search", {"query": "x", "limit": 101}, ["limit", "at most 100, got 101"]),
+    ("read", {"ref": "home/docs/plan.md", "lines": [0, 2]}, ["lines[0]", "at least 1, got 0"]),
+    ("read", {}, ["ref: required"]),
+    ("remember", {"remove": ""}, ["remove", "empty"]),
 ]
 
 

@@ -103,7 +103,7 @@ class Body:
         """Let go of the data (it cannot be sent after this). A request's body is reached
         from objects that live on in reference cycles until a collection (the retry's
         predicate and its call state, httpx's request): without this, a write-back's parts
-        piled up between collections (10x: ~28 of them, +60 MiB at its peak)."""
+        piled up between collections (at 10x, tens of them: docs/BENCHMARKS.md)."""
         self._view = None
         self._parts = None
 

@@ -10,7 +10,7 @@ from lnkmem.bridges.place import Entry
 
 
 def version_of(s: os.stat_result) -> str:
-    return "%x-%x-%x" % (s.st_mtime_ns, s.st_size, s.st_ino)  # (%: 2.7x an f-string's format specs)
+    return "%x-%x-%x" % (s.st_mtime_ns, s.st_size, s.st_ino)  # (%: faster than an f-string's format specs)
 
 
 _VERSION_MTIME = re.compile(r"^([0-9a-f]+)-[0-9a-f]+-[0-9a-f]+$")

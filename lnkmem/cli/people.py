@@ -110,7 +110,7 @@ class Run:
         self._count_read(plan)
         self.removed = len(plan.removed)
         if plan.total and not self.stop:  # every file read: its entries let go of before the merge
-            plan.todo = []  # (~330 B a file: 39 MiB at 120k files; a stop now finds them all indexed)
+            plan.todo = []  # (tens of MiB at 120k files; a stop now finds them all indexed)
             merging()
 
     def _count_read(self, plan) -> None:

@@ -9,7 +9,7 @@ ticker redraws it twice a second so that a long phase with no count
 work has taken that long (a search's quiet refresh). ``close`` always ends
 the line it drew, so whatever is printed next starts on a line of its own.
 
-Never imported by ``serve``: tqdm costs ~50 ms of imports, paid only by the
+Never imported by ``serve``: tqdm's imports take time, paid only by the
 people commands, and only when a bar is actually drawn.
 """
 

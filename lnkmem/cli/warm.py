@@ -2,15 +2,15 @@
 
 A restart on an unchanged tree is one ``stat`` a file (nothing else says a file changed
 while no process watched it). Right after a build, or once the kernel has let go of the
-tree's inodes, most of those read the disk: at 120,000 files the listing took ~0.5 s
-longer than the same listing at once again. :func:`start` runs a bare walk of the folders
+tree's inodes, most of those read the disk: at 120,000 files the listing took markedly
+longer than the same listing at once again (docs/BENCHMARKS.md). :func:`start` runs a bare walk of the folders
 (``scandir`` and ``lstat``, no link followed, hidden names left out as the listing leaves
 them out) in a small process of its own, begun before the index is imported and opened,
 so the listing that follows finds many inodes in memory; :func:`stop` ends it as the
 listing begins (a large tree's listing takes both cores itself,
 :mod:`lnkmem.bridges.shared_walk`: a walk beside it only competed, 10x restarts
-0.97-1.40 s without it against 1.10-1.46 with it; stopped as the listing begins,
-0.88-1.05 warm, 1.15-1.48 with inodes dropped). It reads metadata only, never a file's
+slower with it than without; stopped as the listing begins, faster with it, warm
+or with inodes dropped: docs/BENCHMARKS.md). It reads metadata only, never a file's
 bytes, and writes nothing; it never changes what is listed (the listing decides, with
 its own checks). A walk that cannot start is no error: the listing only runs as it
 would have.

@@ -28,9 +28,9 @@ def tune(arenas: int = 2) -> None:
     """The process's allocator, set at start before any thread: at most ``arenas``
     arenas, however many threads (each tool thread's arena kept what its searches
     had freed: at 1.27M passages `serve`'s anonymous memory after the corpus
-    queries and ten changes went from ~275 to ~160-180 MiB). A fixed mmap threshold
-    (large arrays unmapped when freed) saved ~30 MiB more but cost the searches'
-    p99 (42 -> 75-100 ms over MCP): each fresh mapping is faulted in anew."""
+    queries and ten changes went down by a third or more). A fixed mmap threshold
+    (large arrays unmapped when freed) saved a little more but cost the searches'
+    p99 over MCP: each fresh mapping is faulted in anew (docs/BENCHMARKS.md)."""
     if _mallopt is not None:
         _mallopt(M_ARENA_MAX, arenas)
 

@@ -147,7 +147,7 @@ def write(store, batch: Batch) -> tuple[list[int], Optional[Delta]]:
             held = seg_of[1:next_pid] >= 0
             free = np.flatnonzero(~held) + 1
             # the highest ids free: made again (the last held id found without a list
-            # of every held one: 10 MB a commit at 1.27M passages)
+            # of every held one: megabytes a commit at 1.27M passages)
             next_pid = len(held) - int(np.argmax(held[::-1])) + 1 if held.any() else 1
             ids = iter(free[free < next_pid].tolist())
         allocated: list[int] = []
@@ -215,7 +215,7 @@ def write(store, batch: Batch) -> tuple[list[int], Optional[Delta]]:
             # new ids only: appending packs the pages full; reused ones go in their place
             last = txn.cursor(db=store.passages)
             fresh = not last.last() or last.key() < new_keys[0]
-            # each packed as it is written (all of a batch's at once were ~9 MiB at 4 MB of text)
+            # each packed as it is written (all of a batch's at once held megabytes)
             psum = PostingsSum()
             txn.cursor(db=store.passages).putmulti(
                 psum.over(zip(new_keys, map(pack, new_passages))), append=fresh)
@@ -231,7 +231,7 @@ def write(store, batch: Batch) -> tuple[list[int], Optional[Delta]]:
             del p_terms
             pid_arr = np.concatenate(p_pids) if p_pids else np.zeros(0, np.uint32)
             # by term, then passage: one sort of a 64-bit key (a term's passages are distinct),
-            # 5x faster than a lexsort of the two
+            # faster than a lexsort of the two
             order = np.argsort((r.astype(np.int64) << 32) | pid_arr)
             r, pid_arr = r[order], pid_arr[order]
             tf_arr = (np.concatenate(p_tfs) if p_tfs else np.zeros(0, np.uint32))[order]
@@ -239,7 +239,7 @@ def write(store, batch: Batch) -> tuple[list[int], Optional[Delta]]:
             bounds = np.flatnonzero(np.diff(r)) + 1
             starts = np.concatenate(([0], bounds))
             ends = np.concatenate((bounds, [len(r)]))
-            if len(r):  # made as they are written (a list of them all was ~10 MiB at 4 MB of text)
+            if len(r):  # made as they are written (a list of them all held megabytes)
                 items = zip((sk + names[k].encode() for k in r[starts].tolist()),
                             postings.pack_many(pid_arr, tf_arr, starts, ends))
                 # a term LMDB cannot key (analyze keeps none: a store's own defence) is

@@ -88,7 +88,7 @@ passage_decoder = msgspec.msgpack.Decoder(Passage)
 
 class SegStored(msgspec.Struct, array_like=True):
     """A SegMeta as stored: its refs as runs (a file's passages are consecutive in a
-    segment), each ref once: 4.5 bytes a passage less at scale 1 (5 of 113 MB)."""
+    segment), each ref once: a few bytes a passage less (docs/BENCHMARKS.md)."""
 
     pids: bytes  # u32 LE
     lens: bytes  # u32 LE

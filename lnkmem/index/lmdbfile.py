@@ -317,7 +317,7 @@ def copy_packed(src: str, dst: str) -> None:
     into a new one at ``dst``, table by table in key order (appended: pages packed
     full, no free page). Not LMDB's compacting copy: that reads the whole file through
     this process's map in one call, and every page read stays in its resident set (a
-    build's peak RSS grew by the file's size: 292 against 213 MiB at scale 1); here the
+    build's peak RSS grew by the file's size); here the
     pages are let go after each step of COPY_STEP bytes (:func:`release_map`)."""
     data = os.path.join(src, "data.mdb")
     senv = lmdb.open(src, readonly=True, lock=False, max_dbs=16, readahead=False)

@@ -147,7 +147,7 @@ class Store:
         # a merge leaves the merged segments' postings (unlisted, read by nobody) to the
         # compaction at close, which copies only listed segments' (the people's `index`:
         # its build ends with a merge of every segment and its close compacts; deleting
-        # them one key at a time was ~0.5 s at 1x, ~5 s at 10x, on one core)
+        # them one key at a time took seconds at 10x, on one core)
         self.leave_merged = False
         self.left_merged = False  # a merge left some (a compaction at close drops them)
         self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
@@ -396,7 +396,7 @@ class Store:
     # events.map_grown is called (on a search's thread; it must not block) when searches have
     # left more than SEARCH_MAP_RESIDENT of file-backed memory mapped: the engine lets go of the
     # map's pages on its own thread. Each page a search reads maps 64 KiB of cached neighbours, so
-    # 600 searches in a row at 1.27M passages left ~200 MiB of the map in serve's RSS until it rested
+    # searches in a row at 1.27M passages left much of the map in serve's RSS until it rested
     SEARCH_MAP_RESIDENT = 96 << 20  # (the libraries' ~20 MiB included)
     MAP_CHECK_EVERY = 32  # searches between two reads of the resident memory (/proc/self/statm)
     _reads = 0
@@ -455,7 +455,7 @@ class Store:
         """Give back what a build's commit leaves held: the map's pages (:meth:`let_go_of_map`)
         and, once the anonymous memory has grown by :data:`TRIM_STEP` since the last time, the
         heap freed (glibc keeps it in its arenas otherwise). Not after every commit: each trim
-        hands back pages the next batch faults in again (a 1x build 5-10 % slower)."""
+        hands back pages the next batch faults in again (a build made slower)."""
         held = self.let_go_of_map()  # (letting go of the map leaves the anonymous memory as it was)
         if held is None or held[0] > self._trimmed_at + self.TRIM_STEP:
             memtrim.trim()
@@ -466,9 +466,9 @@ class Store:
         """Let go of the map's pages this process has touched once its file-backed memory is
         past :data:`MAP_RESIDENT`. Each read of a page not mapped yet maps its cached
         neighbours too (the kernel's fault-around, 64 KiB), so a walk through the B-trees
-        soon holds many times the pages it read: each commit of a build at 1.27M passages
-        (~130 MiB stayed resident), the people's index asking 120k file records at its end
-        (+111 MiB in 0.3 s), a merge between its steps (~70 MiB). Returns the resident
+        soon holds many times the pages it read: each commit of a build at 1.27M passages,
+        the people's index asking 120k file records at its end, a merge between its steps
+        (docs/BENCHMARKS.md). Returns the resident
         memory read before (:func:`memtrim.resident`)."""
         return lmdbfile.let_go_of_map(self.data, self.MAP_RESIDENT)
 
@@ -546,7 +546,7 @@ class Store:
 
     BESIDE = ".next"  # the folder beside the index's a new version is loaded into (path + BESIDE)
 
-    retired = False  # another index was put in its place (replaced_by): read, never written or sealed
+    retired = False  # another index was put in its place (replaced_by): read, never sealed (a write is not refused: it lands in the unlinked file)
 
     @staticmethod
     def discard_beside(path: str) -> None:
@@ -627,7 +627,7 @@ class Store:
         """A read transaction of the tables (:class:`tables.Reading`): one version of the
         index, whatever commits meanwhile, for as long as the ``with`` lasts.
 
-        ``guarded=False``: without the guard (~10 us a call: a look at the file, the
+        ``guarded=False``: without the guard (a cost at every call: a look at the file, the
         map's faults, two generators' contexts), for a caller that passed it just before
         and turns what LMDB raises into damage itself: a search (:meth:`refresh`, then
         ``Memory.rank``'s handlers)."""
@@ -691,7 +691,7 @@ class Store:
                 for i, (k, v) in enumerate(cur):
                     if not k.startswith(p):
                         break
-                    if i % 8192 == 8191:  # the map's pages the walk read (10x, every file: 140 MiB)
+                    if i % 8192 == 8191:  # the map's pages the walk read (at 10x, every file: many MiB)
                         self.let_go_of_map()
                     if b"\0" in k or exact:
                         ref, rec = file_entry(k, v)
@@ -709,7 +709,7 @@ class Store:
     def heads_of(self, refs: Iterable[str]) -> Iterator[tuple[str, Optional[tuple[str, int]]]]:
         """(ref, (version, size) or None where the index holds no such file) of each of
         ``refs``, in their order, one lookup each in one read transaction: a whole listing
-        compared with the index without a dict of every file it holds (10x: ~40 MiB)."""
+        compared with the index without a dict of every file it holds."""
         for ref, h in self._lookups(refs, head_decoder):
             yield ref, (h.version, h.size) if h is not None else None
 
@@ -743,8 +743,8 @@ class Store:
     def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
         """How each of ``refs`` that the index holds was indexed (its record's kind), no
         record kept and the map's pages let go as it goes: the people's ``index`` asks it
-        of every file it read (at 1.27M passages whole records held ~60 MiB more, and the
-        pages their lookups mapped ~110 MiB)."""
+        of every file it read (at 1.27M passages whole records, and the pages their lookups
+        mapped, held tens of MiB more)."""
         kinds: dict[str, str] = {}
         out = {}
         for i, (ref, rec) in enumerate(self._records(refs, kind_decoder)):

@@ -303,7 +303,7 @@ class Memory(ServedMemory):
             self.store.events.committed = self._committed
             # merges off this thread: a change never waits behind one. After a load of the
             # copy, from the first look at the sources on: the copy's segments merged while
-            # the Home is listed made the first answer later (10x: ~20 s of merging) and the
+            # the Home is listed made the first answer later (10x: seconds of merging) and the
             # peak the sum of both
             merging_later = how == "loaded"
             self.store.start_merger(look=not merging_later)
@@ -316,7 +316,7 @@ class Memory(ServedMemory):
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
                 self.vindex.load(self.store)
                 threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
-            # the watch first (0.5 s for 7k folders), so nothing changed during the first look is
+            # the watch first (it takes a while on a large tree), so nothing changed during the first look is
             # missed and no second look over the whole tree is needed after it
             self.watch_settled.wait(WATCH_WAIT_S)
             self._listed_unwatched = not self.watch_settled.is_set()
@@ -586,7 +586,7 @@ class Memory(ServedMemory):
         """No change queued and no search for :data:`IDLE_LET_GO_S`, but searches since the
         last time: the heap that they (and any change) freed goes back now, when no search
         waits for the trim. At 1.27M passages a serve after its searches and a few changes
-        held ~30-40 MiB of freed heap (RssAnon ~135 MiB, ~105 once trimmed)."""
+        held tens of MiB of freed heap (docs/BENCHMARKS.md)."""
         read = self.store.read_at
         if read != self._rest_mark and time.monotonic() - read >= IDLE_LET_GO_S:
             self._rest_mark = read
@@ -594,8 +594,8 @@ class Memory(ServedMemory):
 
     def _trim_if_grown(self, force: bool = False) -> None:
         """Give the heap back when a change's work left it larger (a merge in the change's
-        path: at 1x RssAnon stayed at 273 MiB after one, 75 MiB once trimmed). A trim costs
-        20-70 ms on a fragmented heap, so not after every one-file change: only past a slack."""
+        path: at 1x RssAnon stayed several times higher until trimmed). A trim costs tens of
+        ms on a fragmented heap, so not after every one-file change: only past a slack."""
         anon = _anon_bytes()
         if force or (anon is not None and anon > self._anon_floor + TRIM_SLACK):
             memtrim.trim()
@@ -916,7 +916,10 @@ class Memory(ServedMemory):
 
     def _watch_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
         """Watch with watchfiles until stopped ("again": a watched folder went or came:
-        watch again)."""
+        watch again). Its ``RustNotify``, not the public ``watchfiles.watch`` (issue 48): that
+        generator makes its watches at its first ``next()`` and gives nothing back until a
+        change or its timeout, so ``watch_settled`` (and the look at what changed unwatched)
+        would come a timeout late; and the error that sends us to inotify is public nowhere."""
         from watchfiles._rust_notify import RustNotify  # noqa: PLC2701 (watchfiles exports no public name for it)
         caught_up = False
         t0 = time.monotonic()

@@ -3,9 +3,9 @@
 A call handed to the pool costs two thread wake-ups (the loop, a pool thread,
 the loop again) and, while other calls are under way, its thread shares the
 GIL with theirs: a thread that lets go of the GIL (for a read, or numpy) waits
-up to the switch interval (5 ms) to have it back. Under `serve-many`'s 50
-paced sessions most of the tail was that: a search of 1.2 ms took 20 ms on its
-thread (bench_many, stage by stage; docs/BENCHMARKS.md). So a search that is
+up to the switch interval to have it back. Under `serve-many`'s 50 paced
+sessions most of the tail was that: a cheap search took many times its own time
+on its thread (bench_many, stage by stage; the figures in docs/BENCHMARKS.md). So a search that is
 known to be cheap runs inline, on the loop: nothing to hand over, and searches
 one after another instead of sliced together.
 
@@ -19,8 +19,8 @@ measured by its thread's CPU time, on the pool and inline alike, so that
 waiting for the GIL (another thread's search, an index's commit) is not counted
 as the search's cost. A memory's very first search is not remembered: it pays
 once for what every later search finds ready (its ignore rules read, its lists
-decoded, its snapshot's facts; 7-33 ms where the next ones took 1-4 in
-bench_many's agents), and held the next ``RECENT`` on the pool, where under
+decoded, its snapshot's facts: several times a later one's in bench_many's
+agents; docs/BENCHMARKS.md), and held the next ``RECENT`` on the pool, where under
 many sessions they wait for the GIL behind one another. A search inline holds
 the loop (every session's Hellos, controls and answers) no longer than a pool
 thread's search already could for one switch interval, except for a search far

@@ -2,6 +2,19 @@
 
 Kept apart from what the tools do so that a session can answer `tools/list`
 without importing the index (numpy, LMDB): start fast.
+
+A call's arguments are held to the published inputSchema by the small validator
+below, then converted into ``wire.*Args`` by msgspec. msgspec's convert alone (the
+Structs' ``Meta`` bounds, ``forbid_unknown_fields``) is not the published schema
+(issue 48): it lets through what the schema refuses (``sources`` given twice, a
+``null`` for an optional string, an empty ``add``), refuses what it allows (``limit``
+2.0, an integer in JSON Schema), and answers in its own types (``expected `str |
+null`, got `int```, ``expected `str` of length >= 1``, ``invalid enum value 'web'``
+without the allowed ones, ``object missing required field `query```) where this one
+says ``under: expected a string, got an integer``, ``ref: must not be empty``,
+``sources[0]: "web" is not one of "home", ...``, ``query: required``. Its cost: 10,000
+valid calls of the four tools take 156 ms here with the validator and 7 ms with
+convert alone (15 us a call, against a search's milliseconds).
 """
 
 from __future__ import annotations
@@ -163,7 +176,8 @@ ARGS = {"search": SearchArgs, "read": ReadArgs, "list": ListArgs, "remember": Re
 # One small JSON Schema validator, driven by the dicts above, so that whatever a
 # tool's inputSchema says (a field added, a bound changed) is what a call is held
 # to. It knows the keywords below; `known_keywords` lets a test check that every
-# keyword a schema uses is one it enforces.
+# keyword a schema uses is one it enforces. Why not msgspec's decode into wire.*Args
+# alone: see the module's docstring.
 
 ENFORCED = {"type", "enum", "const", "minLength", "maxLength", "pattern", "minimum", "maximum",
             "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "items", "prefixItems", "minItems",

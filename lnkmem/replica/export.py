@@ -107,8 +107,8 @@ class Export:
                 pages = 1
                 while pages * FILES_A_PAGE < files:
                     pages *= 2
-            # made a group of pages at a time, each group a walk of the table (~8 MiB of
-            # records held at once: at 10x the whole table held was ~35 MiB of objects)
+            # made a group of pages at a time, each group a walk of the table (a few MiB of
+            # records held at once, not the whole table's objects)
             held = txn.table_bytes("files")
             groups = max(1, min(pages, -(-held // self.page_group)))
             for g in range(groups):
@@ -119,7 +119,7 @@ class Export:
                     if lo <= p < hi:
                         by_page[p - lo].append((ref, rec))
                     if i % 8192 == 8191:
-                        store.let_go()  # the map's pages the walk read (10x: 120 MiB by its end)
+                        store.let_go()  # the map's pages the walk read (at 10x: many MiB by its end)
                 for p in range(lo, hi):
                     name, blob = self._out("page", TablePage(by_page[p - lo]))
                     self.page_crcs.append(page_crcs(by_page[p - lo]))
@@ -197,7 +197,7 @@ class Export:
         if not old:
             return [], every
 
-        def local():  # each segment's ids, one segment at a time (10x: 10 MB for all of them)
+        def local():  # each segment's ids, one segment at a time (not all of them at once)
             for sk in every:
                 stored, _ = seg_codec.stored(txn.segment(sk))
                 yield int.from_bytes(sk, "big"), sk, np.frombuffer(stored.pids, "<u4").astype(np.int64)

@@ -20,7 +20,7 @@ from lnkmem.replica.manifest import (CopyDamaged, FORMAT, Head, MAX_BLOB, MAX_DI
 from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, page_crcs, passage_digests,
                                   put_page_refs, put_state, state_in)
 
-LOAD_STEP = 8 << 20  # an empty cache's load commits after about this many bytes written (16: 10x peak +9 MiB, no faster)
+LOAD_STEP = 8 << 20  # an empty cache's load commits after about this many bytes written (twice that: a higher peak, no faster)
 CHECK_POSTINGS = 1 << 18  # postings checked at once (postings.check_many's work arrays: ~2 MiB each)
 SPARSE = 4  # ids beyond SPARSE x passages + DENSE_SLACK are renumbered at load
 DENSE_SLACK = 1 << 16
@@ -328,7 +328,7 @@ class _Reader:
         seen = np.zeros(len(every), bool)
         self.ref_ix = ref_ix
         # the tombed passages kept as a local delete leaves them (dead, their postings in
-        # place: re-packing every list that names one was ~22% of a 10x load), when no id
+        # place: re-packing every list that names one was a good part of a 10x load), when no id
         # is tombed twice or live elsewhere (ids given again: then their postings go)
         if self.order is None and not old and any(len(t) for t in tombs):
             dead_all = np.sort(np.concatenate(tombs))
@@ -480,7 +480,7 @@ class _Reader:
                     held = np.concatenate(pid_parts).astype(np.int64) if pid_parts else np.empty(0, np.int64)
                     held.sort()
                     pid_parts = []
-                terms = s.terms  # (each compared in C: 10^7 terms at 10x)
+                terms = s.terms  # (each compared in C: tens of millions of terms at 10x)
                 if (prev is not None and terms[0] <= prev) or not all(map(bytes.__lt__, terms, terms[1:])) \
                         or min(map(len, terms)) < 1 or max(map(len, terms)) > MAX_TERM:
                     raise _bad(f"{name}: its terms are not distinct, sorted and short")
@@ -498,7 +498,7 @@ class _Reader:
             if len(pids_all):
                 self.txn.put_segment(sk, seg_codec.encode_runs(pids_all.astype("<u4").tobytes(), lens, names,
                                                                 np.asarray(runs, np.int64)))
-            # (each part's bytes joined: no array of the whole segment made on the way, 10x: ~40 MB)
+            # (each part's bytes joined: no array of the whole segment made on the way)
             self.copy_segs.append(CopySegment(list(parts), b"".join(map(np.ndarray.tobytes, rec_p)),
                                            b"".join(a.astype(np.uint8).tobytes() for a in rec_l),
                                            b"".join(map(np.ndarray.tobytes, rec_s))))

@@ -536,8 +536,8 @@ class WriteBack:
                     return False
                 self.state = "writing"
                 # what the indexing left (its heap, the map's pages it read) goes back first:
-                # the write-back's peak is what it holds on top of what is left (10x: the
-                # re-index left ~350 MiB)
+                # the write-back's peak is what it holds on top of what is left (at 10x the
+                # re-index left hundreds of MiB)
                 with store.merges_held():  # no merge beside it: its peak is its own
                     store.let_go_of_map()
                     memtrim.trim()

@@ -154,7 +154,7 @@ class MergeJob:
         passages = sum(sizes.get(s, 0) for s in segs)
         if passages >= merge_steps.SHARED_PASSAGES:
             # the heap freed before (a build's batches) back first: a large merge's peak comes
-            # on top of what is held, not of that (10x build: 174 -> 133 MiB at its start)
+            # on top of what is held, not of that (a 10x build's merge starts lower)
             memtrim.trim()
         if merge_steps.shared(passages):
             mid = self.split(sizes)
@@ -239,7 +239,7 @@ class MergeJob:
             psum, psums = PostingsSum(), []  # the new segment's live passages: its segments' sums
             for s in segs:
                 st, rn = seg_codec.stored(txn.get(id_key(s), db=store.segments))
-                store.let_go_of_map()  # (a record of the final merge's segments: overflow pages, ~16 MB)
+                store.let_go_of_map()  # (a record of the final merge's segments: overflow pages, megabytes)
                 p = np.frombuffer(st.pids, "<u4")
                 ln = np.frombuffer(st.lens, "<u4")
                 nm = st.names

@@ -38,10 +38,10 @@ from lnkmem.index.child import Sender, child_env
 from lnkmem.index.format import id_key
 from lnkmem.index.lmdbfile import let_go_of_map, release_map
 
-# a merge of fewer passages stays in one thread (~1 s at most: a helper starts in ~0.2 s)
+# a merge of fewer passages stays in one thread (short: a helper's start would weigh)
 SHARED_PASSAGES = 20_000
 # the helper's share of a merge's postings: the merging thread writes them all besides
-# its own (at 1x: 2.8-3.2 s of CPU here, 2.4-2.6 s in the helper, with half each)
+# its own (at 1x, with half each, both threads did about as much)
 HELPER_SHARE = 0.5
 BATCH, ERROR, END = 1, 2, 3
 

@@ -37,15 +37,15 @@ from lnkmem.core.knobs import knobs
 log = logging.getLogger("lnkmem")
 
 FORMAT = 1
-# Vectors held from which searches use the approximate index: the exact int8 search's p50
-# passes ~15 ms there on this 2-core machine (11 ms at 100k, 19 ms at 200k: bench/bench_ann.py,
+# Vectors held from which searches use the approximate index: where the exact int8 search's p50
+# grows past what a search may take on a 2-core machine (bench/bench_ann.py,
 # docs/BENCHMARKS.md). LNKMEM_ANN_THRESHOLD overrides it (tests lower it; 0 turns it off).
 THRESHOLD = 150_000
 CONNECTIVITY = 16  # graph degree (usearch's default)
 EXPANSION_ADD = 128  # build-time breadth
-# search breadth, at least the neighbours asked: 256 against 128 took recall@100 of the engine's
-# 100 from 0.982 to 0.990 and recall@10 from 0.994 to 0.997 at 291k real MiniLM vectors for
-# +0.3 ms a search (0.53 -> 0.80 ms p50; bench/bench_ann.py, docs/BENCHMARKS.md)
+# search breadth, at least the neighbours asked: 256 against 128 raised recall@100 and
+# recall@10 at 291k real MiniLM vectors for a fraction of a millisecond a search
+# (bench/bench_ann.py, docs/BENCHMARKS.md)
 EXPANSION_SEARCH = 256
 CHUNK = 2048  # rows added per lock hold while building
 SAVE_EVERY = 5000  # changes after which the file is saved again (or a tenth of the index)

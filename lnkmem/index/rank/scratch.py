@@ -18,8 +18,8 @@ class Scratch(threading.local):
     search writes only where it notes (``touched``, ``marked``), and those places
     are zeroed after it. The arrays are borrowed from a few kept between searches
     (:data:`KEEP_IDLE`) and given back once zeroed, so memory holds a set per search
-    under way, not per thread that ever searched (at 1.27M passages a set is ~8 MB:
-    `serve-many`'s 16 tool threads kept ~100 MB of them); after an error the set is
+    under way, not per thread that ever searched (at 1.27M passages a set is megabytes:
+    `serve-many`'s 16 tool threads kept one each); after an error the set is
     dropped."""
 
     def __init__(self):
@@ -80,7 +80,7 @@ def union(touched: list, cap: int) -> np.ndarray:
             seen[t] = True
         return np.flatnonzero(seen[:cap])
     # (a sort: np.unique's hashing is slower here; the stable one, since each list ascends
-    # and it merges runs: ~10x numpy's default on the concatenation of two or three)
+    # and it merges runs: much faster than numpy's default on the concatenation of two or three)
     c = np.sort(np.concatenate(touched).astype(np.int64), kind="stable")
     return c[np.concatenate(([True], c[1:] != c[:-1]))] if len(c) else c
 

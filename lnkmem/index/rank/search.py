@@ -78,7 +78,7 @@ def _words(store: Store, q: qlang.Query, limit: int, sources, under, k1: float, 
     def postings(r, segs, term):
         return live_postings(store, r, snap, segs, term)
 
-    with store.reading(guarded=False) as r:  # (refresh passed the guard: one a call, ~10 us)
+    with store.reading(guarded=False) as r:  # (refresh passed the guard: one a call)
         segs = r.segment_keys()
         weights = query_weights(r, segs, q)
         if q.excluded:

@@ -156,7 +156,7 @@ def live_postings(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], t
     t = term.encode()
     # the dead passages' segments only where a search has found them for this snapshot
     # already: a one-word search right after a commit (a change made searchable) does
-    # not wait for them (2-10 ms at 1.27M passages), it checks its lists instead
+    # not wait for them (milliseconds at 1.27M passages), it checks its lists instead
     facts = facts_known(snap) if snap.segs is not None else None
     pids, tfs = [], []
     for sk in store.holding(r, segs, t):

@@ -17,8 +17,8 @@ TIES_BY_HAND = 64  # passages tied for the last place that top orders in Python 
 def _tie_rank(snap: Snapshot, rids: np.ndarray) -> np.ndarray:
     """Each of ``rids``' place among the refs they name, in ref order (refid -1 last).
     Only the tied passages' own refs are sorted: never every ref of the index, which
-    each new snapshot (every change) would otherwise sort again (a p99 of searches
-    after changes: 14-23 ms at 1x, growing with the files)."""
+    each new snapshot (every change) would otherwise sort again (the p99 of searches
+    after changes, growing with the files)."""
     uniq, inv = np.unique(rids, return_inverse=True)
     names = [snap.refs[r] if r >= 0 else None for r in uniq.tolist()]
     order = sorted(range(len(names)), key=lambda i: (names[i] is None, names[i] or ""))
@@ -42,7 +42,7 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
             cand, sc = cand[keep], sc[keep]
     if len(cand) > want:
         # the score of the last place: numpy's vectorised sort, since its partition
-        # degrades on masses of equal values (0.4 s for 2M ties against 0.02 s)
+        # degrades on masses of equal values (many times slower for 2M ties)
         kth = np.sort(sc)[len(sc) - want]
         keep = sc >= kth
         if np.count_nonzero(keep) > want:  # more tie at the last place than it has room for

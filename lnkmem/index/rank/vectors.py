@@ -26,7 +26,7 @@ BLOCK = 1024  # rows widened at a time: 1.5 MiB of float32 at 384 dimensions (st
 def _rows_dot(w: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
     """``out = w @ q`` in the calling thread. Not a BLAS matrix-vector product: OpenBLAS wakes
     its threads for each block, and on a busy machine their spinning between blocks made a
-    search 10-50x slower; one dot product a row (``vecdot``; numpy 2) or numpy's einsum loop
+    search many times slower; one dot product a row (``vecdot``; numpy 2) or numpy's einsum loop
     stays in this thread."""
     if _vecdot is not None:
         _vecdot(w, q, out=out)

@@ -52,8 +52,8 @@ STOPWORDS = frozenset(
 
 _stemmer = snowballstemmer.stemmer("english")
 # the first words seen, which are the most frequent ones (a corpus's rare words, most
-# of its distinct words, are stemmed at each sight: ~2.4 us with PyStemmer). At 2M the
-# memo held ~150 MiB in each indexing process at 1.27M passages; 1x fills 58k
+# of its distinct words, are stemmed at each sight, cheaply with PyStemmer). At 2M the
+# memo held too much in each indexing process at 1.27M passages; 1x fills 58k
 _MEMO_MAX = 150_000
 
 
@@ -115,7 +115,7 @@ def idents(text: str, inner: bool = False) -> list[str]:
     return out
 
 
-# ASCII text (most of what is indexed) is split by byte tables, 3x faster than the
+# ASCII text (most of what is indexed) is split by byte tables, faster than the
 # Unicode regexes above and the same words and identifiers (tests/test_words.py):
 # the word table keeps letters and digits, lower-cased, and blanks the rest; the
 # token table keeps the connectors too, so a token that is not all letters and

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from lnkmem.replica.export import (FILES_A_PAGE, MAX_COPY_SEGMENTS, PAGE_GROUP_BYTES, Export, export,
                                    written)
-from lnkmem.replica.load import (CHECK_POSTINGS, LOAD_STEP, ReadAhead, Verified, blob_size, damaged, load,
+from lnkmem.replica.load import (CHECK_POSTINGS, LOAD_STEP, FetchAhead, Verified, blob_size, damaged, load,
                                  load_copy, reading_order, valid_ref, verify)
 from lnkmem.replica.manifest import (FORMAT, MANIFEST, MAX_BLOB, MAX_MANIFEST, OLD_FORMAT, PART_BYTES, CopyDamaged,
                                      Manifest, blob_name, decode_manifest, encode_manifest, is_copy_file, page_of,
@@ -24,7 +24,7 @@ from lnkmem.replica.state import (CopyState, copy_state, dirty, forget_doomed, n
 __all__ = [
     "CHECK_POSTINGS", "FILES_A_PAGE", "FORMAT", "LOAD_STEP", "MANIFEST", "MAX_BLOB", "MAX_COPY_SEGMENTS",
     "MAX_MANIFEST", "OLD_FORMAT", "PAGE_GROUP_BYTES", "PART_BYTES", "CopyDamaged", "CopyState", "Export",
-    "Manifest", "ReadAhead", "Verified", "blob_name", "blob_size", "copy_state", "damaged", "decode_manifest",
+    "Manifest", "FetchAhead", "Verified", "blob_name", "blob_size", "copy_state", "damaged", "decode_manifest",
     "dirty", "encode_manifest", "export", "forget_doomed", "is_copy_file", "load", "load_copy", "note_sent",
     "note_orphans", "page_of", "part_bytes", "reading_order", "ripe_orphans", "valid_ref", "verify", "variant",
     "written",

@@ -73,6 +73,12 @@ class Export:
         for c in self.copy_segs:
             c.parts = [of(n) for n in c.parts]
 
+    def _unless_known(self, name: str, blob: bytes, known: set) -> Iterator[tuple[str, bytes]]:
+        """``(name, blob)`` to be sent, noted as sent, unless the copy holds the file already."""
+        if name not in known:
+            self.sent.append(name)
+            yield name, blob
+
     def _out(self, kind: str, obj) -> tuple[str, bytes]:
         blob = obj if isinstance(obj, bytes) else pack(obj)
         if len(blob) > MAX_BLOB:  # never made: no part holds more than one item over `part`
@@ -95,9 +101,7 @@ class Export:
                 names = []
                 for name, blob in self._segment(txn, sk, dead):
                     names.append(name)
-                    if name not in known:
-                        self.sent.append(name)
-                        yield name, blob
+                    yield from self._unless_known(name, blob, known)
                 self.copy_segs.append(CopySegment(names, *self._made))
                 segments.append(names)
             # the file table, in pages: a page is made of the files whose ref falls in it
@@ -125,25 +129,19 @@ class Export:
                     self.page_crcs.append(page_crcs(by_page[p - lo]))
                     by_page[p - lo] = None  # type: ignore[call-overload]
                     self.pages.append(name)
-                    if name not in known:
-                        self.sent.append(name)
-                        yield name, blob
+                    yield from self._unless_known(name, blob, known)
                 del by_page
             tombs = []
             for c in self.copy_segs:
                 pids = np.frombuffer(c.pids, "<u4")
                 tombs.append(np.sort(pids[np.frombuffer(c.live, np.uint8) == 0]).astype("<u4").tobytes())
             hname, blob = self._out("head", Head(tombs, txn.meta_int(b"next_pid"), model, self.of))
-            if hname not in known:
-                self.sent.append(hname)
-                yield hname, blob
+            yield from self._unless_known(hname, blob, known)
             zdict = txn.meta(b"zdict")
             dname = None
             if zdict:
                 dname, blob = self._out("dict", pack(bytes(zdict)))
-                if dname not in known:
-                    self.sent.append(dname)
-                    yield dname, blob
+                yield from self._unless_known(dname, blob, known)
             # vectors: chunks of those made since the last write; all of them anew
             # when the model changed, the chunks pile up, or passage ids were given again
             # since the last write (an old chunk names the id's former passage)
@@ -168,15 +166,11 @@ class Export:
                         name, blob = self._vectors(pids, rows)
                         pids, rows, size = [], [], 0
                         vec_names.append(name)
-                        if name not in known:
-                            self.sent.append(name)
-                            yield name, blob
+                        yield from self._unless_known(name, blob, known)
             if rows:
                 name, blob = self._vectors(pids, rows)
                 vec_names.append(name)
-                if name not in known:
-                    self.sent.append(name)
-                    yield name, blob
+                yield from self._unless_known(name, blob, known)
         self._manifest = Manifest(FORMAT, segments, self.pages, hname, dname,
                                   vec_names, model, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.of)
 

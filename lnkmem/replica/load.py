@@ -154,7 +154,7 @@ def reading_order(manifest: Manifest) -> list[str]:
     return first + [n for parts in m.segments for n in parts] + list(m.vectors)
 
 
-class ReadAhead:
+class FetchAhead:
     """A copy's files fetched and checked (their hash, their decompression) one ahead of
     the reader, on a thread of its own: the bridge's transfer, the hash and zlib run
     while the reader checks and writes the file before (each lets go of the GIL), and at
@@ -194,7 +194,7 @@ class ReadAhead:
 class _Reader:
     """One pass over a copy: each file fetched, checked and (with a write txn) written
     into the cache, then dropped before the next is fetched (the next is fetched and
-    checked meanwhile: :class:`ReadAhead`)."""
+    checked meanwhile: :class:`FetchAhead`)."""
 
     def __init__(self, manifest: Manifest, fetch: Callable[[str], bytes], of: Optional[str],
                  sources, width, store: Optional[Store] = None, txns: Optional["_LoadTxns"] = None):
@@ -205,7 +205,7 @@ class _Reader:
         self.ref_ix: dict[str, int] = {}  # the table's refs -> their index (filled with its pages)
         self.order: Optional[np.ndarray] = None  # sorted old pids when renumbered: new pid = index + 1
         self.keep_dead = False  # the tombed passages kept dead, their postings in place (_run)
-        self.ahead: Optional[ReadAhead] = None  # while it runs
+        self.ahead: Optional[FetchAhead] = None  # while it runs
 
     @property
     def txn(self):
@@ -234,7 +234,7 @@ class _Reader:
 
     def run(self) -> Verified:
         _check_names(self.m, self.of)
-        self.ahead = ReadAhead(self.fetch, reading_order(self.m))
+        self.ahead = FetchAhead(self.fetch, reading_order(self.m))
         try:
             return self._run()
         finally:

@@ -8,7 +8,6 @@ indexing pass returns it. Elsewhere than glibc these are no-ops.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import Optional
 

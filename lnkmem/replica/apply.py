@@ -41,8 +41,8 @@ from lnkmem.index.codec import postings, textpack
 from lnkmem.index.commit import Batch, NewFile
 from lnkmem.index.format import passage_decoder
 from lnkmem.index.store import Store
-from lnkmem.replica.load import RATIO, SLACK, blob_size, checked_blob, checked_record, decoded, valid_ref
-from lnkmem.replica.manifest import FORMAT, CopyDamaged, Head, Manifest, SegmentPart, TablePage, page_of
+from lnkmem.replica.checks import blob_size, checked_blob, checked_record, decoded, valid_ref
+from lnkmem.replica.manifest import FORMAT, RATIO, SLACK, CopyDamaged, Head, Manifest, SegmentPart, TablePage, page_of
 from lnkmem.replica.state import (CopySegments, CopyState, content_gen, content_gen_of, copy_segments, copy_state,
                                   page_crcs, page_refs, put_page_refs, put_state)
 

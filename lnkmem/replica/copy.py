@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from lnkmem.replica.export import (FILES_A_PAGE, MAX_COPY_SEGMENTS, PAGE_GROUP_BYTES, Export, export,
                                    written)
-from lnkmem.replica.load import (CHECK_POSTINGS, LOAD_STEP, FetchAhead, Verified, blob_size, damaged, load,
-                                 load_copy, reading_order, valid_ref, verify)
+from lnkmem.replica.checks import FetchAhead, blob_size, reading_order, valid_ref
+from lnkmem.replica.load import CHECK_POSTINGS, LOAD_STEP, Verified, damaged, load, load_copy, verify
 from lnkmem.replica.manifest import (FORMAT, MANIFEST, MAX_BLOB, MAX_MANIFEST, OLD_FORMAT, PART_BYTES, CopyDamaged,
                                      Manifest, blob_name, decode_manifest, encode_manifest, is_copy_file, page_of,
                                      part_bytes, variant)

@@ -1,10 +1,10 @@
-"""Verify and load: every file of a copy fetched (read ahead on a thread), checked
-and written into the cache one at a time; :func:`verify` the same pass writing nothing."""
+"""Verify and load: every file of a copy fetched (one ahead, on a thread), checked (each
+alone: :mod:`checks`; then together: ids, owners, postings within their segment) and
+written into the cache one at a time; :func:`verify` the same pass writing nothing."""
 
 from __future__ import annotations
 
 import itertools
-import zlib
 from array import array
 from typing import Callable, Iterable, Optional
 
@@ -16,7 +16,9 @@ from lnkmem.index.codec import postings, textpack
 from lnkmem.index.format import (LOADING, FileRec, encoder, file_decoder, file_key, file_value,
                                  id_key, passage_decoder, seg_codec)
 from lnkmem.index.store import Store
-from lnkmem.replica.manifest import (CopyDamaged, FORMAT, Head, MAX_BLOB, MAX_DIM, MAX_FILES, MAX_TERM, Manifest, NAME_RE, OLD_FORMAT, OLD_MAX_BLOB, OLD_NAME_RE, OldTable, RATIO, SLACK, SegmentPart, TablePage, VectorChunk, blob_name, page_of)
+from lnkmem.replica.manifest import (CopyDamaged, FORMAT, Head, MAX_DIM, MAX_TERM, Manifest, OLD_FORMAT, OldTable, RATIO, SLACK, SegmentPart, TablePage, VectorChunk, page_of)
+from lnkmem.replica.checks import (FetchAhead, blob_size, check_names, checked_blob, checked_record, decoded, distinct,
+                                   reading_order, u4, valid_ref)
 from lnkmem.replica.state import (CopySegment, CopySegments, CopyState, content_gen, page_crcs, passage_digests,
                                   put_page_refs, put_state, state_in)
 
@@ -35,160 +37,6 @@ class Verified:
     def __init__(self, manifest: Manifest, refs: list, passages: int, renumbered: bool, fetch=None):
         self.manifest, self.refs, self.passages, self.renumbered = manifest, refs, passages, renumbered
         self.fetch = fetch
-
-
-def _bad(why: str) -> CopyDamaged:
-    return CopyDamaged(why)
-
-
-def blob_size(name: str) -> Optional[int]:
-    """The length a file's name says it has (None: a name of the previous format)."""
-    m = NAME_RE.fullmatch(name)
-    return int(m.group(2)) if m else None
-
-
-def checked_blob(fetch: Callable[[str], bytes], name: str) -> bytes:
-    """A file's decompressed content, once its name is the hash of its content. A file
-    whose name says it is over the bound is refused before it is fetched."""
-    size = blob_size(name)
-    limit = MAX_BLOB if size is not None else OLD_MAX_BLOB
-    if size is not None and size > MAX_BLOB:
-        raise _bad(f"{name} is {size} bytes, over {MAX_BLOB}")
-    data = fetch(name)
-    if len(data) > limit:
-        raise _bad(f"{name} is {len(data)} bytes, over {limit}")
-    made = blob_name(name.split("-", 1)[0], data)
-    if (made if size is not None else made.rsplit("-", 1)[0] + ".bin") != name:
-        raise _bad(f"{name}: its content does not match its name")
-    limit = RATIO * len(data) + SLACK
-    d = zlib.decompressobj()
-    try:
-        raw = d.decompress(data, limit)
-    except zlib.error as e:
-        raise _bad(f"{name} does not decompress: {e}") from None
-    if d.unconsumed_tail:
-        raise _bad(f"{name} decompresses to more than {limit} bytes")
-    if not d.eof or d.unused_data:
-        raise _bad(f"{name} is truncated or has bytes after its end")
-    return raw
-
-
-def decoded(raw: bytes, typ, name: str):
-    try:
-        return msgspec.msgpack.decode(raw, type=typ)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
-        raise _bad(f"{name} is not understood: {e}") from None
-
-
-def valid_ref(ref: str, sources: Optional[Iterable[str]]) -> bool:
-    """A ref this memory could have made: a known source, then a clean path (or `notes`)."""
-    if not isinstance(ref, str) or not ref or len(ref) > 4096 or "\0" in ref or "\\" in ref:
-        return False
-    source, _, path = ref.partition("/")
-    if sources is not None and source not in sources:
-        return False
-    if source == "notes":
-        return path == "" and "/" not in ref
-    if source not in ("home", "chats", "skills") or not path:
-        return False
-    return all(p not in ("", ".", "..") for p in path.split("/"))
-
-
-def checked_record(ref: str, rec_raw: bytes) -> FileRec:
-    """A file's record as a table page of the copy holds it, decoded and sane (its size, its
-    kind, its passage ids within 32 bits); CopyDamaged otherwise."""
-    try:
-        rec = file_decoder.decode(rec_raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        raise _bad(f"the table's record of {ref!r} is not understood") from None
-    if rec.size < 0 or rec.kind not in ("text", "name"):
-        raise _bad(f"the table's record of {ref!r} is not sane")
-    if rec.pids and (min(rec.pids) < 0 or max(rec.pids) >= 1 << 32):
-        raise _bad(f"the table gives {ref!r} a passage that is not its own live one")
-    return rec
-
-
-def _distinct(a: np.ndarray) -> bool:
-    k = np.sort(a)
-    return bool((k[1:] != k[:-1]).all())
-
-
-def _u4(b: bytes, what: str, dtype: str = "<u4") -> np.ndarray:
-    if len(b) % 4:
-        raise _bad(f"{what}: {len(b)} bytes is no whole number of ids")
-    return np.frombuffer(b, dtype)
-
-
-def _check_names(manifest: Manifest, of: Optional[str]) -> None:
-    if of is not None and manifest.of != of:
-        raise _bad(f"the copy is not this memory's (it says it is of {manifest.of!r})")
-    old = manifest.format == OLD_FORMAT
-    names = manifest.names()
-    if len(names) > MAX_FILES:
-        raise _bad(f"the manifest names {len(names)} files, over {MAX_FILES}")
-    if len(set(names)) != len(names):
-        raise _bad("the manifest names a file twice")
-    pat = OLD_NAME_RE if old else NAME_RE
-    groups = [("seg", [n for s in manifest.segments for n in s]), ("vec", manifest.vectors)]
-    groups += [("table", manifest.pages)] if old else [("page", manifest.pages), ("head", [manifest.head]),
-                                                       ("dict", [manifest.dict] if manifest.dict else [])]
-    for kind, group in groups:
-        for n in group:
-            if not isinstance(n, str) or not pat.fullmatch(n) or not n.startswith(kind + "-"):
-                raise _bad(f"the manifest names {n!r}, which is no {kind} file name")
-    if any(not s for s in manifest.segments):
-        raise _bad("the manifest names a segment of no file")
-    if not manifest.pages:
-        raise _bad("the manifest names no table")
-    if manifest.vectors and not manifest.model:
-        raise _bad("the copy has vectors but names no model")
-
-
-def reading_order(manifest: Manifest) -> list[str]:
-    """The files of a copy in the order a load reads them."""
-    m = manifest
-    if m.format == OLD_FORMAT:
-        first = m.pages[:1]
-    else:
-        first = [m.head] + ([m.dict] if m.dict else []) + list(m.pages)
-    return first + [n for parts in m.segments for n in parts] + list(m.vectors)
-
-
-class FetchAhead:
-    """A copy's files fetched and checked (their hash, their decompression) one ahead of
-    the reader, on a thread of its own: the bridge's transfer, the hash and zlib run
-    while the reader checks and writes the file before (each lets go of the GIL), and at
-    most two files are held at once. A file asked out of order is fetched then."""
-
-    def __init__(self, fetch: Callable[[str], bytes], names: Iterable[str]):
-        from concurrent.futures import ThreadPoolExecutor
-        self.fetch = fetch
-        self.names = list(names)
-        self.at = 0
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="lnkmem-copy-read")
-        self.ahead = None  # (name, future) of the next file
-        self._next()
-
-    def _next(self) -> None:
-        self.ahead = None
-        if self.at < len(self.names):
-            name = self.names[self.at]
-            self.at += 1
-            self.ahead = (name, self.pool.submit(checked_blob, self.fetch, name))
-
-    def __call__(self, name: str) -> bytes:
-        if self.ahead is None or self.ahead[0] != name:
-            return checked_blob(self.fetch, name)
-        got = self.ahead[1]
-        self._next()  # (queued behind it: it starts once this one is fetched)
-        return got.result()
-
-    def close(self) -> None:
-        """Nothing more is read: what is ahead is dropped (a transfer under way ends first)."""
-        if self.ahead is not None:
-            self.ahead[1].cancel()
-            self.ahead = None
-        self.pool.shutdown(wait=True)
 
 
 class _Reader:
@@ -225,7 +73,7 @@ class _Reader:
                 self.ok_refs.clear()
             good = self.ok_refs[r] = valid_ref(r, self.sources)
         if not good:
-            raise _bad(f"{where} names {r!r}, which is no ref of this memory's sources")
+            raise CopyDamaged(f"{where} names {r!r}, which is no ref of this memory's sources")
 
     def remap(self, a: np.ndarray) -> np.ndarray:
         if self.order is None or not len(a):
@@ -233,7 +81,7 @@ class _Reader:
         return (np.searchsorted(self.order, a) + 1).astype("<u4")
 
     def run(self) -> Verified:
-        _check_names(self.m, self.of)
+        check_names(self.m, self.of)
         self.ahead = FetchAhead(self.fetch, reading_order(self.m))
         try:
             return self._run()
@@ -251,7 +99,7 @@ class _Reader:
         # the head (dead passages, next id, model, whose) and the dictionary
         if old:  # one dead list for every segment
             table = decoded(self.blob(m.pages[0]), OldTable, m.pages[0])
-            dead = np.sort(_u4(table.dead, m.pages[0], ">u4").astype(np.int64))
+            dead = np.sort(u4(table.dead, m.pages[0], ">u4").astype(np.int64))
             head = Head([], table.next_pid, table.model, table.of)
             zdict = table.zdict
             tombs = [dead] * len(m.segments)
@@ -260,24 +108,24 @@ class _Reader:
             head = decoded(self.blob(m.head), Head, m.head)
             zdict = decoded(self.blob(m.dict), bytes, m.dict) if m.dict else None
             if len(head.tombs) != len(m.segments):
-                raise _bad("the head's dead passages and the manifest's segments disagree")
+                raise CopyDamaged("the head's dead passages and the manifest's segments disagree")
             tombs = []
             for t in head.tombs:
-                a = _u4(t, m.head).astype(np.int64)
+                a = u4(t, m.head).astype(np.int64)
                 if len(a) > 1 and not (a[1:] > a[:-1]).all():
-                    raise _bad("the head's dead passages are not distinct and ascending")
+                    raise CopyDamaged("the head's dead passages are not distinct and ascending")
                 tombs.append(a)
             head.tombs = []
         if self.of is not None and head.of != self.of:
-            raise _bad(f"the copy's table is not this memory's (it says it is of {head.of!r})")
+            raise CopyDamaged(f"the copy's table is not this memory's (it says it is of {head.of!r})")
         if head.model != m.model:
-            raise _bad("the table and the manifest name different models")
+            raise CopyDamaged("the table and the manifest name different models")
         try:
             textpack.check_dict(zdict)
         except ValueError as e:
-            raise _bad(f"the table's passage dictionary is not one the engine makes ({e})") from None
+            raise CopyDamaged(f"the table's passage dictionary is not one the engine makes ({e})") from None
         if not isinstance(head.next_pid, int) or head.next_pid < 1 or head.next_pid > 1 << 32:
-            raise _bad(f"the table's next passage id {head.next_pid} is not beyond its passages")
+            raise CopyDamaged(f"the table's next passage id {head.next_pid} is not beyond its passages")
         # the table's pages: each file's record (written as read), and who owns which passage
         refs: list[str] = []
         ref_ix: dict[str, int] = {}
@@ -289,11 +137,11 @@ class _Reader:
             items = []
             for ref, rec_raw in files:
                 if not valid_ref(ref, self.sources):  # (each once: not kept, see check_ref)
-                    raise _bad(f"{name} names {ref!r}, which is no ref of this memory's sources")
+                    raise CopyDamaged(f"{name} names {ref!r}, which is no ref of this memory's sources")
                 if ref in ref_ix:
-                    raise _bad(f"the table names {ref!r} twice")
+                    raise CopyDamaged(f"the table names {ref!r} twice")
                 if not old and page_of(ref, npages) != i:
-                    raise _bad(f"{name} holds {ref!r}, which is not of its page")
+                    raise CopyDamaged(f"{name} holds {ref!r}, which is not of its page")
                 rec = checked_record(ref, rec_raw)
                 ix = ref_ix[ref] = len(refs)
                 refs.append(ref)
@@ -317,10 +165,10 @@ class _Reader:
         every, whose = owned[by], owner[by].astype(np.int32)  # (a file's index: 4 bytes a passage, not 8)
         del by, owned, owner, owned_p, owned_r
         if len(every) > 1 and not (every[1:] != every[:-1]).all():
-            raise _bad("the table gives a passage to two files")
+            raise CopyDamaged("the table gives a passage to two files")
         top = int(every[-1]) if len(every) else 0
         if head.next_pid < top + 1:
-            raise _bad(f"the table's next passage id {head.next_pid} is not beyond its passages")
+            raise CopyDamaged(f"the table's next passage id {head.next_pid} is not beyond its passages")
         if head.next_pid > SPARSE * len(every) + DENSE_SLACK:  # ids never size an allocation
             self.order = every
             if self.txn is not None:
@@ -346,7 +194,7 @@ class _Reader:
             next_seg += 1
         del tombs
         if not seen.all():
-            raise _bad("the table's files and the segments' live passages disagree")
+            raise CopyDamaged("the table's files and the segments' live passages disagree")
         vecs = self._vectors(head)
         if self.txn is not None:
             txn = self.txn
@@ -404,13 +252,13 @@ class _Reader:
         for name in parts:
             raw = self.blob(name)
             s = decoded(raw, SegmentPart, name)
-            pids_u4 = _u4(s.pids, name)
+            pids_u4 = u4(s.pids, name)
             pids = pids_u4.astype(np.int64)
             n = len(pids)
             if len(s.lens) != 4 * n or len(s.refs) != n or len(s.passages) != n or len(s.terms) != len(s.postings):
-                raise _bad(f"{name}: its lengths disagree")
+                raise CopyDamaged(f"{name}: its lengths disagree")
             if n and held is not None:
-                raise _bad(f"{name}: passages after the segment's postings")
+                raise CopyDamaged(f"{name}: passages after the segment's postings")
             if n:
                 if nt:
                     at = np.minimum(np.searchsorted(tomb, pids), nt - 1)
@@ -422,9 +270,9 @@ class _Reader:
                 li = np.flatnonzero(live)
                 at = np.minimum(np.searchsorted(every, lp), max(len(every) - 1, 0))
                 if len(lp) and (not len(every) or not (every[at] == lp).all()):
-                    raise _bad(f"{name}: a live passage no file of the table has")
-                if seen[at].any() or not _distinct(at):
-                    raise _bad(f"{name}: a passage is in two segments")
+                    raise CopyDamaged(f"{name}: a live passage no file of the table has")
+                if seen[at].any() or not distinct(at):
+                    raise CopyDamaged(f"{name}: a passage is in two segments")
                 seen[at] = True
                 refs = s.refs if len(li) == n else [s.refs[i] for i in li.tolist()]
                 for r in set(s.refs if keep_dead else refs):  # (a dead passage's ref reaches the cache too)
@@ -432,7 +280,7 @@ class _Reader:
                 get = self.ref_ix.get
                 ix = np.fromiter(map(get, refs, itertools.repeat(-2, len(refs))), np.int64, len(refs))
                 if not (whose[at] == ix).all():
-                    raise _bad(f"{name}: the table gives a file a passage of another")
+                    raise CopyDamaged(f"{name}: the table gives a file a passage of another")
                 blobs = s.passages if len(li) == n else [s.passages[i] for i in li.tolist()]
                 self._check_passages(name, blobs, refs, pids[li], zdict, RATIO * len(raw) + SLACK)
                 dead_kept = keep_dead and len(li) < n  # this part's dead passages go in too
@@ -483,7 +331,7 @@ class _Reader:
                 terms = s.terms  # (each compared in C: tens of millions of terms at 10x)
                 if (prev is not None and terms[0] <= prev) or not all(map(bytes.__lt__, terms, terms[1:])) \
                         or min(map(len, terms)) < 1 or max(map(len, terms)) > MAX_TERM:
-                    raise _bad(f"{name}: its terms are not distinct, sorted and short")
+                    raise CopyDamaged(f"{name}: its terms are not distinct, sorted and short")
                 prev = terms[-1]
                 self._postings(name, s, held, sk)
             self.wrote(len(raw))  # (about what this part wrote: its passages and postings, decompressed)
@@ -491,7 +339,7 @@ class _Reader:
             if self.store is not None:
                 self.store.let_go()  # (LMDB's dirty pages stay until the commit)
         if check_tomb and tombed != nt:
-            raise _bad("the head marks dead passages its segment does not hold")
+            raise CopyDamaged("the head marks dead passages its segment does not hold")
         lens = b"".join(len_parts)
         pids_all = np.concatenate(new_parts) if new_parts else np.empty(0, "<u4")
         if self.txn is not None:
@@ -507,11 +355,11 @@ class _Reader:
         """Each live passage of a part is one the engine makes, of the ref its segment
         says, all of them decompressing to at most ``room`` bytes."""
         if not all(blobs):
-            raise _bad(f"{name}: live passage {int(pids[blobs.index(b'')])} has no text")
+            raise CopyDamaged(f"{name}: live passage {int(pids[blobs.index(b'')])} has no text")
         try:
             raws = textpack.unpack_many(blobs, zdict, room)
         except textpack.BadPassage as e:
-            raise _bad(f"{name}: passage {int(pids[e.index])} is not understood ({e})") from None
+            raise CopyDamaged(f"{name}: passage {int(pids[e.index])} is not understood ({e})") from None
         dec = passage_decoder.decode
         try:
             got = [p.ref for p in map(dec, raws)]
@@ -520,11 +368,11 @@ class _Reader:
                 try:
                     dec(r)
                 except (msgspec.DecodeError, msgspec.ValidationError):
-                    raise _bad(f"{name}: passage {int(pids[i])} is not understood") from None
+                    raise CopyDamaged(f"{name}: passage {int(pids[i])} is not understood") from None
             raise
         if got != refs:
             i = next(i for i, (a, b) in enumerate(zip(got, refs)) if a != b)
-            raise _bad(f"{name}: passage {int(pids[i])} names another ref than its segment")
+            raise CopyDamaged(f"{name}: passage {int(pids[i])} names another ref than its segment")
 
     def _postings(self, name: str, s: SegmentPart, held: np.ndarray, sk: bytes) -> None:
         n = len(held)
@@ -542,9 +390,9 @@ class _Reader:
                 return bool((held[at] == pp).all())
         claims = postings.stated_counts(vals)
         if len(claims) and claims.min() < 0:
-            raise _bad(f"{name}: a posting list has a broken length")
+            raise CopyDamaged(f"{name}: a posting list has a broken length")
         if len(claims) and claims.max() > n:
-            raise _bad(f"{name}: a posting list claims more postings than the segment holds")
+            raise CopyDamaged(f"{name}: a posting list claims more postings than the segment holds")
         upto = np.cumsum(claims)
         a = 0
         while a < len(vals):
@@ -554,9 +402,9 @@ class _Reader:
             try:
                 pp, counts = postings.check_many(vals[a:b])
             except ValueError as e:
-                raise _bad(f"{name}: {e}") from None
+                raise CopyDamaged(f"{name}: {e}") from None
             if len(pp) and (n == 0 or not mask_ok(pp)):
-                raise _bad(f"{name}: a posting names a passage the segment does not hold")
+                raise CopyDamaged(f"{name}: a posting names a passage the segment does not hold")
             if self.txn is not None:
                 batch = list(vals[a:b])
                 tomb = self._tomb
@@ -602,21 +450,21 @@ class _Reader:
         live = 0
         for name in m.vectors:
             v = decoded(self.blob(name), VectorChunk, name)
-            vp = _u4(v.pids, name)
+            vp = u4(v.pids, name)
             if not 1 <= v.dim <= MAX_DIM or (dim is not None and v.dim != dim):
-                raise _bad(f"{name}: vectors {v.dim} wide, not the copy's width")
+                raise CopyDamaged(f"{name}: vectors {v.dim} wide, not the copy's width")
             if self.width is not None and self.width[0] == m.model and v.dim != self.width[1]:
-                raise _bad(f"{name}: vectors {v.dim} wide, but the model's are {self.width[1]}")
+                raise CopyDamaged(f"{name}: vectors {v.dim} wide, but the model's are {self.width[1]}")
             dim = v.dim
             if len(v.rows) != len(vp) * (v.dim + 4):
-                raise _bad(f"{name}: its rows and ids disagree")
+                raise CopyDamaged(f"{name}: its rows and ids disagree")
             if len(vp) and (int(vp.max()) >= head.next_pid):
-                raise _bad(f"{name}: a vector names a passage id the copy never gave")
+                raise CopyDamaged(f"{name}: a vector names a passage id the copy never gave")
             if len(vp):
                 raw = np.frombuffer(v.rows, np.uint8).reshape(len(vp), v.dim + 4)
                 scale = raw[:, v.dim:].copy().view("<f4").ravel()
                 if not np.isfinite(scale).all():
-                    raise _bad(f"{name}: a vector's scale is not a number")
+                    raise CopyDamaged(f"{name}: a vector's scale is not a number")
             if self.txn is not None:
                 live += self._load_vectors(v, vp)
         return live

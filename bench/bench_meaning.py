@@ -12,7 +12,7 @@ What it does, in-process with the engine's own parts:
 - writes each SciFact document as ``home/<doc_id>.md`` (``title``, a blank
   line, ``text``) in a temporary folder and indexes it with ``indexer.build``;
 - embeds every passage with all-MiniLM-L6-v2 through ``fakes.model_server``
-  over HTTP on a Unix socket with ``lnkmem.memory.embed.Embedder`` (the embeddings are
+  over HTTP on a Unix socket with ``lnkmem.bridges.embed.Embedder`` (the embeddings are
   cached in ``bench/out/meaning/`` or ``$LNKMEM_BENCH_CACHE``, keyed by model and
   passage texts, each file with its texts' own keys beside it, so that a run whose
   passages changed in part embeds only the changed ones; a cached run still
@@ -80,7 +80,7 @@ from common import HERE, ROOT  # noqa: E402
 import eval_data as ed  # noqa: E402
 
 from lnkmem.bridges.local import LocalPlace  # noqa: E402
-from lnkmem.memory.embed import Embedder  # noqa: E402
+from lnkmem.bridges.embed import Embedder  # noqa: E402
 from lnkmem.index.build import indexer  # noqa: E402
 from lnkmem.index.rank import hybrid  # noqa: E402
 from lnkmem.index.rank.search import bm25, scores_of  # noqa: E402

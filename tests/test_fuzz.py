@@ -530,7 +530,7 @@ def _garbage(g: FakeServer, **kw) -> None:
 @fuzz(30)
 @given(st.sampled_from(GARBAGE_MODES), st.integers(1, 80), st.sampled_from([None, 1, 2]))
 def test_embedder_against_garbage(garbage, mode, n, count):
-    from lnkmem.memory.embed import Circuit, Embedder, EmbeddingUnavailable
+    from lnkmem.bridges.embed import Circuit, Embedder, EmbeddingUnavailable
     kw = {"mode": mode, "count": count}
     if mode == "huge":
         kw["size"] = 65 << 20

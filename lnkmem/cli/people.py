@@ -136,7 +136,7 @@ class Run:
         memory, store = self.memory, self.memory.store
         if memory.embedder is None or self.stop:
             return
-        from lnkmem.memory.embed import EmbeddingUnavailable
+        from lnkmem.bridges.embed import EmbeddingUnavailable
         store.use_vector_model(memory.embedder.model)
         memory.vindex.load(store)
         live = store.snapshot.live

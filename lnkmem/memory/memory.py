@@ -103,7 +103,7 @@ class Memory(ServedMemory):
         self._embed_wake = threading.Event()
         self._qcache: "OrderedDict[str, object]" = OrderedDict()
         if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
-            from lnkmem.memory.embed import Embedder
+            from lnkmem.bridges.embed import Embedder
             from lnkmem.index.rank.vectors import VectorIndex
             url, model, headers = self.layout.embed
             try:
@@ -665,7 +665,7 @@ class Memory(ServedMemory):
 
     def _embed_pending(self) -> None:
         """Wait for a wake-up, then embed every live passage that has no vector."""
-        from lnkmem.memory.embed import EmbeddingUnavailable
+        from lnkmem.bridges.embed import EmbeddingUnavailable
         self._embed_wake.wait(timeout=5)
         self._embed_wake.clear()
         while not self._stop.is_set():
@@ -688,7 +688,7 @@ class Memory(ServedMemory):
             self.vindex.add([pids[i] for i in keep], vecs[keep])
 
     def query_vector(self, query: str):
-        from lnkmem.memory.embed import EmbeddingUnavailable
+        from lnkmem.bridges.embed import EmbeddingUnavailable
         v = self._qcache.get(query)
         if v is not None:
             self._qcache.move_to_end(query)

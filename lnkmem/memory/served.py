@@ -24,7 +24,7 @@ from lnkmem.memory.config import AgentConfig
 if TYPE_CHECKING:  # (names only: nothing heavy is imported for them)
     from lnkmem.bridges.place import PlaceBase
     from lnkmem.index.store import Store
-    from lnkmem.memory.embed import Embedder
+    from lnkmem.bridges.embed import Embedder
     from lnkmem.memory.layout import Layout
 
 

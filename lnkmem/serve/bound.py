@@ -545,7 +545,7 @@ class Bindings:
             return None
         key, owner, agent = first.bound.key, first.bound.owner, first.agent
         model = cfg.spec.model or self.opts.embed or "default"
-        from lnkmem.memory.embed import binding_headers
+        from lnkmem.bridges.embed import binding_headers
         return url, model, binding_headers(url, lambda: {"Authorization": auth_header(key, "embedding", owner, agent)},
                                            f"agent {agent}")
 

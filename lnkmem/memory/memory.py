@@ -514,9 +514,9 @@ class Memory(ServedMemory):
     def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is
         older than the re-check interval, and wait (a while) for a newer version."""
-        from lnkmem.replica.sync import recheck
         if self.layout.replica is None or self.layout.writes or not self.ready.is_set():
-            return
+            return  # (before the copy's code is imported: a local memory's first search needs none of it)
+        from lnkmem.replica.sync import recheck
         if time.monotonic() - self.last_check < recheck():
             return
         self.last_check = time.monotonic()

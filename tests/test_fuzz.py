@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakes.harness import FakeServer
-from lnkmem.memory import notes as notes_mod
+from lnkmem.memory import notesrules as notes_mod
 from lnkmem.core.errors import ToolError, UsageError
 from lnkmem.memory.threads import notes_refusal
 from tests.helpers import Home, Many, Server, agent_entry, base_env, refs, run_cli, tree_digest, until

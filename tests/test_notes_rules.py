@@ -4,7 +4,7 @@ limit named in bytes, and which threads may change the notes."""
 import pytest
 
 from lnkmem.core.errors import ToolError
-from lnkmem.memory.notes import apply
+from lnkmem.memory.notesrules import apply
 from lnkmem.memory.threads import notes_refusal
 
 

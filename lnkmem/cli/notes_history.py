@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from lnkmem.memory.notes import count_entries
+from lnkmem.memory.notesrules import count_entries
 from lnkmem.memory.noteshistory import History, HistoryRefused, rfc3339
 
 

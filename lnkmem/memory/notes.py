@@ -4,6 +4,11 @@ A change is read-change-write under a lock, re-reading the file first and
 checking just before the replace that nobody changed it meanwhile, then an
 atomic rename of a temporary file written in the notes' own folder (§2.2
 rev. 2: ``<state>`` may be another mount). Nothing of the notes is ever lost: a refused change changes nothing.
+
+One concern, a local notes file kept whole against editors that write it meanwhile (the
+read, the change and its aftercare for a late writer); what a change does to the text is
+:mod:`notesrules`', the kernel's word on writers :mod:`leases`', the notes of a bound agent
+:mod:`bridgenotes`'.
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ import errno
 import fcntl
 import logging
 import os
-import signal
 import stat
 import sys
 import secrets
@@ -25,65 +29,10 @@ from typing import Iterator, Optional
 from lnkmem.core import atomic
 from lnkmem.core.errors import ToolError
 from lnkmem.core.knobs import knobs
+from lnkmem.memory import leases, notesrules
+from lnkmem.memory.notesrules import Change, apply, count_entries
 
 log = logging.getLogger("lnkmem")
-
-
-def _norm(line: str) -> str:
-    s = line.strip()
-    if s.startswith("- "):
-        s = s[2:].strip()
-    elif s == "-":
-        s = ""
-    return s
-
-
-def count_entries(text: str) -> int:
-    return sum(1 for line in text.splitlines() if _norm(line) and not line.lstrip().startswith("#"))
-
-
-@dataclass
-class Change:
-    text: str  # the notes after the change
-    bytes: int
-    entries: int
-
-
-def apply(current: str, add: Optional[str], remove: Optional[str], limit: int) -> Change:
-    """The notes after removing ``remove`` and adding ``add``; ToolError if not possible."""
-    if add is None and remove is None:
-        raise ToolError("remember needs `add` or `remove` (or both)")
-    lines = current.splitlines()
-    if remove is not None:
-        target = _norm(remove)
-        if not target:
-            raise ToolError("remove: empty text names no line")
-        matches = [i for i, line in enumerate(lines) if _norm(line) == target]
-        if len(matches) != 1:
-            if matches:
-                cands = [lines[i] for i in matches]
-                why = f"remove: {len(matches)} lines equal {target!r}; nothing was changed. They are:"
-            else:
-                words = target.lower().split()
-                cands = [ln for ln in lines if _norm(ln) and any(w in ln.lower() for w in words)][:20]
-                why = f"remove: no line equals {target!r}; nothing was changed."
-                if cands:
-                    why += " Lines that look alike:"
-            raise ToolError("\n".join([why] + [f"  {c}" for c in cands]))
-        del lines[matches[0]]
-    if add is not None:
-        entry = " ".join(add.split())
-        if not entry:
-            raise ToolError("add: empty text")
-        lines.append(f"- {entry}")
-    text = "\n".join(lines) + ("\n" if lines else "")
-    size = len(text.encode("utf-8"))
-    if size > limit:
-        raise ToolError(
-            f"the notes would be {size} bytes, over their limit of {limit} bytes; "
-            f"remove at least {size - limit} bytes of entries first (remember with `remove`)"
-        )
-    return Change(text, size, count_entries(text))
 
 
 NOTES_MAX = 4 << 20  # a notes file larger than this is never read whole (§2.2)
@@ -345,7 +294,7 @@ class LocalNotes:
         ``writers_s``); elsewhere, not changed in the last few milliseconds.
         With ``hold`` the lease is kept (the caller drops it); the caller
         closes the descriptor."""
-        use_lease = _leases()
+        use_lease = leases.usable()
         deadline = time.monotonic() + CHANGE_PATIENCE_S + writers_s
         busy_since = None
         while True:
@@ -355,7 +304,7 @@ class LocalNotes:
             keep = leased = False
             try:
                 if use_lease:
-                    got = _try_lease(fd)
+                    got = leases.try_lease(fd)
                     if got == "busy":  # open for writing right now: read it once it is closed
                         busy_since = busy_since or time.monotonic()
                         if time.monotonic() - busy_since > writers_s:  # held open that long: judge by times
@@ -371,16 +320,16 @@ class LocalNotes:
                                     f"ever read; nothing was changed")
                 quiet = leased or time.time_ns() - after.st_mtime_ns >= SETTLE_NS
                 if (_ident(before) == _ident(after) and len(data) == after.st_size and quiet
-                        and (not leased or _get_lease(fd) == fcntl.F_RDLCK)
+                        and (not leased or leases.held(fd) == fcntl.F_RDLCK)
                         and named is not None and (named.st_dev, named.st_ino) == (after.st_dev, after.st_ino)):
                     keep = True
                     if leased and not hold:
-                        _drop_lease(fd)
+                        leases.drop(fd)
                     return data, after, fd, leased and hold
             finally:
                 if not keep:
                     if leased:
-                        _drop_lease(fd)
+                        leases.drop(fd)
                     os.close(fd)
                     if time.monotonic() > deadline:
                         raise ToolError("the notes kept changing while they were read; nothing was changed, "
@@ -486,7 +435,7 @@ class LocalNotes:
 
     def _unchanged(self, fd: Optional[int], st: Optional[os.stat_result], base: bytes, leased: bool) -> bool:
         """Whether the notes are still exactly what was read (identity, size, times, content)."""
-        if leased and _get_lease(fd) != fcntl.F_RDLCK:  # someone is opening it for writing
+        if leased and leases.held(fd) != fcntl.F_RDLCK:  # someone is opening it for writing
             return False
         now = self._lstat()
         if now is None:
@@ -586,7 +535,7 @@ class LocalNotes:
                 try:
                     if self._cut_short(data, st):  # an editor between its truncate and its write: wait
                         if leased:
-                            _drop_lease(fd)
+                            leases.drop(fd)
                         time.sleep(0.02)
                         continue
                     suspect = False  # emptied or cut short lately: its writer may save later (issue 46)
@@ -601,19 +550,19 @@ class LocalNotes:
                         text = result.text
                         if text == current and fd is not None:  # nothing to change (a merge with nothing new)
                             if leased:
-                                _drop_lease(fd)
+                                leases.drop(fd)
                             return result
                     else:  # carry the other writer's edit over, and ours where it was saved over since
                         base, theirs, ours = (x.decode("utf-8", "replace") for x in carry)
-                        text = _merge(base, ours, _merge(base, theirs, current))
+                        text = notesrules.merge(base, ours, notesrules.merge(base, theirs, current))
                         if text == current:
                             if leased:
-                                _drop_lease(fd)
+                                leases.drop(fd)
                             self._keep_quietly(data, "written")
                             return result
                     if data:  # the history first: where the text replaced cannot be kept, nothing changes
                         self._keep(data, why)
-                    held = None if fd is None else False if leased else _writer_holds(fd)
+                    held = None if fd is None else False if leased else leases.writer_holds(fd)
                     keep_old = held is True or (held is None and suspect and fd is not None)
                     tmp = self._write_temp(text, self._mode(st))
                     swapped = old_name = None
@@ -625,12 +574,12 @@ class LocalNotes:
                             done, swapped, old_name = self._replace(tmp, fd, st, data, leased, why, keep_old)
                             if not done:  # someone wrote meanwhile: start over
                                 if leased:
-                                    _drop_lease(fd)
+                                    leases.drop(fd)
                                 continue
                             tmp = None
                     except BaseException:
                         if leased:
-                            _drop_lease(fd)
+                            leases.drop(fd)
                         if isinstance(sys.exc_info()[1], (FileExistsError, FileNotFoundError)):
                             continue  # made or removed meanwhile: start over
                         raise
@@ -649,7 +598,7 @@ class LocalNotes:
                         self._aftercare(data, written, fd if old_name is not None else None, old_name, suspect)
                     if swapped is not None:  # a file renamed over the notes after the read: kept, merged
                         if leased:
-                            _drop_lease(fd)
+                            leases.drop(fd)
                         carry = (data, swapped, written)
                         continue
                     late = self._late_writer(fd, st, data, leased) if fd is not None and old_name is None else None
@@ -754,7 +703,7 @@ class LocalNotes:
             cur = _ident(os.fstat(w.old_fd))
             if cur != w.old_last[0]:
                 w.old_last = (cur, now)
-            holds = _writer_holds(w.old_fd)
+            holds = leases.writer_holds(w.old_fd)
             quiet = now - w.old_last[1] >= LATE_QUIET_S
             if holds is False:  # its writer closed it: what it saved there is kept and merged, once
                 if cur != w.old_ident:
@@ -781,10 +730,10 @@ class LocalNotes:
                 if st is not None and not self._cut_short(current.encode("utf-8"), st) and self._stable_since(st):
                     w.name_ident = _ident(st)
                     base = w.base.decode("utf-8", "replace")
-                    if _merge(base, w.ours.decode("utf-8", "replace"), current) != current:
+                    if notesrules.merge(base, w.ours.decode("utf-8", "replace"), current) != current:
                         # saved over, dropping the change: merged back (as the change is when the lock is
                         # held: a change of the agent's own since is no save to undo)
-                        self._carry(lambda cur: _merge(base, w.ours.decode("utf-8", "replace"), cur),
+                        self._carry(lambda cur: notesrules.merge(base, w.ours.decode("utf-8", "replace"), cur),
                                     "the change was saved over")
                         w.name_until = 0.0
         return w.old_fd is None and not w.name_until
@@ -802,7 +751,7 @@ class LocalNotes:
             return
         self._keep_quietly(data, "late")
         base, theirs = w.base.decode("utf-8", "replace"), data.decode("utf-8", "replace")
-        self._carry(lambda cur: _merge(base, cur, theirs), "saved into the file it replaced")
+        self._carry(lambda cur: notesrules.merge(base, cur, theirs), "saved into the file it replaced")
 
     def _carry(self, merged, what: str) -> None:
         """Make the notes ``merged(current)`` (a change like `remember`'s), and say so in the log."""
@@ -832,7 +781,7 @@ class LocalNotes:
             if fd is not None:
                 os.close(fd)
             current = data.decode("utf-8", "replace")
-            held = _merge(base, ours, current) == current
+            held = notesrules.merge(base, ours, current) == current
         except ToolError:
             held = None
         now = {True: "the notes hold it now", False: "the notes do not hold it now",
@@ -849,14 +798,14 @@ class LocalNotes:
         one holds the old file open for writing. Without one, the old file is
         watched until it has been quiet for a moment."""
         if leased:
-            if _get_lease(fd) == fcntl.F_RDLCK:
-                _drop_lease(fd)
+            if leases.held(fd) == fcntl.F_RDLCK:
+                leases.drop(fd)
                 return None
-            _drop_lease(fd)  # let the writer go on, into the old file; wait until it is done
+            leases.drop(fd)  # let the writer go on, into the old file; wait until it is done
             deadline = time.monotonic() + 10
-            while not _take_lease(fd) and time.monotonic() < deadline:
+            while not leases.take(fd) and time.monotonic() < deadline:
                 time.sleep(0.002)
-            _drop_lease(fd)
+            leases.drop(fd)
         else:
             deadline = time.monotonic() + LATE_WRITER_S
             last = _ident(os.fstat(fd))
@@ -873,151 +822,3 @@ class LocalNotes:
             return None
         data = self._read_fd(fd)
         return None if data == base else data
-
-
-def _merge(base: str, theirs: str, ours: str) -> str:
-    """``ours`` with the lines ``theirs`` added to or removed from ``base``."""
-    from collections import Counter
-    b, t = Counter(base.splitlines()), Counter(theirs.splitlines())
-    added, removed = t - b, b - t
-    lines = ours.splitlines()
-    out = []
-    for line in lines:
-        if removed.get(line):
-            removed[line] -= 1
-            continue
-        out.append(line)
-    have = Counter(out)
-    for line in theirs.splitlines():
-        if added.get(line):
-            added[line] -= 1
-            if have.get(line):
-                have[line] -= 1
-                continue
-            out.append(line)
-    return "\n".join(out) + ("\n" if out else "")
-
-
-# Leases (fcntl F_SETLEASE) tell exactly whether anyone opened the notes for
-# writing between the re-check and the rename. A lease break signals SIGIO,
-# whose default action ends the process: leases are used only where SIGIO is
-# ignored (set here when this module is first imported by the main thread).
-if threading.current_thread() is threading.main_thread():
-    try:
-        if signal.getsignal(signal.SIGIO) == signal.SIG_DFL:
-            signal.signal(signal.SIGIO, signal.SIG_IGN)
-    except (ValueError, OSError, AttributeError):
-        pass
-
-
-def _leases() -> bool:
-    return hasattr(fcntl, "F_SETLEASE") and signal.getsignal(signal.SIGIO) == signal.SIG_IGN
-
-
-def _try_lease(fd: int) -> str:
-    """Take a read lease: "ok"; "busy" when someone holds the file open for
-    writing; "no" where leases do not work (another owner, the filesystem)."""
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-        return "ok"
-    except OSError as e:
-        return "busy" if e.errno == errno.EAGAIN else "no"
-
-
-def _writer_holds(fd: int) -> Optional[bool]:
-    """Whether anyone holds the file open for writing now; None where leases cannot tell."""
-    if not _leases():
-        return None
-    got = _try_lease(fd)
-    if got == "ok":
-        _drop_lease(fd)
-        return False
-    return True if got == "busy" else None
-
-
-def _take_lease(fd: int) -> bool:
-    return _try_lease(fd) == "ok"
-
-
-def _get_lease(fd: int) -> int:
-    try:
-        return fcntl.fcntl(fd, fcntl.F_GETLEASE)
-    except OSError:
-        return fcntl.F_UNLCK
-
-
-def _drop_lease(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-    except OSError:
-        pass
-
-
-class BridgeNotes:
-    """The notes as `notes.md` of the storage bridge's memory collection.
-
-    A change is written through to the bridge before `remember` answers, as
-    a conditional write on the version just read; on 412 (someone else wrote
-    meanwhile) it reads again and re-applies, so two engines adding notes at
-    once lose neither.
-    """
-
-    local = False
-    NAME = "notes.md"
-
-    def __init__(self, collection, state: Optional[str] = None):
-        self.coll = collection
-        self.state = state  # where the text a change replaces is kept (§2.2 rev. 3): the cache's folder
-        self._history = None
-
-    def _keep(self, data: bytes) -> None:
-        """Keep the text a change is about to replace (written and synced before the write)."""
-        if self.state is None or not data:
-            return
-        from lnkmem.memory.config import open_folder
-        from lnkmem.memory.noteshistory import History
-        try:
-            if self._history is None:
-                fd = open_folder(self.state, None, create=True, mode=0o700)
-                try:
-                    self._history = History(fd, where=self.state)
-                finally:
-                    os.close(fd)
-            self._history.keep(data, "replaced")
-        except OSError as e:
-            raise ToolError(f"the text the change would replace could not be kept in {self.state}/notes-history "
-                            f"({e.strerror or e}); nothing was changed") from None
-
-    def entry(self):
-        return self.coll.stat(self.NAME)
-
-    def read_bytes(self) -> tuple[bytes, str]:
-        return self.coll.read(self.NAME)
-
-    def read(self) -> str:
-        from lnkmem.bridges.place import NotFound
-        try:
-            return self.read_bytes()[0].decode("utf-8", "replace")
-        except NotFound:
-            return ""
-
-    def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
-        from lnkmem.bridges.http import BridgeDown
-        from lnkmem.bridges.place import Conflict, NotFound
-        for _ in range(20):
-            try:
-                data, version = self.coll.read(self.NAME)
-                current = data.decode("utf-8", "replace")
-            except NotFound:
-                current, version = "", None
-            result = apply(current, add, remove, limit)
-            if version is not None:
-                self._keep(data)
-            try:
-                self.coll.write(self.NAME, result.text.encode("utf-8"), version)
-            except Conflict:
-                continue
-            except BridgeDown as e:
-                raise ToolError(f"the notes could not be written: {e}; nothing was changed") from None
-            return result
-        raise ToolError("the notes kept changing under us; nothing was changed, try again")

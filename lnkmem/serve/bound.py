@@ -488,7 +488,8 @@ class Bindings:
         from lnkmem.memory.layout import Layout, NotesPlace, agent_folder
         from lnkmem.memory.memory import Memory
         from lnkmem.memory.config import FolderRefused
-        from lnkmem.memory.notes import BridgeNotes, LocalNotes
+        from lnkmem.memory.bridgenotes import BridgeNotes
+        from lnkmem.memory.notes import LocalNotes
         from lnkmem.replica.sync import Replica
         b = first.bound
         files = binding.client("files")

@@ -329,13 +329,17 @@ def _remembered_then_saved(s, home, go: threading.Event, ed: threading.Thread) -
 def test_remember_before_the_engine_read_the_notes_loses_none_of_them(home, style):
     """Issue 46: an editor (holding the notes open, or not) has emptied them before the
     engine started, and saves its ten entries after the first `remember` (which came
-    before the engine read anything): none of the ten is lost, nor the note remembered."""
+    before the engine read anything): none of the ten is lost, nor the note remembered.
+    The emptying is seconds older than the engine's wait for a writer (a start slowed by
+    a busy machine): the note remembered was lost, saved over by name."""
     home.notes.write_text(TEN)
     truncated, go = threading.Event(), threading.Event()
     save = (TEN + "- editor line\n").encode()
     ed = threading.Thread(target=_editor, args=(home.notes, style, truncated, go, save))
     ed.start()
     assert truncated.wait(10)
+    past = time.time() - 5  # emptied a while before the engine's start (past its 1 s wait: a slow start)
+    os.utime(home.notes, (past, past))
     try:
         with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
             s.initialize()

@@ -542,8 +542,11 @@ class LocalNotes:
                     if self._last_seen and (st is None or not data or len(data) * SHORTER < len(self._last_seen)):
                         self._keep(self._last_seen, "seen")  # cut short long enough: the text before it, kept
                         suspect = True
-                    elif st is not None and not data and time.time() - st.st_mtime < wait_s():
-                        suspect = True  # emptied lately, before this engine saw what it held
+                    elif st is not None and not data and time.time() - st.st_mtime < aftercare_s():
+                        # emptied lately, before this engine saw what it held: its writer may
+                        # still save (judged over the watch's span, not the wait's: a start
+                        # slowed by a busy machine is no sign the emptying was meant)
+                        suspect = True
                     current = data.decode("utf-8", "replace")
                     if carry is None:
                         result = make(current)

@@ -205,3 +205,58 @@ def test_a_change_that_fails_a_check_is_not_applied_and_changes_nothing(versions
         assert answers(cache) == before and copyfmt.copy_state(cache).version == "v1"
     finally:
         cache.close()
+
+
+def _writer_at(path, manifest, files: dict, version: str):
+    """A writer's memory over a Home of the fixture's 80 files, its cache loaded from ``version``."""
+    from lnkmem.memory.config import from_args
+    from lnkmem.memory.memory import Memory
+    from tests.helpers import Home
+    home = Home(path)
+    for i in range(80):
+        home.write(f"n/f{i:02}.md", text(i))
+    mem = Memory(from_args(*home.args(), {}))
+    mem.store = mem.open_store()
+    copyfmt.load_copy(mem.store, manifest, fetcher(files, []), version, OF, SOURCES)
+    return mem, home
+
+
+def test_a_change_committed_during_a_write_back_is_still_the_writers_own_after_a_newer_version(versions, tmp_path):
+    """A change committed while a write-back was sending its files is not in the version that
+    write-back lands: the cache's state must not say it is (its content generation was read when
+    the version landed, not when its files were made). Else a newer version applied after a 412
+    took the cache for that version exactly, marked it clean, and the change was never written
+    back (two engines racing on one copy lost a file: test_bound's race, about one run in three)."""
+    (m1, v1), _ = versions
+    a, home = _writer_at(tmp_path / "a", m1, v1, "v1")
+    try:
+        home.write("n/f10.md", text(10) + "\nsent in its version: a narwhal\n")
+        a.refresh("home/n/f10.md")
+        files = dict(v1)
+        exp = copyfmt.export(a.store, copyfmt.copy_state(a.store), OF, part=3000)
+        files.update(dict(exp.blobs))  # its files sent...
+        home.write("n/f11.md", text(11) + "\ncommitted meanwhile: zebrafishmeanwhile\n")
+        a.refresh("home/n/f11.md")  # ... a change committed meanwhile ...
+        copyfmt.written(a.store, exp, "v1a")  # ... and its manifest landed
+        assert copyfmt.dirty(a.store)
+        # another writer takes v1a, changes a file of its own and writes v2
+        b, bhome = _writer_at(tmp_path / "b", exp.manifest, files, "v1a")
+        try:
+            bhome.write("n/f41.md", text(41) + "\nthe other writer's: okapiother\n")
+            b.refresh("home/n/f41.md")
+            m2 = exported(b.store, files, "v2")
+        finally:
+            b.store.close()
+        applied = apply_change(a.store, m2, fetcher(files, []), "v2", OF, SOURCES)  # (a's 412)
+        assert applied is not None
+        assert copyfmt.dirty(a.store)  # the change committed meanwhile is still to be written
+        out: dict = {}
+        m3 = exported(a.store, out, "v3")
+        again = loaded(tmp_path / "again", m3, {**files, **out}, "v3")
+        try:
+            hits = {q: [again.passages_of([p])[0].ref for p, _ in bm25(again, q, 3)] for q in ("zebrafishmeanwhile", "okapiother")}
+            assert hits == {"zebrafishmeanwhile": ["home/n/f11.md"], "okapiother": ["home/n/f41.md"]}
+        finally:
+            again.close()
+    finally:
+        a.store.close()

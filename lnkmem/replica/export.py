@@ -40,6 +40,7 @@ class Export:
         self.part = part or part_bytes()
         self.page_group = page_group  # the file table's bytes held at once, about
         self.gen = -1
+        self.content_gen = -1  # the index's content generation the export read (state.content_gen)
         self.copy_segs: list[CopySegment] = []  # the copy's segments this export makes
         self.seg_mark = 0
         self.compacted = False
@@ -90,6 +91,7 @@ class Export:
         known = set(state.named)
         with store.reading() as txn:
             self.gen = txn.meta_int(b"gen")
+            self.content_gen = content_gen(txn)
             raw_model = txn.meta(b"model")
             model = raw_model.decode() if raw_model else None
             self.seg_mark = txn.meta_int(b"next_seg")
@@ -328,7 +330,8 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
         doomed = [n for n in dict.fromkeys(old.doomed + old.named + exp.sent) if n not in keep]
         state = CopyState(version, exp.gen, exp.seg_mark, m.vectors, m.model, m.pages, named, doomed,
                           unknown=old.unknown,  # still to be listed: the place may hold files no one knows
-                          orphans=[o for o in old.orphans if o[0] not in keep], content_gen=content_gen(w))
+                          orphans=[o for o in old.orphans if o[0] not in keep],
+                          content_gen=exp.content_gen)  # (what it read: a commit since is not in this version)
         put_state(w, state)
         w.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, exp.copy_segs)))
         # what each page holds, for a newer version applied as a change (a 412's, a restart's)

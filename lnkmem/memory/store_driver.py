@@ -175,9 +175,10 @@ class Listed(NamedTuple):
 
 
 def nameable(thread: object) -> bool:
-    """A thread the copy can be named by: an ID, and not one whose copy would be
-    another thread's compact copy (`x.compact` beside `x`)."""
-    return isinstance(thread, str) and ID_RE.match(thread) is not None and not thread.endswith(COMPACT)
+    """A thread the copy can be named by: an ID (§Words; `x.compact` is one too: its copy
+    is `x.compact.jsonl`, which is also `x`'s compact copy's name -- :func:`parse_listing`
+    keeps the two apart)."""
+    return isinstance(thread, str) and ID_RE.match(thread) is not None
 
 
 def json_lines(out: bytes, what: str):
@@ -212,6 +213,14 @@ def parse_listing(out: bytes) -> tuple[dict[str, Listed], list[str]]:
             skipped.append(thread)
             continue
         listed[thread] = Listed(version, compact)
+    # thread `x.compact` and `x`'s compact version would both be kept as `x.compact.jsonl`
+    # (§3.5's names): the thread is kept, a whole conversation; `x`'s compact version (a
+    # summary of a conversation served whole) is skipped and said
+    for thread in list(listed):
+        base = thread[: -len(COMPACT)] if thread.endswith(COMPACT) else None
+        if base in listed and listed[base].compact is not None:
+            listed[base] = Listed(listed[base].version, None)
+            skipped.append(f"{base}'s compact version (its copy's name is thread {thread}'s)")
     return listed, skipped
 
 
@@ -271,15 +280,15 @@ class CopyFolder:
             os.close(fd)
 
     def threads(self, names: Optional[set] = None) -> set[str]:
-        """The threads a copy is kept of (whatever the record says)."""
+        """The threads a copy may be kept of (whatever the record says): `x.compact.jsonl`
+        is thread `x.compact`'s or `x`'s compact one, so both are named."""
         out: set[str] = set()
         for n in self.files() if names is None else names:
             if n.endswith(".jsonl"):
                 stem = n[: -len(".jsonl")]
-                if stem.endswith(COMPACT):
-                    stem = stem[: -len(COMPACT)]
-                if nameable(stem):
-                    out.add(stem)
+                for thread in (stem, stem[: -len(COMPACT)] if stem.endswith(COMPACT) else None):
+                    if thread and nameable(thread):
+                        out.add(thread)
         return out
 
     def _write(self, name: str, data: bytes) -> None:
@@ -469,7 +478,8 @@ class DriverConversations(PlaceBase):
             self._fail(str(e))
             return False
         if skipped:
-            log.warning("the store driver listed %d thread(s) that are not IDs; skipped: %s", len(skipped),
+            log.warning("the store driver listed %d thread(s) that cannot be served (not IDs, or a compact "
+                        "version whose copy's name is another thread's); skipped: %s", len(skipped),
                         ", ".join(ascii(t) for t in skipped[:3]))
         self.skipped = len(skipped)
         have = self.copies.versions()
@@ -478,10 +488,17 @@ class DriverConversations(PlaceBase):
         changed = False
         problem = None
         told = time.monotonic()
+        # the copies' names the listing holds: never dropped for another thread (`x.compact.jsonl`)
+        owned = {self.copies.name(t, c) for t, now in listed.items() for c in (False, True)
+                 if not c or now.compact is not None}
+
+        def drop(thread: str, compact: bool) -> bool:
+            return self.copies.name(thread, compact) not in owned and self.copies.drop(thread, compact)
+
         for thread in sorted(kept | set(have)):
             if thread not in listed:  # no longer listed: the copy and (at the next look) the index let go of it
-                changed |= self.copies.drop(thread, False)
-                changed |= self.copies.drop(thread, True)
+                changed |= drop(thread, False)
+                changed |= drop(thread, True)
                 have.pop(thread, None)
         for thread, now in listed.items():
             if self._stop.is_set():
@@ -496,7 +513,7 @@ class DriverConversations(PlaceBase):
                     changed |= self.copies.put(thread, False, data)
                     version = now.version
                 if now.compact is None:
-                    changed |= self.copies.drop(thread, True)
+                    changed |= drop(thread, True)
                     compact = None
                 elif compact != now.compact:
                     data = self._run(["conversation", thread, "--compact"])

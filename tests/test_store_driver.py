@@ -456,3 +456,33 @@ def test_a_thread_named_like_a_compact_copy_is_served(home, driver):
     assert {"delta.compact.jsonl", "x.jsonl", "x.compact.jsonl"} <= set(_copies(home))
     assert b"quetzal" in _copies(home)["x.compact.jsonl"]
     assert b"compact version" in s.stderr and b"x.compact" in s.stderr
+
+
+@pytest.mark.parametrize("name", ["memory/lnkmem/conversations", "memory/lnkmem", "memory"])
+def test_the_copies_folder_swapped_for_a_link_while_serving_reaches_nothing_of_the_other_agents(
+        tmp_path, driver, name):
+    """Issue 46, one way in: the copies' folder (or <state>, or memory/) swapped while serving
+    for a link to another agent's. The copies were read by the folder's name (the other
+    agent's conversation found), and a refresh wrote there. Now the folder opened at the
+    start is read and written, and the other agent's copies are byte for byte as they were."""
+    from tests.test_state_names import hashes
+    a, b = Home(tmp_path / "a"), Home(tmp_path / "b")
+    other = Driver(tmp_path / "other-driver")
+    other.put("b1", [{"role": "user", "text": "the okapi is the other agent's secret", "at": AT1}], "1")
+    other.fault()
+    with _start(b, other) as s:
+        s.initialize()
+        assert until(lambda: "chats/b1.jsonl" in refs(s.search("okapi")), timeout=20)
+        assert s.close() == 0
+    before = hashes(b.agent)
+    with _start(a, driver, env={"LNKMEM_DRIVER_S": "0.2"}) as s:
+        s.initialize()
+        assert until(lambda: "chats/t1.jsonl" in refs(s.search("narwhals sleep")), timeout=20)
+        os.rename(a.agent / name, tmp_path / "away")
+        os.symlink(b.agent / name, a.agent / name)
+        driver.put("t3", [{"role": "user", "text": "a quokka arrived after the swap", "at": AT3}], "1")
+        assert until(lambda: "chats/t3.jsonl" in refs(s.search("quokka")), timeout=20), s.stderr[-2000:]
+        assert refs(s.search("okapi")) == [] and "chats/t1.jsonl" in refs(s.search("narwhals sleep"))
+        assert "unavailable" not in s.search("narwhals")["structuredContent"].get("conversations", "")
+        assert s.close() == 0
+    assert hashes(b.agent) == before

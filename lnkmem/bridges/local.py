@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import stat as st
 from typing import Iterable, Optional
 
@@ -106,8 +107,15 @@ def _openat2_how(dirfd: int, rel: str, how) -> Optional[int]:
 
 def _fd_path(fd: int) -> Optional[str]:
     """Where an open descriptor really is, or None without /proc."""
+    return _fd_path_of(f"/proc/self/fd/{fd}")
+
+
+_PINNED = re.compile(r"^/proc/(self|\d+)/fd/\d+$")
+
+
+def _fd_path_of(link: str) -> Optional[str]:
     try:
-        p = os.readlink(f"/proc/self/fd/{fd}")
+        p = os.readlink(link)
     except OSError:
         return None
     if p.endswith(" (deleted)"):
@@ -121,7 +129,12 @@ class LocalPlace(PlaceBase):
 
     def __init__(self, root: str, exclude: Iterable[str] = (), ignore: bool = False):
         self.root = os.path.abspath(root)
-        self.real = os.path.realpath(self.root)
+        # a folder opened once and named by its descriptor (core.atomic.pinned: the engine's
+        # own copy of a driver's conversations): opened through that name, and checked
+        # against where the folder is now (moved, or a link put at its old name: never
+        # the link's)
+        self._pin = self.root if _PINNED.match(self.root) else None
+        self._real = os.path.realpath(self.root)
         self.exclude = {os.path.realpath(e) for e in exclude}
         self._exclude_in = {os.path.dirname(e) for e in self.exclude}  # folders holding an excluded path
         self.skipped = 0
@@ -131,6 +144,18 @@ class LocalPlace(PlaceBase):
 
     local = True
     forkable = True
+
+    @property
+    def real(self) -> str:
+        """Where the root is (a pinned one: where its folder is now)."""
+        if self._pin is None:
+            return self._real
+        return _fd_path_of(self._pin) or self._real
+
+    @property
+    def opener(self) -> str:
+        """The name the root is opened by (a pinned one: its descriptor's)."""
+        return self._pin or self._real
 
     def _skip(self, why: str) -> None:
         self.skipped += 1
@@ -164,7 +189,7 @@ class LocalPlace(PlaceBase):
         Forbidden."""
         fd = None
         try:
-            root = os.open(self.real, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            root = os.open(self.opener, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise NotFound(f"{rel or '.'}: {e.strerror}") from None
         try:
@@ -209,7 +234,7 @@ class LocalPlace(PlaceBase):
         if not _has_openat2 or not hasattr(os, "posix_fadvise"):
             return None
         try:
-            return os.open(self.real, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            return os.open(self.opener, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return None
 

@@ -31,6 +31,7 @@ and the storage bridge's `conversations` collection:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -238,14 +239,45 @@ class CopyFolder:
 
     def __init__(self, path: str):
         self.path = path
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        self.fd: Optional[int] = None
+        self.here = path  # the folder as opened (atomic.pinned): what reads of the copies go through
+        self._hold()
+
+    def _hold(self) -> int:
+        """The copies' folder, opened once, never through a link: a link (or what is not a
+        folder) at its name is moved aside and the folder made anew; a link swapped in later
+        changes nothing (the folder held is used). Opened again only once the folder held
+        is gone (removed by a person: made again, the copies fetched again)."""
+        fd = self.fd
+        if fd is not None and os.fstat(fd).st_nlink > 0:
+            return fd
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        with atomic.folder(self.path) as (parent, name):
+            for _ in range(3):
+                try:
+                    fd = os.open(name, flags, dir_fd=parent)
+                    break
+                except FileNotFoundError:
+                    try:
+                        os.mkdir(name, 0o700, dir_fd=parent)
+                    except FileExistsError:
+                        pass
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    moved = atomic.move_aside_at(parent, name)
+                    if moved:
+                        log.warning("the store driver's copies' folder %s was %s: moved aside to %s (never "
+                                    "followed), and made anew", self.path, moved[1], moved[0])
+            else:
+                raise OSError(errno.EEXIST, f"{self.path} keeps being replaced by what is not a folder")
+        # (one held before, gone, is left open: a reader may still name it, and its number
+        # must not name another file meanwhile)
+        self.fd, self.here = fd, atomic.pinned(fd, self.path)
+        return fd
 
     def _dir(self) -> int:
-        try:
-            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:  # removed while serving (by a person): made again, the copies fetched again
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
-            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.dup(self._hold())
 
     @staticmethod
     def name(thread: str, compact: bool = False) -> str:
@@ -361,7 +393,7 @@ class DriverConversations(PlaceBase):
         self.env = dict(env)
         self.copies = CopyFolder(folder)
         self.copies.sweep()
-        self.place = LocalPlace(folder)  # reads beneath the copy's folder, like any local folder
+        self._place: Optional[LocalPlace] = None
         self.skipped = 0
         # no listing a search should wait for (briefly) is under way: the first one, and
         # one a `changed` control asked for; a periodic one never holds a search up
@@ -378,6 +410,14 @@ class DriverConversations(PlaceBase):
         self._thread: Optional[threading.Thread] = None
 
     # --- the place the index reads: the copy ---------------------------------------
+
+    @property
+    def place(self) -> LocalPlace:
+        """Reads beneath the copy's folder as held (:meth:`CopyFolder._hold`), like any local folder."""
+        here = self.copies.here
+        if self._place is None or self._place.root != here:
+            self._place = LocalPlace(here)
+        return self._place
 
     def list(self, prefix: str = "", share: bool = False) -> list[Entry]:
         out = self.place.list(prefix)  # local files' entries: their times read from their versions

@@ -17,10 +17,10 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import re
 import stat as st
 from typing import Iterable, Optional
 
+from lnkmem.core import atomic
 from lnkmem.bridges.local_entry import LocalEntry, version_of
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, PlaceBase, check_relpath
 from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES, Ignorer
@@ -110,9 +110,6 @@ def _fd_path(fd: int) -> Optional[str]:
     return _fd_path_of(f"/proc/self/fd/{fd}")
 
 
-_PINNED = re.compile(r"^/proc/(self|\d+)/fd/\d+$")
-
-
 def _fd_path_of(link: str) -> Optional[str]:
     try:
         p = os.readlink(link)
@@ -133,7 +130,7 @@ class LocalPlace(PlaceBase):
         # own copy of a driver's conversations): opened through that name, and checked
         # against where the folder is now (moved, or a link put at its old name: never
         # the link's)
-        self._pin = self.root if _PINNED.match(self.root) else None
+        self._pin = self.root if atomic.is_pinned(self.root) else None
         self._real = os.path.realpath(self.root)
         self.exclude = {os.path.realpath(e) for e in exclude}
         self._exclude_in = {os.path.dirname(e) for e in self.exclude}  # folders holding an excluded path

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -303,6 +304,14 @@ def pinned(fd: int, path: str) -> str:
     is used."""
     here = f"/proc/{os.getpid()}/fd/{fd}"
     return here if os.path.isdir(here) else path
+
+
+def is_pinned(path: str) -> bool:
+    """Whether ``path`` is one :func:`pinned` gave (a folder named by its descriptor)."""
+    return _PINNED.match(path) is not None
+
+
+_PINNED = re.compile(r"^/proc/\d+/fd/\d+$")
 
 
 def open_folder_nofollow(path: str) -> int:

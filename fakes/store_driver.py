@@ -25,7 +25,7 @@ agent's names it was given; whether its standard input held anything);
 - ``garbage``: lines that are not the answer's shape (not JSON, not an
   object, a thread that is not a string) among the good ones;
 - ``bad-thread``: the listing also names threads that are not IDs
-  (``../../escape``, ``a/b``, ``x.compact``, ``""``; their conversations
+  (``../../escape``, ``a/b``, ``-lead``, ``""``; their conversations
   would write a marker file if they were ever asked for);
 - ``huge``: 65 MiB of lines (past the engine's 64 MiB a call);
 - ``churn``: every listing gives every conversation a new version.
@@ -40,7 +40,7 @@ import time
 
 NAMES = ("LNK_AGENT", "LNK_AGENT_ID", "LNK_OWNER")
 HUGE = 65 * 1024 * 1024
-BAD_THREADS = ("../../escape", "a/b", "x.compact", "", "/abs", "t\n1")
+BAD_THREADS = ("../../escape", "a/b", "-lead", "", "/abs", "t\n1")
 
 
 def _fault() -> dict:

@@ -446,7 +446,7 @@ def test_status_says_what_is_indexed_how_fresh_and_who_is_building(home):
     assert st["indexed"] is False and not home.state.exists()  # status changes nothing
     keys = {"folder", "state", "agent", "indexed", "damaged", "files", "passages", "sources", "by_kind", "index_bytes",
             "last_change", "pending", "model", "building", "ignore_files", "skipped_by_default",
-            "notes_history", "copy"}
+            "notes_history", "copy", "watch", "moved_aside"}
     assert set(st) == keys  # the same keys, indexed or not: stable for scripts
     run_cli("index", *_flags(home), env={"LNK_MEMORY_SPEC": '{"model": "mini-lm"}'})
     home.write("docs/new.md", "fresh\n")

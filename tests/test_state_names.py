@@ -21,6 +21,8 @@ import pytest
 from lnkmem.cli.common import LOCK_NAME
 from lnkmem.index.lmdbfile import COMPACTING, LISTED, SEAL, SNAP
 from lnkmem.index.store import Store
+from lnkmem.memory.memory import WATCH_FILE
+from lnkmem.memory.noteshistory import FOLDER as HISTORY_FOLDER
 from lnkmem.replica.sync import StateFile
 from tests.bridges import Layout
 from tests.helpers import Home, Server, refs, run_cli, until
@@ -30,10 +32,10 @@ from tests.helpers import Home, Server, refs, run_cli, until
 # is what an attacker would plant); the folder a compaction is written in
 INDEX_NAMES = ["data.mdb", "lock.mdb", SEAL, SNAP, LISTED, SEAL + ".tmp", SNAP + ".tmp", LISTED + ".tmp",
                COMPACTING]
-# <state>: the build lock, the folder a new version of the index is loaded in beside it, the
-# temp folder, the index's names (its folder itself: below the agent folder, a link or
-# what is not a folder there is refused by name, FolderRefused, as every folder of the agent's)
-STATE_NAMES = [LOCK_NAME, "index" + Store.BESIDE, "tmp"] + [f"index/{n}" for n in INDEX_NAMES]
+# <state>: the build lock, the watch's state (for `status`), the index's folder, the folder a new version of the index is
+# loaded in beside it, the temp folder, the index's names (a link or what is not a folder at
+# the index's folder: removed, never followed, and the index made anew)
+STATE_NAMES = [LOCK_NAME, WATCH_FILE, "index", "index" + Store.BESIDE, "tmp"] + [f"index/{n}" for n in INDEX_NAMES]
 # a bound cache (<cache>/<owner>/<agent>): the write-back's state (and its older fixed temp
 # name), the index's folder and its names, the temp folder
 CACHE_NAMES = [StateFile.NAME, StateFile.NAME + ".tmp", "index", "tmp"] + [f"index/{n}" for n in INDEX_NAMES]
@@ -204,3 +206,152 @@ def test_a_folder_swapped_for_a_link_to_another_agents_while_serving_is_never_wr
         assert st.opened_as == "sealed" and sorted(st.all_files()) == ["home/a.md"]
     finally:
         st.close()
+
+
+# --- swapped while serving ---------------------------------------------------------------
+# every folder the engine reaches below the agent folder while it serves, from the code: the
+# notes' folder (`memory/`, <state>'s parent), <state>, and the folders it makes there (the
+# index's, the temp folder, the notes history). Each is replaced, while an agent is served,
+# by a link to another agent's same folder: the engine goes on in the folder it opened at its
+# start (never the link), so nothing of the other agent's is read, written or deleted.
+SWAPPED = ["memory", "memory/lnkmem", "memory/lnkmem/index", "memory/lnkmem/tmp",
+           f"memory/lnkmem/{HISTORY_FOLDER}"]
+
+
+def hashes(top: Path) -> dict:
+    """Every file and folder below ``top``: a file's hash, a folder's or a link's kind."""
+    out = {}
+    for root, dirs, files in os.walk(top):
+        for d in dirs:
+            p = Path(root, d)
+            out[str(p.relative_to(top))] = "link" if p.is_symlink() else "folder"
+        for f in files:
+            p = Path(root, f)
+            out[str(p.relative_to(top))] = "link" if p.is_symlink() else sha(p)
+    return out
+
+
+def _swap_for_link(own: Path, theirs: Path, away: Path) -> None:
+    os.rename(own, away)
+    os.symlink(theirs, own)
+
+
+def _found(c, query: str) -> list:
+    r = c.call("search", {"query": query}, **({"timeout": ANSWER_S} if isinstance(c, Server) else {}))
+    return r["content"] if r.get("isError") else refs(r)
+
+
+@pytest.mark.parametrize("name", SWAPPED)
+def test_a_folder_swapped_for_a_link_while_serving_changes_nothing_of_the_other_agents(tmp_path, name):
+    """Issue 46: a folder of the engine's swapped after start for a link to another agent's
+    same folder. The engine deleted the other agent's index files (data.mdb, lock.mdb, the
+    seal, snapshot and listings) and answered "index is damaged" for good. Now the other
+    agent's folder is as it was (every file's hash, no new name), and the served agent goes
+    on answering -- a file written after the swap found within 20 s -- and `remember` too."""
+    a, b = Home(tmp_path / "a"), Home(tmp_path / "b")
+    a.write("a.md", "The pangolin eats ants.\n")
+    b.write("a.md", "The pangolin of the other agent.\n")
+    b.notes.write_text("the other agent's notes\n")
+    _served(b)
+    (a.state / "tmp").mkdir(parents=True)
+    with Server.start(a) as s:
+        s.initialize()
+        assert until(lambda: _hits(s) == ["home/a.md"], timeout=ANSWER_S), _hits(s)
+        # the other agent's folders hold what the served one would touch in its own: its
+        # temp folder's name, a notes history
+        (b.state / "tmp" / f"p{s.proc.pid}").mkdir(parents=True)
+        (b.state / "tmp" / f"p{s.proc.pid}" / "kept.txt").write_bytes(SECRET)
+        (b.state / HISTORY_FOLDER).mkdir(exist_ok=True)
+        before = hashes(b.agent)
+        r = s.call("remember", {"add": "a note kept before the swap"})
+        assert not r.get("isError"), r
+        _swap_for_link(a.agent / name, b.agent / name, tmp_path / "away")
+        r = s.call("remember", {"add": "a note kept after the swap"})
+        assert not r.get("isError"), (r, s.stderr[-3000:])
+        a.write("b.md", "The aardvark digs at night.\n")
+        assert until(lambda: _found(s, "aardvark") == ["home/b.md"], timeout=ANSWER_S), \
+            (_found(s, "aardvark"), s.stderr[-3000:])
+        # its own index found damaged (cut short): rebuilt where it was opened, never through the link
+        own = [p for p in (tmp_path / "away").rglob("data.mdb")] or [a.state / "index" / "data.mdb"]
+        os.truncate(own[0], 0)
+        assert until(lambda: _found(s, "aardvark") == ["home/b.md"] and _hits(s) == ["home/a.md"],
+                     timeout=ANSWER_S), (_found(s, "aardvark"), s.stderr[-3000:])
+        assert s.close() == 0, s.stderr[-2000:]
+    assert hashes(b.agent) == before
+
+
+# a bound cache's folders (<cache>/<owner>/<agent>, its index's), each swapped while served
+CACHE_SWAPPED = ["", "index"]
+
+
+@pytest.mark.parametrize("name", CACHE_SWAPPED)
+def test_a_bound_cache_folder_swapped_for_a_link_while_serving_changes_nothing_of_the_other_agents(
+        bridges, tmp_path, name):
+    """Issue 46, in a bound cache: its folder (or its index's) swapped while the agent is served
+    for a link to another agent's same folder. Nothing of the other agent's is touched (every
+    file's hash, no new name), and the served agent goes on: a change after the swap found
+    within 20 s, its index found damaged rebuilt where it was opened, written back."""
+    _bound_served(bridges, tmp_path)
+    root = tmp_path / "cache-m" / "o1"
+    shutil.copytree(root / "a1", root / "a2")  # (another agent's cache, as the engine leaves one)
+    before = hashes(root / "a2")
+    with bridges.serve_many(tmp_path, "m", env={"LNKMEM_QUIET_S": "0.2"}) as m:
+        with m.connect(timeout=ANSWER_S + 10) as c:
+            assert c.first(bridges.bound()) == {"ok": True}
+            assert until(lambda: _hits(c) == ["home/a.md"], timeout=ANSWER_S), _hits(c)
+            own, theirs = root / "a1" / name, root / "a2" / name
+            _swap_for_link(own, theirs, tmp_path / "away")
+            bridges.changed_and_flushed(m, c, "b.md", "The aardvark digs at night.\n", "aardvark", timeout=ANSWER_S)
+            os.truncate(next((tmp_path / "away").rglob("data.mdb")), 0)
+            assert until(lambda: _found(c, "aardvark") == ["home/b.md"] and _hits(c) == ["home/a.md"],
+                         timeout=ANSWER_S), (_found(c, "aardvark"), m.stderr()[-3000:])
+        assert m.stop() == 0, m.stderr()[-2000:]
+    assert hashes(root / "a2") == before
+
+
+# --- status: the watch's state and what was moved aside ------------------------------------
+
+def _status(home: Home) -> str:
+    r = run_cli("status", str(home.folder), str(home.state), "--agent", str(home.agent), timeout=ANSWER_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.decode()
+
+
+def test_status_shows_each_folders_watch_watched_then_re_arming_then_watched_again(tmp_path):
+    """Issue 46: a watched folder deleted and made again is watched again, and `status` says
+    so: each folder's watch (watched / polling / re-arming) as the serve keeps it."""
+    home = Home(tmp_path)
+    home.write("a.md", "The pangolin eats ants.\n")
+    chats = home.agent / "chats"
+    with Server.start(home) as s:
+        s.initialize()
+        assert until(lambda: _hits(s) == ["home/a.md"], timeout=ANSWER_S)
+        line = f"watch   {chats}: "
+        assert until(lambda: line + "watched" in _status(home), timeout=ANSWER_S), _status(home)
+        shutil.rmtree(chats)
+        assert until(lambda: line + "re-arming" in _status(home), timeout=ANSWER_S), _status(home)
+        chats.mkdir()
+        home.chat("t1", [{"role": "user", "content": "The aardvark digs at night."}])
+        assert until(lambda: _found(s, "aardvark") == ["chats/t1.jsonl"], timeout=ANSWER_S), s.stderr[-2000:]
+        assert until(lambda: line + "watched" in _status(home), timeout=ANSWER_S), _status(home)
+        assert s.close() == 0
+    assert "it has ended" in _status(home)
+
+
+def test_a_link_at_the_index_folder_is_moved_aside_shown_in_status_and_the_newest_two_kept(tmp_path):
+    """Issue 46: a link found at <state>/index at start is moved aside (never followed) and
+    the index made anew; `status` lists what was moved aside; planted again and again, only
+    the newest two moved aside of a name are kept (the disk never fills)."""
+    home = Home(tmp_path)
+    home.write("a.md", "The pangolin eats ants.\n")
+    outside, before = _outside(tmp_path)
+    for _ in range(4):
+        plant(home.state / "index", "link", outside.parent)
+        _served(home)
+        assert not (home.state / "index").is_symlink()
+    moved = sorted(p.name for p in home.state.iterdir() if ".moved-" in p.name)
+    assert len(moved) == 2 and all(n.startswith("index.moved-") for n in moved), moved
+    assert all((home.state / n).is_symlink() for n in moved)
+    text = _status(home)
+    assert "2 things found in a wrong shape" in text and all(n in text for n in moved), text
+    assert sha(outside) == before and sorted(os.listdir(outside.parent)) == ["precious.txt"]

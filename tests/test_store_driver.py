@@ -430,3 +430,59 @@ def test_no_listing_or_answer_names_a_path(tmp_path):
         except DriverFailed:
             pass
     one()
+
+
+def test_a_thread_named_like_a_compact_copy_is_served(home, driver):
+    """Issue 46 (§3.5): `delta.compact` is an ID (§Words), so the driver's thread of that name
+    is served -- found, read and listed as `chats/delta.compact.jsonl` -- not dropped as "not
+    an ID". Where thread `x` has a compact version and thread `x.compact` is listed too, both
+    would be kept as `x.compact.jsonl`: the thread is kept (a whole conversation), `x`'s
+    compact version skipped with a line in the log, and neither copy drops the other's."""
+    driver.put("delta.compact", [{"role": "user", "text": "the okapi hides in the forest", "at": AT1}], "1")
+    driver.put("x", [{"role": "user", "text": "a plain thread about ibises", "at": AT1}], "1",
+               compact=("c1", [{"role": "system", "text": "Summary: ibises, and a capybara"}]))
+    driver.put("x.compact", [{"role": "user", "text": "the quetzal sings at dawn", "at": AT1}], "1")
+    with _start(home, driver) as s:
+        s.initialize()
+        assert until(lambda: "chats/delta.compact.jsonl" in refs(s.search("okapi forest")), timeout=20), \
+            s.stderr[-2000:]
+        assert "okapi" in s.call("read", {"ref": "chats/delta.compact.jsonl"})["content"][0]["text"]
+        assert until(lambda: "chats/x.compact.jsonl" in refs(s.search("quetzal dawn")), timeout=20)
+        assert "chats/x.jsonl" in refs(s.search("ibises"))
+        assert refs(s.search("capybara")) == []  # x's compact version: skipped, its name is thread x.compact's
+        listed = s.call("list", {"ref": "chats"})["structuredContent"]
+        assert "delta.compact.jsonl" in json.dumps(listed), listed
+        assert s.close() == 0
+    assert {"delta.compact.jsonl", "x.jsonl", "x.compact.jsonl"} <= set(_copies(home))
+    assert b"quetzal" in _copies(home)["x.compact.jsonl"]
+    assert b"compact version" in s.stderr and b"x.compact" in s.stderr
+
+
+@pytest.mark.parametrize("name", ["memory/lnkmem/conversations", "memory/lnkmem", "memory"])
+def test_the_copies_folder_swapped_for_a_link_while_serving_reaches_nothing_of_the_other_agents(
+        tmp_path, driver, name):
+    """Issue 46, one way in: the copies' folder (or <state>, or memory/) swapped while serving
+    for a link to another agent's. The copies were read by the folder's name (the other
+    agent's conversation found), and a refresh wrote there. Now the folder opened at the
+    start is read and written, and the other agent's copies are byte for byte as they were."""
+    from tests.test_state_names import hashes
+    a, b = Home(tmp_path / "a"), Home(tmp_path / "b")
+    other = Driver(tmp_path / "other-driver")
+    other.put("b1", [{"role": "user", "text": "the okapi is the other agent's secret", "at": AT1}], "1")
+    other.fault()
+    with _start(b, other) as s:
+        s.initialize()
+        assert until(lambda: "chats/b1.jsonl" in refs(s.search("okapi")), timeout=20)
+        assert s.close() == 0
+    before = hashes(b.agent)
+    with _start(a, driver, env={"LNKMEM_DRIVER_S": "0.2"}) as s:
+        s.initialize()
+        assert until(lambda: "chats/t1.jsonl" in refs(s.search("narwhals sleep")), timeout=20)
+        os.rename(a.agent / name, tmp_path / "away")
+        os.symlink(b.agent / name, a.agent / name)
+        driver.put("t3", [{"role": "user", "text": "a quokka arrived after the swap", "at": AT3}], "1")
+        assert until(lambda: "chats/t3.jsonl" in refs(s.search("quokka")), timeout=20), s.stderr[-2000:]
+        assert refs(s.search("okapi")) == [] and "chats/t1.jsonl" in refs(s.search("narwhals sleep"))
+        assert "unavailable" not in s.search("narwhals")["structuredContent"].get("conversations", "")
+        assert s.close() == 0
+    assert hashes(b.agent) == before

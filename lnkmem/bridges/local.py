@@ -19,6 +19,7 @@ import os
 import stat as st
 from typing import Iterable, Optional
 
+from lnkmem.core import atomic
 from lnkmem.bridges.local_entry import LocalEntry, version_of
 from lnkmem.bridges.place import MAX_FILE, Entry, Forbidden, NotFound, PlaceBase, check_relpath
 from lnkmem.bridges.ignore import NAMES as IGNORE_NAMES, Ignorer
@@ -106,8 +107,12 @@ def _openat2_how(dirfd: int, rel: str, how) -> Optional[int]:
 
 def _fd_path(fd: int) -> Optional[str]:
     """Where an open descriptor really is, or None without /proc."""
+    return _fd_path_of(f"/proc/self/fd/{fd}")
+
+
+def _fd_path_of(link: str) -> Optional[str]:
     try:
-        p = os.readlink(f"/proc/self/fd/{fd}")
+        p = os.readlink(link)
     except OSError:
         return None
     if p.endswith(" (deleted)"):
@@ -121,7 +126,12 @@ class LocalPlace(PlaceBase):
 
     def __init__(self, root: str, exclude: Iterable[str] = (), ignore: bool = False):
         self.root = os.path.abspath(root)
-        self.real = os.path.realpath(self.root)
+        # a folder opened once and named by its descriptor (core.atomic.pinned: the engine's
+        # own copy of a driver's conversations): opened through that name, and checked
+        # against where the folder is now (moved, or a link put at its old name: never
+        # the link's)
+        self._pin = self.root if atomic.is_pinned(self.root) else None
+        self._real = os.path.realpath(self.root)
         self.exclude = {os.path.realpath(e) for e in exclude}
         self._exclude_in = {os.path.dirname(e) for e in self.exclude}  # folders holding an excluded path
         self.skipped = 0
@@ -131,6 +141,18 @@ class LocalPlace(PlaceBase):
 
     local = True
     forkable = True
+
+    @property
+    def real(self) -> str:
+        """Where the root is (a pinned one: where its folder is now)."""
+        if self._pin is None:
+            return self._real
+        return _fd_path_of(self._pin) or self._real
+
+    @property
+    def opener(self) -> str:
+        """The name the root is opened by (a pinned one: its descriptor's)."""
+        return self._pin or self._real
 
     def _skip(self, why: str) -> None:
         self.skipped += 1
@@ -164,7 +186,7 @@ class LocalPlace(PlaceBase):
         Forbidden."""
         fd = None
         try:
-            root = os.open(self.real, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            root = os.open(self.opener, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise NotFound(f"{rel or '.'}: {e.strerror}") from None
         try:
@@ -209,7 +231,7 @@ class LocalPlace(PlaceBase):
         if not _has_openat2 or not hasattr(os, "posix_fadvise"):
             return None
         try:
-            return os.open(self.real, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            return os.open(self.opener, O_PATH | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return None
 

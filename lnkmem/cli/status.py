@@ -132,9 +132,27 @@ def gather_status(cfg) -> dict:
                 store.close()
         out["index_bytes"] = disk_bytes(index_path)
     out["copy"] = _writeback(cfg.state)
+    out["watch"], out["moved_aside"] = _watch_and_moved(layout.state_fd)
     out["ignore_files"] = ignore_files(cfg.folder)
     out["skipped_by_default"] = DEFAULT_SKIPS
     return out
+
+
+def _watch_and_moved(state_fd: Optional[int]) -> tuple[Optional[dict], list[str]]:
+    """The watch's state as a serve left it (each folder: watched, polling or re-arming;
+    the serve's pid), and what was found in <state> in a wrong shape and moved aside."""
+    from lnkmem.core import atomic
+    from lnkmem.memory.memory import WATCH_FILE
+    if state_fd is None:
+        return None, []
+    watch = None
+    try:
+        watch = json.loads(atomic.read_at(state_fd, WATCH_FILE, 1 << 20) or b"null")
+    except ValueError:
+        pass
+    if not (isinstance(watch, dict) and isinstance(watch.get("folders"), dict)):
+        watch = None
+    return watch, atomic.moved_names(state_fd)
 
 
 def _writeback(state: str) -> Optional[dict]:
@@ -200,6 +218,17 @@ def render_status(st: dict) -> str:
         lines.append(f"copy    write-back {wb.get('state')} since {wb.get('since')}, {wb.get('writes', 0):,} written"
                      + (f"; {wb['error']}" if wb.get("error") else "")
                      + ("" if alive else f" (as process {wb.get('pid')} left it; it has ended)"))
+    w = st.get("watch")
+    if w:
+        gone = "" if _alive(w.get("pid")) else f" (as process {w.get('pid')} left it; it has ended)"
+        for folder, state in w["folders"].items():
+            lines.append(f"watch   {folder}: {state}{gone}")
+    else:
+        lines.append("watch   no serve has watched these folders yet")
+    moved = st.get("moved_aside") or []
+    if moved:
+        lines.append(f"aside   {plural(len(moved), 'thing')} found in a wrong shape in {st['state']} and moved aside "
+                     f"(never followed; the newest two of a name kept): " + ", ".join(moved))
     ig = st["ignore_files"]
     lines.append("ignore  " + (", ".join(ig) if ig else "no .gitignore or .lnkmemignore in Home"))
     lines.append("        always skipped: " + ", ".join(st["skipped_by_default"]))

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 import stat
 import sys
+import time
 from typing import Optional
 
 from lnkmem.core import procs
@@ -247,6 +249,69 @@ def _clear_unless(path: str, kind_ok) -> Optional[str]:
         return None
     remove(path)
     return kind_of(st.st_mode)
+
+
+MOVED = ".moved-"  # what was found in a wrong shape at a name, moved aside: <name>.moved-<time>-<hex>
+KEEP_MOVED = 2  # of each name, the newest this many moved aside are kept; older ones are removed
+
+
+def move_aside_at(dir_fd: int, name: str) -> Optional[tuple[str, str]]:
+    """Move what stands at ``name`` of the folder ``dir_fd`` aside, as it is, to
+    ``<name>.moved-<time>-<hex>`` beside it (a link renamed, never followed; nothing in a
+    folder read): (the name it got, what it was in words), or None when nothing is there.
+    Of each name only the newest :data:`KEEP_MOVED` moved aside are kept, older ones
+    removed (never followed): a tool that plants again and again never fills the disk,
+    and the latest evidence stays for a person to look at (``status`` lists them)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    aside = f"{name}{MOVED}{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+    try:
+        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    drop_moved_at(dir_fd, name)
+    return aside, kind_of(st.st_mode)
+
+
+def moved_names(dir_fd: int) -> list[str]:
+    """The names moved aside in the folder ``dir_fd`` (:func:`move_aside_at`), sorted."""
+    try:
+        return sorted(n for n in os.listdir(dir_fd) if MOVED in n and not n.startswith("."))
+    except OSError:
+        return []
+
+
+def drop_moved_at(dir_fd: int, name: str, keep: int = KEEP_MOVED) -> None:
+    """Remove all but the newest ``keep`` moved aside of ``name`` (their names sort by time)."""
+    mine = [n for n in moved_names(dir_fd) if n.startswith(name + MOVED)]
+    for old in sorted(mine, key=lambda n: n[len(name) + len(MOVED):])[:-keep or None]:
+        try:
+            remove_at(dir_fd, old)
+        except OSError:
+            pass
+
+
+def pinned(fd: int, path: str) -> str:
+    """A path that names the folder the descriptor ``fd`` holds (opened once, never through
+    a link), whatever ``path`` -- its name -- leads to later: ``/proc/<pid>/fd/<fd>`` (the
+    kernel resolves it to the folder itself, moved, renamed or with a link at its old name).
+    For what only takes paths (LMDB, a library's save, a child process: the pid is this
+    process's, so a child reaches the same folder while this process holds it): every name
+    below it is then reached from that folder, never through what stands at ``path`` now.
+    ``path`` itself where there is no /proc. The descriptor must stay open while the path
+    is used."""
+    here = f"/proc/{os.getpid()}/fd/{fd}"
+    return here if os.path.isdir(here) else path
+
+
+def is_pinned(path: str) -> bool:
+    """Whether ``path`` is one :func:`pinned` gave (a folder named by its descriptor)."""
+    return _PINNED.match(path) is not None
+
+
+_PINNED = re.compile(r"^/proc/\d+/fd/\d+$")
 
 
 def open_folder_nofollow(path: str) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import shutil
 import stat
 import struct
 import subprocess
@@ -546,12 +545,28 @@ def can_exchange_folders(where: str) -> bool:
 
 def wipe(path: str) -> None:
     """Remove an index environment (only its own names; a folder found under one of them,
-    never the index's own making, goes whole: else the index could never be made anew)."""
-    for name in ("data.mdb", "lock.mdb", SEAL, SNAP, LISTED, COMPACTING):
-        atomic.remove(os.path.join(path, name))  # (a link unlinked, never followed)
-    if os.path.isdir(path):
-        with atomic.folder(path, inside=True) as fd:
-            for name in (SEAL, SNAP, LISTED):
-                atomic.sweep_at(fd, name)  # their temp files (older versions' fixed names too)
-    if os.path.isdir(path) and not os.listdir(path):
-        shutil.rmtree(path, ignore_errors=True)
+    never the index's own making, goes whole: else the index could never be made anew).
+    Its folder is opened once, never through a link (a link at ``path`` -- to another
+    agent's index, say -- is unlinked, nothing behind it touched), and every name is
+    removed from that folder."""
+    try:
+        fd = atomic.open_folder_nofollow(path)
+    except FileNotFoundError:
+        return
+    except OSError:  # a link, a file, a FIFO at its name: removed, never followed
+        atomic.remove(path)
+        return
+    try:
+        for name in ("data.mdb", "lock.mdb", SEAL, SNAP, LISTED, COMPACTING):
+            atomic.remove_at(fd, name)  # (a link unlinked, never followed)
+        for name in (SEAL, SNAP, LISTED):
+            atomic.sweep_at(fd, name)  # their temp files (older versions' fixed names too)
+        empty = not os.listdir(fd)
+    finally:
+        os.close(fd)
+    if empty:
+        with atomic.folder(path) as (parent, name):
+            try:
+                os.rmdir(name, dir_fd=parent)  # (a link put there meanwhile: ENOTDIR, left)
+            except OSError:
+                pass

@@ -23,7 +23,6 @@ import contextlib
 import functools
 import logging
 import os
-import shutil
 import stat
 import threading
 import time
@@ -58,7 +57,7 @@ class IndexInUse(Exception):
     process: a second open, and its close, would break the first's locks)."""
 
 
-# the indexes open in this process, by their folder's real path (a Store dropped without
+# the indexes open in this process, by their folder's device and inode (a Store dropped without
 # its close leaves with its last reference)
 _open_here: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
 _open_here_lock = threading.Lock()
@@ -122,15 +121,6 @@ class StoreEvents:
 log = logging.getLogger("lnkmem")
 
 
-def _folder_identity(path: str) -> Optional[tuple[int, int]]:
-    """The device and inode of the folder ``path`` names now (None: none there)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
 class Store:
     """One agent's words index, in one LMDB environment."""
 
@@ -164,15 +154,20 @@ class Store:
             if env is not None:
                 env.close()
             self._let_go_of_path()
+            self._let_go_of_here()
             raise
 
-    _real: Optional[str] = None  # the folder's real path, while this holds it open (_open_here)
+    _real: Optional[str] = None  # the folder's device and inode, while this holds it open (_open_here)
 
     def _let_go_of_path(self) -> None:
         with _open_here_lock:
             if self._real is not None and _open_here.get(self._real) is self:
                 del _open_here[self._real]
         self._real = None
+
+    def _let_go_of_here(self) -> None:
+        if self._let_go_of_folder is not None:
+            self._let_go_of_folder()  # (its descriptor, once: ``here`` names nothing any more)
 
     # --- opening, checking, wiping ---------------------------------------
 
@@ -181,27 +176,39 @@ class Store:
             st = os.lstat(self.path)
         except FileNotFoundError:
             st = None
-        if st is not None and not stat.S_ISDIR(st.st_mode):
-            atomic.remove(self.path)
-            raise DamagedIndex(f"the index's folder was {atomic.kind_of(st.st_mode)} (removed)")
+        if st is not None and not stat.S_ISDIR(st.st_mode):  # moved aside as it is, never followed
+            with atomic.folder(self.path) as (parent, name):
+                moved = atomic.move_aside_at(parent, name)
+            raise DamagedIndex(f"the index's folder was {atomic.kind_of(st.st_mode)}"
+                               + (f" (moved aside to {moved[0]}, never followed)" if moved else ""))
         os.makedirs(self.path, mode=0o700, exist_ok=True)
-        real = os.path.realpath(self.path)
+        # its folder opened once, never through a link: every name below it is reached from
+        # it (self.here), whatever the folder's name -- or a folder above -- leads to later
+        # (swapped for a link to another agent's, say: nothing of that one is ever touched)
+        try:
+            fd = atomic.open_folder_nofollow(self.path)
+        except OSError as e:
+            raise DamagedIndex(f"the index's folder was replaced while it was opened ({e.strerror})") from None
+        self._let_go_of_folder = weakref.finalize(self, os.close, fd)
+        self.here = atomic.pinned(fd, self.path)
+        st = os.fstat(fd)
+        real = f"{st.st_dev}:{st.st_ino}"
         with _open_here_lock:  # before anything is touched (the seal, the files)
             if _open_here.get(real) is not None:
                 raise IndexInUse(f"the index in {self.path} is already open in this process")
             _open_here[real] = self
         self._real = real
         size = self.MAP_SIZE
-        data = os.path.join(self.path, "data.mdb")
+        data = os.path.join(self.here, "data.mdb")
         self.data = data
         # LMDB opens data.mdb and lock.mdb itself, by name: a link there would be written
         # through, a folder or a FIFO would fail every open. What is not a plain file at
         # either name is removed (a link unlinked, never followed) and the index made anew.
         for name in ("lock.mdb", "data.mdb"):
-            was = atomic.clear_non_file(os.path.join(self.path, name))
+            was = atomic.clear_non_file(os.path.join(self.here, name))
             if was is not None:
                 raise DamagedIndex(f"{name} is not a file but {was} (removed)")
-        seal = os.path.join(self.path, SEAL)
+        seal = os.path.join(self.here, SEAL)
         raw = atomic.read_file(seal, 4096)  # (never through a link, never waiting on a FIFO)
         sealed = raw.decode("utf-8", "replace") if raw is not None else None
         try:
@@ -219,12 +226,11 @@ class Store:
                 self.opened_as = "sealed"
             else:
                 self.opened_as = "checked"
-                deep_check(self.path)
+                deep_check(self.here)
             size = max(size, os.path.getsize(data) * 2)
         self.env = CoveringEnv(lmdb.open(
-            self.path, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
+            self.here, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
         ), data)
-        self._folder = _folder_identity(self.path)  # (what its close writes beside data.mdb goes there only)
         t = self.tables = Tables(self.env)
         # (the handles, for the index's own layers: callers above it read and write through
         # reading() and writing())
@@ -247,12 +253,12 @@ class Store:
                 if txn.get(LOADING, db=self.meta) is not None:  # (its copy is loaded again)
                     raise DamagedIndex("a load of the index copy did not finish")
         self.psize = self.env.stat()["psize"]
-        if os.path.lexists(os.path.join(self.path, COMPACTING)):  # a compaction killed (none runs while this is open)
+        if os.path.lexists(os.path.join(self.here, COMPACTING)):  # a compaction killed (none runs while this is open)
             with contextlib.suppress(OSError):
-                atomic.remove(os.path.join(self.path, COMPACTING))
+                atomic.remove(os.path.join(self.here, COMPACTING))
         self._sealed = sealed
-        self._listed = snapshots.saved_listed(self.path, sealed) if self.opened_as == "sealed" else {}
-        if self.opened_as == "sealed" and snapshots.saved_matches(self.path, sealed):
+        self._listed = snapshots.saved_listed(self.here, sealed) if self.opened_as == "sealed" else {}
+        if self.opened_as == "sealed" and snapshots.saved_matches(self.here, sealed):
             return  # its snapshot is read when first asked for (a restart that changes nothing never does)
         self.snapshot = self.load_snapshot(check=self.opened_as != "sealed")
 
@@ -287,7 +293,7 @@ class Store:
             with self.write_lock:
                 snap = self._snapshot
                 if snap is None:
-                    saved = snapshots.saved_snapshot(self.path, self._sealed, self._gen)
+                    saved = snapshots.saved_snapshot(self.here, self._sealed, self._gen)
                     if saved is not None:
                         self._snap_stamp, self._snapshot_from = self._sealed, "saved"
                         snap = saved
@@ -496,6 +502,7 @@ class Store:
             self._close(compact)
         finally:
             self._let_go_of_path()  # (last: no other open of this process while it compacts)
+            self._let_go_of_here()
 
     def _close(self, compact: bool) -> None:
         self.merger.stop()  # a merge under way stops at its next step (what it wrote: swept later)
@@ -516,16 +523,11 @@ class Store:
             except (lmdb.Error, OSError, DamagedIndex):
                 whole = False
             whole = whole and not self.env.faulted()  # (what was saved was read through it)
-            if whole and _folder_identity(self.path) != self._folder:
-                # its folder's name leads elsewhere now (a folder above swapped for a link, to
-                # another agent's, say): nothing is written or compacted there
-                log.warning("the index's folder %s is no longer the one opened: nothing saved beside it", self.path)
-                whole = False
             self.env.close()
             if whole and compact:
                 memtrim.trim()  # the build's freed heap, before the copy adds its own
                 try:
-                    self.compacted = compact_file(self.path)
+                    self.compacted = compact_file(self.here)
                 except (lmdb.Error, OSError):
                     self.compacted = False  # the old file stands (an unfinished copy is removed at open)
             if whole:
@@ -534,13 +536,14 @@ class Store:
                     # first: a kill before the seal leaves it unused; not again when no
                     # transaction ran since it was saved (a restart on an unchanged tree)
                     if saved is not None and stamp != self._snap_stamp:
-                        atomic.write_file(os.path.join(self.path, SNAP), stamp.encode() + b"\n" + saved)
-                    snapshots.save_listed(self.path, stamp, self._listed)  # valid only beside a seal of the same stamp
-                    atomic.write_file(os.path.join(self.path, SEAL), stamp.encode())
+                        atomic.write_file(os.path.join(self.here, SNAP), stamp.encode() + b"\n" + saved)
+                    snapshots.save_listed(self.here, stamp, self._listed)  # valid only beside a seal of the same stamp
+                    atomic.write_file(os.path.join(self.here, SEAL), stamp.encode())
                 except (OSError, DamagedIndex):
                     pass
 
-    _folder: Optional[tuple[int, int]] = None
+    here = ""  # its folder, as opened (atomic.pinned): every name below it is reached from there
+    _let_go_of_folder: Optional[Callable[[], None]] = None  # closes the folder's descriptor (once)
 
     # --- a whole new version, loaded beside the index and put in its place ------
 
@@ -552,12 +555,7 @@ class Store:
     def discard_beside(path: str) -> None:
         """Remove what a load beside the index at ``path`` left (a process killed during it,
         or the version it replaced); a link by that name is removed, never followed."""
-        side = path + Store.BESIDE
-        if os.path.islink(side) or (os.path.lexists(side) and not os.path.isdir(side)):
-            os.unlink(side)
-        elif os.path.isdir(side):
-            wipe(side)
-            shutil.rmtree(side, ignore_errors=True)
+        atomic.remove(path + Store.BESIDE)  # (a folder removed from its descriptor down: nothing below followed)
 
     def open_beside(self) -> Optional["Store"]:
         """A new, empty index in the folder beside this one's, for a whole version to be
@@ -567,7 +565,7 @@ class Store:
         cannot swap two folders' names in one step (nothing is left beside)."""
         self.discard_beside(self.path)
         side = Store(self.path + self.BESIDE)
-        if not lmdbfile.can_exchange_folders(side.path):
+        if not lmdbfile.can_exchange_folders(side.here):
             side.close()
             self.discard_beside(self.path)
             return None

@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Mapping, NoReturn, Optional, Sequence
 
+from lnkmem.core import atomic
 from lnkmem.core.errors import UsageError
 from lnkmem.memory.spec import notes_limit, parse_spec
 from lnkmem.core.wire import ID_RE, Spec, encode
@@ -203,6 +204,8 @@ def open_folder(path: str, agent: Optional[str], create: bool = True, mode: int 
     Elsewhere (a person's ``--notes``), the parent is opened as named and the
     folder itself never through a link. Missing folders are made (``mode``)."""
     path = os.path.abspath(path)
+    if atomic.is_pinned(path):  # a folder opened once already (atomic.pinned): that folder, again
+        return os.open(path, FOLDER_FLAGS)
     if below(path, agent):
         start, rel = agent, os.path.relpath(path, agent)
         parts = [] if rel == "." else rel.split(os.sep)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
+from lnkmem.core import atomic
 from lnkmem.bridges.place import Entry, PlaceBase
 from lnkmem.memory.config import AgentConfig, open_folder
 from lnkmem.memory.notes import LocalNotes
@@ -75,12 +76,15 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
         if state_fd is not None:
             os.close(state_fd)
         raise
+    # every name below <state> from here on is reached from the folder opened above, never
+    # through what its name (or a folder above it) leads to later (atomic.pinned)
+    state = atomic.pinned(state_fd, cfg.state) if state_fd is not None else cfg.state
     places: dict[str, object] = {}
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
     places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
     if cfg.store_driver:  # §3.5: its conversations from the driver alone, through the engine's own copy
         from lnkmem.memory import store_driver as driver
-        places["chats"] = driver.conversations(cfg, os.path.join(cfg.state, "conversations"))
+        places["chats"] = driver.conversations(cfg, os.path.join(state, "conversations"))
     elif cfg.agent:
         places["chats"] = LocalPlace(chats_dir)
     if cfg.agent:
@@ -88,5 +92,5 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     if notes:
         places["notes"] = NotesPlace(notes)
     embed = (cfg.model_url, cfg.spec.model or "default", dict) if cfg.model_url else None
-    return Layout(places, notes, cfg.notes_limit, os.path.join(cfg.state, "index"), embed=embed,
-                  tmpdir=os.path.join(cfg.state, "tmp"), state_fd=state_fd, agent=cfg.agent)
+    return Layout(places, notes, cfg.notes_limit, os.path.join(state, "index"), embed=embed,
+                  tmpdir=os.path.join(state, "tmp"), state_fd=state_fd, agent=cfg.agent)

@@ -10,6 +10,7 @@ one queue to that same thread, the index's only writer.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 import queue
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from lnkmem.core import atomic, memtrim, procs
-from lnkmem.memory.config import AgentConfig, FolderRefused, open_folder, same_folder
+from lnkmem.memory.config import AgentConfig, FolderRefused
 from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
 from lnkmem.memory.layout import Layout, local_layout
@@ -166,8 +167,13 @@ class Memory(ServedMemory):
         if self.embedder:
             self.embedder.close()
         if self.tmpdir:
-            import shutil
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            try:  # (from the temp folder as opened: a link put at its name is never followed)
+                atomic.remove(self.tmpdir)
+            except OSError:
+                pass
+        if self._tmp_fd is not None and (self._thread is None or not self._thread.is_alive()):
+            os.close(self._tmp_fd)  # (a thread still running may still write through it: then kept)
+            self._tmp_fd = None
 
     def _open_when_let_go(self) -> Store:
         """The index opened; while another memory of this process still holds it (one whose
@@ -187,30 +193,38 @@ class Memory(ServedMemory):
                     told = True
                 self._stop.wait(0.2)
 
+    _tmp_fd: Optional[int] = None
+
+    def _hold_tmp(self) -> None:
+        """The temp folder opened once (made when missing), never through a link: this
+        process's folder in it, and everything a conversion writes there, is reached from
+        it (atomic.pinned), whatever the folder's name leads to later."""
+        if self._tmp_fd is not None:
+            return
+        try:
+            try:
+                os.mkdir(self.layout.tmpdir, 0o700)
+            except FileExistsError:
+                pass
+            fd = atomic.open_folder_nofollow(self.layout.tmpdir)
+        except OSError as e:
+            log.debug("the temp folder could not be opened: %s", e)
+            return
+        self._tmp_fd = fd
+        self.tmpdir = os.path.join(atomic.pinned(fd, self.layout.tmpdir), f"p{os.getpid()}")
+
     def open_store(self) -> Store:
         os.makedirs(os.path.dirname(self.layout.index_path), mode=0o700, exist_ok=True)
         if self.layout.tmpdir:
             n = clean_tmp(self.layout.tmpdir, getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
             if n:
                 log.info("removed %d temp files left by a process that was killed", n)
+            self._hold_tmp()
         t = time.monotonic()
-        index_fd = None
-        if self.layout.state_fd is not None:  # its folder never through a link, made here
-            index_fd = open_folder(self.layout.index_path, self.layout.agent)
-        try:
-            store = self._open_when_let_go()
-            Store.discard_beside(self.layout.index_path)  # a load beside it cut short, or the version it replaced
-            if index_fd is not None and not same_folder(index_fd, self.layout.index_path):
-                try:  # another folder by that name now: never one reached through a link
-                    again = open_folder(self.layout.index_path, self.layout.agent, create=False)
-                    if again is not None:
-                        os.close(again)
-                except FolderRefused:
-                    store.close()  # swapped for a link between the look and LMDB's open
-                    raise
-        finally:
-            if index_fd is not None:
-                os.close(index_fd)
+        # the index's folder: opened by Store once, never through a link (a link or what is
+        # not a folder found there is removed and the index made anew, never followed)
+        store = self._open_when_let_go()
+        Store.discard_beside(self.layout.index_path)  # a load beside it cut short, or the version it replaced
         if store.rebuilt_because:
             log.warning("index was damaged (%s); rebuilding", store.rebuilt_because)
         elif store.opened_as == "checked":
@@ -820,6 +834,7 @@ class Memory(ServedMemory):
             # its watch ends with it, so the watch is made again once it is there)
             self._watched = {p: _identity(p) for p in wanted}
             paths = [p for p, ident in self._watched.items() if ident is not None]
+            self._watch_state({p: WATCHED if ident is not None else REARMING for p, ident in self._watched.items()})
             if not paths:
                 self._stop.wait(REARM_S)
                 retry = True
@@ -828,6 +843,7 @@ class Memory(ServedMemory):
                 if self._watch_loop(paths, retry) == "again" or self._stop.is_set():
                     if not self._stop.is_set():
                         log.info("a watched folder was removed or replaced: watched again")
+                        self._watch_state(dict.fromkeys(wanted, REARMING))
                     retry = True
                     continue
                 return
@@ -839,6 +855,7 @@ class Memory(ServedMemory):
                 try:
                     if self._inotify_loop(paths, retry) == "again":
                         log.info("a watched folder was removed or replaced: watched again")
+                        self._watch_state(dict.fromkeys(wanted, REARMING))
                         retry = True
                         continue
                     return
@@ -849,6 +866,7 @@ class Memory(ServedMemory):
                 # most a fifth of a core), and try watching again later
                 (log.debug if told else log.info)("watching by looking every %gs or more: %s", POLL_S, e)
                 told = True
+                self._watch_state(dict.fromkeys(wanted, POLLING))
                 until = time.monotonic() + rewatch
                 rewatch = min(rewatch * 2, 600.0)
                 while not self._stop.is_set() and time.monotonic() < until:
@@ -858,7 +876,24 @@ class Memory(ServedMemory):
                 retry = True
             except Exception as e:  # the watcher is a help, not a need
                 log.warning("watching stopped: %s", e)
+                self._watch_state(dict.fromkeys(wanted, f"not watched ({type(e).__name__}: {e})"))
                 return
+
+    watching: dict = {}  # each folder watched: WATCHED, POLLING, REARMING or why not (status)
+
+    def _watch_state(self, folders: dict) -> None:
+        """What the watch of each folder is now, kept for ``status`` (another process) in
+        <state>'s WATCH_FILE, written from <state> as opened (a local memory only)."""
+        if folders == self.watching:
+            return
+        self.watching = dict(folders)
+        fd = self.layout.state_fd
+        if fd is None:
+            return
+        try:
+            atomic.write_at(fd, WATCH_FILE, json.dumps({"pid": os.getpid(), "folders": folders}).encode())
+        except OSError as e:
+            log.debug("the watch's state could not be kept: %s", e)
 
     def _rescan_local(self, wait: bool = False) -> None:
         """Look once more at every local source (events may have been missed)."""
@@ -959,6 +994,8 @@ class Memory(ServedMemory):
 STALE_S = 60.0  # a loose temp file older than this is no writer's any more
 INDEX_HELD_WAIT_S = 60.0  # the index held by another memory of this process (stopping): waited for this long
 REARM_S = 1.0  # how often the watched folders are looked at (gone, replaced, back): watched again
+WATCH_FILE = "watch.json"  # in <state>: each watched folder's state, for `status`
+WATCHED, POLLING, REARMING = "watched", "polling", "re-arming (gone or replaced: watched again once it is back)"
 
 
 def _identity(path: str) -> Optional[tuple[int, int]]:

@@ -23,7 +23,6 @@ import functools
 import hashlib
 import logging
 import os
-import secrets
 import stat
 import threading
 import time
@@ -107,20 +106,17 @@ def lstat_at(dir_fd: int, name: str) -> Optional[os.stat_result]:
 
 def move_aside(dir_fd: int, name: str, where: str, wanted: str) -> Optional[str]:
     """Move what stands at ``name`` (below ``dir_fd``; ``where`` names it for the log)
-    aside, to ``<name>.moved-<time>-<hex>`` beside it, as it is: a link is renamed,
-    never followed, and nothing is deleted. The name it got, or None when the thing
-    went meanwhile. One line in the log says what it was and where it is now."""
+    aside (:func:`atomic.move_aside_at`: ``<name>.moved-<time>-<hex>`` beside it, as it
+    is: a link is renamed, never followed; the newest two of a name kept). The name it got,
+    or None when the thing went meanwhile. One line in the log says what it was and where
+    it is now."""
     s = lstat_at(dir_fd, name)
-    if s is None:
-        return None
-    aside = f"{name}.moved-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-    try:
-        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except FileNotFoundError:
+    moved = atomic.move_aside_at(dir_fd, name)
+    if moved is None:
         return None
     log.warning("%s was %s where %s belongs: moved aside to %s (not followed; nothing in it was read, "
-                "written or deleted), and %s made anew", where, shape(s), wanted, aside, name)
-    return aside
+                "written or deleted), and %s made anew", where, shape(s), wanted, moved[0], name)
+    return moved[0]
 
 
 def _serialized(method):

@@ -31,6 +31,7 @@ and the storage bridge's `conversations` collection:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -175,9 +176,10 @@ class Listed(NamedTuple):
 
 
 def nameable(thread: object) -> bool:
-    """A thread the copy can be named by: an ID, and not one whose copy would be
-    another thread's compact copy (`x.compact` beside `x`)."""
-    return isinstance(thread, str) and ID_RE.match(thread) is not None and not thread.endswith(COMPACT)
+    """A thread the copy can be named by: an ID (§Words; `x.compact` is one too: its copy
+    is `x.compact.jsonl`, which is also `x`'s compact copy's name -- :func:`parse_listing`
+    keeps the two apart)."""
+    return isinstance(thread, str) and ID_RE.match(thread) is not None
 
 
 def json_lines(out: bytes, what: str):
@@ -212,6 +214,14 @@ def parse_listing(out: bytes) -> tuple[dict[str, Listed], list[str]]:
             skipped.append(thread)
             continue
         listed[thread] = Listed(version, compact)
+    # thread `x.compact` and `x`'s compact version would both be kept as `x.compact.jsonl`
+    # (§3.5's names): the thread is kept, a whole conversation; `x`'s compact version (a
+    # summary of a conversation served whole) is skipped and said
+    for thread in list(listed):
+        base = thread[: -len(COMPACT)] if thread.endswith(COMPACT) else None
+        if base in listed and listed[base].compact is not None:
+            listed[base] = Listed(listed[base].version, None)
+            skipped.append(f"{base}'s compact version (its copy's name is thread {thread}'s)")
     return listed, skipped
 
 
@@ -229,14 +239,45 @@ class CopyFolder:
 
     def __init__(self, path: str):
         self.path = path
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        self.fd: Optional[int] = None
+        self.here = path  # the folder as opened (atomic.pinned): what reads of the copies go through
+        self._hold()
+
+    def _hold(self) -> int:
+        """The copies' folder, opened once, never through a link: a link (or what is not a
+        folder) at its name is moved aside and the folder made anew; a link swapped in later
+        changes nothing (the folder held is used). Opened again only once the folder held
+        is gone (removed by a person: made again, the copies fetched again)."""
+        fd = self.fd
+        if fd is not None and os.fstat(fd).st_nlink > 0:
+            return fd
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        with atomic.folder(self.path) as (parent, name):
+            for _ in range(3):
+                try:
+                    fd = os.open(name, flags, dir_fd=parent)
+                    break
+                except FileNotFoundError:
+                    try:
+                        os.mkdir(name, 0o700, dir_fd=parent)
+                    except FileExistsError:
+                        pass
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    moved = atomic.move_aside_at(parent, name)
+                    if moved:
+                        log.warning("the store driver's copies' folder %s was %s: moved aside to %s (never "
+                                    "followed), and made anew", self.path, moved[1], moved[0])
+            else:
+                raise OSError(errno.EEXIST, f"{self.path} keeps being replaced by what is not a folder")
+        # (one held before, gone, is left open: a reader may still name it, and its number
+        # must not name another file meanwhile)
+        self.fd, self.here = fd, atomic.pinned(fd, self.path)
+        return fd
 
     def _dir(self) -> int:
-        try:
-            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:  # removed while serving (by a person): made again, the copies fetched again
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
-            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.dup(self._hold())
 
     @staticmethod
     def name(thread: str, compact: bool = False) -> str:
@@ -271,15 +312,15 @@ class CopyFolder:
             os.close(fd)
 
     def threads(self, names: Optional[set] = None) -> set[str]:
-        """The threads a copy is kept of (whatever the record says)."""
+        """The threads a copy may be kept of (whatever the record says): `x.compact.jsonl`
+        is thread `x.compact`'s or `x`'s compact one, so both are named."""
         out: set[str] = set()
         for n in self.files() if names is None else names:
             if n.endswith(".jsonl"):
                 stem = n[: -len(".jsonl")]
-                if stem.endswith(COMPACT):
-                    stem = stem[: -len(COMPACT)]
-                if nameable(stem):
-                    out.add(stem)
+                for thread in (stem, stem[: -len(COMPACT)] if stem.endswith(COMPACT) else None):
+                    if thread and nameable(thread):
+                        out.add(thread)
         return out
 
     def _write(self, name: str, data: bytes) -> None:
@@ -352,7 +393,7 @@ class DriverConversations(PlaceBase):
         self.env = dict(env)
         self.copies = CopyFolder(folder)
         self.copies.sweep()
-        self.place = LocalPlace(folder)  # reads beneath the copy's folder, like any local folder
+        self._place: Optional[LocalPlace] = None
         self.skipped = 0
         # no listing a search should wait for (briefly) is under way: the first one, and
         # one a `changed` control asked for; a periodic one never holds a search up
@@ -369,6 +410,14 @@ class DriverConversations(PlaceBase):
         self._thread: Optional[threading.Thread] = None
 
     # --- the place the index reads: the copy ---------------------------------------
+
+    @property
+    def place(self) -> LocalPlace:
+        """Reads beneath the copy's folder as held (:meth:`CopyFolder._hold`), like any local folder."""
+        here = self.copies.here
+        if self._place is None or self._place.root != here:
+            self._place = LocalPlace(here)
+        return self._place
 
     def list(self, prefix: str = "", share: bool = False) -> list[Entry]:
         out = self.place.list(prefix)  # local files' entries: their times read from their versions
@@ -469,7 +518,8 @@ class DriverConversations(PlaceBase):
             self._fail(str(e))
             return False
         if skipped:
-            log.warning("the store driver listed %d thread(s) that are not IDs; skipped: %s", len(skipped),
+            log.warning("the store driver listed %d thread(s) that cannot be served (not IDs, or a compact "
+                        "version whose copy's name is another thread's); skipped: %s", len(skipped),
                         ", ".join(ascii(t) for t in skipped[:3]))
         self.skipped = len(skipped)
         have = self.copies.versions()
@@ -478,10 +528,17 @@ class DriverConversations(PlaceBase):
         changed = False
         problem = None
         told = time.monotonic()
+        # the copies' names the listing holds: never dropped for another thread (`x.compact.jsonl`)
+        owned = {self.copies.name(t, c) for t, now in listed.items() for c in (False, True)
+                 if not c or now.compact is not None}
+
+        def drop(thread: str, compact: bool) -> bool:
+            return self.copies.name(thread, compact) not in owned and self.copies.drop(thread, compact)
+
         for thread in sorted(kept | set(have)):
             if thread not in listed:  # no longer listed: the copy and (at the next look) the index let go of it
-                changed |= self.copies.drop(thread, False)
-                changed |= self.copies.drop(thread, True)
+                changed |= drop(thread, False)
+                changed |= drop(thread, True)
                 have.pop(thread, None)
         for thread, now in listed.items():
             if self._stop.is_set():
@@ -496,7 +553,7 @@ class DriverConversations(PlaceBase):
                     changed |= self.copies.put(thread, False, data)
                     version = now.version
                 if now.compact is None:
-                    changed |= self.copies.drop(thread, True)
+                    changed |= drop(thread, True)
                     compact = None
                 elif compact != now.compact:
                     data = self._run(["conversation", thread, "--compact"])

@@ -320,6 +320,29 @@ class Bindings:
         self.held: dict[tuple[str, str], Binding] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        self._pins: dict[str, int] = {}  # the cache folders opened (pinned), by their path
+        self._pins_lock = threading.Lock()
+
+    def pinned(self, path: str, top: Optional[str]) -> str:
+        """The cache folder ``path`` opened once (made when missing), never through a link
+        below ``top`` (Refusal when one stands in the way), as a path that reaches that
+        folder whatever its name leads to later (atomic.pinned): a link swapped in while an
+        agent is served changes nothing its memory touches. Held for the process's life;
+        opened again only when the folder held is gone or its name names another."""
+        from lnkmem.core import atomic
+        from lnkmem.memory.config import FolderRefused, open_folder, same_folder
+        with self._pins_lock:
+            fd = self._pins.get(path)
+            if fd is not None and os.fstat(fd).st_nlink > 0 and same_folder(fd, path):
+                return atomic.pinned(fd, path)
+            try:
+                if top:
+                    os.makedirs(top, mode=0o700, exist_ok=True)  # (--cache, made as before when missing)
+                fd = open_folder(path, top)
+            except FolderRefused as e:
+                raise Refusal(f"its cache is not served: {e}") from None
+            self._pins[path] = fd  # (one held before: left open, a memory may still use it)
+            return atomic.pinned(fd, path)
 
     @property
     def opts(self):
@@ -436,6 +459,7 @@ class Bindings:
         if not b.files and b.storage is None:  # §5.4: `ok` only once one of its bridges took the key
             raise Refusal("the Bound line names no bridge (files or storage) to take the key")
         cfg, cache = self._config(agent, b)
+        top = self.opts.cache if cfg.agent is None else cfg.agent
         if first.team is None and not b.files and not cfg.folder:
             raise Refusal(f"agent {agent} names no files bridge and is not in <agents>: its Home is not known here")
         key = (b.owner, agent)
@@ -457,10 +481,10 @@ class Bindings:
             binding = self._new_binding(first, sockets)
             self.held[key] = binding
         if first.team is not None:
-            session = self._team_session(binding, first, cfg, cache)
+            session = self._team_session(binding, first, cfg, lambda: self.pinned(cache, top))
         else:
             if binding.memory is None:  # the agent's own memory starts with its first own session
-                binding.memory = self._own_memory(binding, first, cfg, cache, has_memory_place)
+                binding.memory = self._own_memory(binding, first, cfg, self.pinned(cache, top), has_memory_place)
             session = binding.session()
         binding.watch_down()
         return session
@@ -550,7 +574,7 @@ class Bindings:
         return url, model, binding_headers(url, lambda: {"Authorization": auth_header(key, "embedding", owner, agent)},
                                            f"agent {agent}")
 
-    def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str) -> BoundSession:
+    def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache_of) -> BoundSession:
         from lnkmem.memory.layout import Layout
         from lnkmem.memory.memory import Memory
         from lnkmem.replica.sync import Replica
@@ -574,7 +598,8 @@ class Bindings:
         if tb.deny is None:
             places = {"home": FilesPlace(files, folder=team.named, root="memory", exclude=("lnkmem",))}
             embed = self._embedding(cfg, first) if team.writes else None  # a reader embeds nothing
-            tcache = os.path.join(cache, "teams", team.id)
+            cache = cache_of()  # (opened when a memory is made: a session of one running reuses it)
+            tcache = self.pinned(os.path.join(cache, "teams", team.id), cache)
             layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place, of=f"team {team.id}"), team.writes,
                             embed, os.path.join(tcache, "tmp"))
             tcfg = dataclasses.replace(cfg, notes_path=None)

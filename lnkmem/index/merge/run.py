@@ -147,7 +147,7 @@ class MergeJob:
         helper process (the second core, :func:`merge_steps.start`), whose steps this
         thread writes between its own."""
         store, segs, new = self.store, self.segs, self.new
-        job = merge_steps.Job(store.path, store.data, segs, new, sorted(self.clean), store.STEP_BYTES,
+        job = merge_steps.Job(store.here, store.data, segs, new, sorted(self.clean), store.STEP_BYTES,
                               store.JOIN_BYTES, store.MAP_RESIDENT, store.env.info()["map_size"])
         helper = None
         sizes = segment_sizes_of(store, store.snapshot)

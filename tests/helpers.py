@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -197,6 +199,26 @@ class Server:
 
 def refs(result: dict) -> list[str]:
     return [h["ref"] for h in result["structuredContent"]["hits"]]
+
+
+@contextmanager
+def allocates_at_most(limit: int):
+    """Fails when the block's heap (Python's and numpy's, as tracemalloc sees them) peaks
+    above ``limit`` bytes more than it held on entry: work bounded by what an input is,
+    not by what it claims (a bomb inflated, a count of billions believed), said without
+    a clock."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        yield
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if started:
+            tracemalloc.stop()
+    assert peak <= limit, f"the heap grew {peak:,} bytes (at most {limit:,})"
 
 
 def until(pred, timeout: float = 5, step: float = 0.05):

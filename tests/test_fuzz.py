@@ -417,10 +417,17 @@ def test_spec_and_agents_refused_by_the_program(home, tmp_path):
 def test_sizes(text):
     from lnkmem.memory.spec import parse_size
     from lnkmem.core.wire import Spec
+    import re
+    from decimal import Decimal
+    said = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(b|kb|kib|mb|mib|)\s*", text, re.IGNORECASE)
     try:
         n = parse_size(text)
-        assert n >= 0
+        assert said, text  # a number and B, KB, KiB, MB or MiB: nothing else is a size
+        unit = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}[said[2].lower()]
+        want = min(Decimal(said[1]) * unit, Decimal(2) ** 62)
+        assert abs(n - want) <= max(1, want / 2**50), (text, n)  # (within a float's rounding)
     except ValueError as e:
+        assert not said, text
         assert "not a size" in str(e)
         with pytest.raises(msgspec.ValidationError):  # what the spec accepts always parses
             msgspec.convert({"notes": text}, Spec)

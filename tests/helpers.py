@@ -97,7 +97,8 @@ class Server:
         self.ids = itertools.count(1)
         self.pending: dict[Any, dict] = {}
         threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
+        self._err_pump = threading.Thread(target=self._pump_err, daemon=True)
+        self._err_pump.start()
 
     @classmethod
     def start(cls, home: Home, env: Optional[dict] = None, notes: bool = True, extra_argv=()) -> "Server":
@@ -119,6 +120,12 @@ class Server:
             if not chunk:
                 break
             self.stderr += chunk
+
+    def stderr_to_the_end(self, timeout: float = 15) -> bytes:
+        """All the process wrote on stderr, once it closed it (it ended)."""
+        self._err_pump.join(timeout)
+        assert not self._err_pump.is_alive(), "stderr still open"
+        return self.stderr
 
     def send_raw(self, data: bytes) -> None:
         self.proc.stdin.write(data)

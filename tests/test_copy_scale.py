@@ -305,7 +305,7 @@ def test_a_version_landing_after_its_writer_was_killed_leaves_no_orphan(bridges,
             m.proc.wait(10)
     finally:
         m.__exit__(None, None, None)
-    time.sleep(4.5)  # it lands
+    assert until(lambda: named_files(manifest(bridges)) != first, timeout=60)  # the held PUT lands
     if cold:  # the agent's next machine: no cache, nothing known of the files the dead writer replaced
         import shutil
         shutil.rmtree(tmp_path / "cache-k")

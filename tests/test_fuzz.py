@@ -310,9 +310,8 @@ def test_first_lines_and_controls_fuzzed_against_serve_many(tmp_path):
         # the edges of a first line
         answer, s = _first(sock, b"{" + b" " * (1 << 20) + b"}\n")
         assert "over" in answer["error"] and _closed(s)
-        t0 = time.monotonic()
-        answer, s = _first(sock, b'{"agent": "a1"')  # no newline: the 1 s limit of this run
-        assert "within" in answer["error"] and time.monotonic() - t0 < 5
+        answer, s = _first(sock, b'{"agent": "a1"', timeout=5)  # no newline: the 1 s limit of this run (else 10 s)
+        assert "within" in answer["error"]
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(10)
         s.connect(str(sock))
@@ -554,7 +553,7 @@ def test_embedder_against_garbage(garbage, mode, n, count):
     finally:
         e.close()
         _garbage(garbage, mode="ok")
-    assert time.monotonic() - t0 < 5  # never the drip's 1 MiB x 0.2 s
+    assert time.monotonic() - t0 < 60  # a deadline, not a figure: the drip's 1 MiB x 0.2 s is 58 hours
 
 
 @fuzz(40)
@@ -592,7 +591,7 @@ def test_bridge_places_against_garbage(garbage, mode, op, count):
     finally:
         c.close()
         _garbage(garbage, mode="ok")
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60  # a deadline, not a figure: the drip's 1 MiB x 0.2 s is 58 hours
 
 
 @fuzz(300)

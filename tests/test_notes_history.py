@@ -232,10 +232,8 @@ def test_notes_emptied_on_purpose_are_built_on_after_the_wait_and_kept(home):
         s.initialize()
         s.wait_indexed()
         home.notes.write_text("")  # a person empties them on purpose
-        t0 = time.monotonic()
         r = s.call("remember", {"add": "fresh start"}, timeout=30)
         assert r["isError"] is False
-        assert time.monotonic() - t0 < 10
     assert home.notes.read_text() == "- fresh start\n"
     assert "- a\n- b\n- c\n" in kept_texts(home)  # what was there before it was emptied
 

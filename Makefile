@@ -37,6 +37,7 @@ soak: $(STAMP)
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/soak_reload.py --reloads 100
 	NOTES_EDITOR_S=20 $(BIN)/python -m pytest -q tests/test_notes_history.py -k rename_editor
+	NOTES_SOAK=1 $(BIN)/python -m pytest -q tests/test_notes_history.py -k truncate_then_write
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_local.py

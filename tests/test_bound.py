@@ -274,7 +274,7 @@ def test_two_engines_race_and_converge(bridges, tmp_path):
                 bridges.write_home(f"{who}/{i}.md", f"{who}{i} token\n")
                 with m.connect() as ctl:
                     ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/{who}/{i}.md"}})
-            time.sleep(0.1)
+            time.sleep(0.1)  # kept: pacing, the rounds of changes spread over several write-backs
         for m in (m1, m2, m1):
             with m.connect() as ctl:
                 assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
@@ -311,7 +311,7 @@ def test_sigkill_during_write_back_leaves_old_or_new(bridges, tmp_path):
         bridges.write_home(f"bulk/k{k}.md", f"killer{k} round\n")
         with m.connect() as ctl:
             ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/bulk/k{k}.md"}})
-        time.sleep(0.05 + 0.1 * k)
+        time.sleep(0.05 + 0.1 * k)  # kept: pacing, each kill at another moment of the write-back
         m.proc.send_signal(signal.SIGKILL)
         m.proc.wait()
         c.close()

@@ -122,7 +122,7 @@ def test_sigkill_while_indexing_never_leaves_a_wrong_index(home, tmp_path, worke
     for k in range(12):
         p = subprocess.Popen([PROGRAM, "index", *home.args()], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.05, 0.9))
+        time.sleep(rng.uniform(0.05, 0.9))  # kept: the kill at a random moment of the build
         p.send_signal(signal.SIGKILL)
         p.wait()
         if k % 4 == 3:  # change the tree between kills too

@@ -193,7 +193,7 @@ def test_linger_end_removes_the_socket(tmp_path, agents):
 def test_stay_and_sigterm(tmp_path, agents):
     m = Many(tmp_path / "t" / "m.sock", {"a0": agent_entry(agents["a0"])}, ["--stay"],
              env={"LNKMEM_LINGER_S": "0.2"})
-    time.sleep(1.0)
+    time.sleep(1.0)  # kept: past the linger (0.2 s), --stay keeps it (an absence: nothing to wait on)
     assert m.proc.poll() is None and m.socket.exists()
     assert m.stop(signal.SIGTERM) == 0
     assert not m.socket.exists()

@@ -428,7 +428,7 @@ def _flood(write, count: int, sent: list) -> None:
 def _check_paused(pid: int, sent: list, count: int, base: float) -> None:
     grew = 0.0
     for _ in range(30):  # 3 s: the client keeps writing, the engine stops reading
-        time.sleep(0.1)
+        time.sleep(0.1)  # kept: the RSS sampled while the client keeps writing
         grew = max(grew, _rss_mib(pid) - base)
     assert len(sent) < count // 2, f"the engine took {len(sent)} of {count} pipelined requests in (no pause)"
     assert grew < 48, f"RSS grew {grew:.0f} MiB while the client did not read"
@@ -444,7 +444,13 @@ def test_a_stdio_client_that_never_reads_is_paused(home):
         proc.stdin.write(b'{"jsonrpc": "2.0", "id": 0, "method": "ping"}\n')
         proc.stdin.flush()
         assert json.loads(proc.stdout.readline())["id"] == 0
-        time.sleep(0.5)
+
+        def indexing() -> bool:
+            proc.stdin.write(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "search", '
+                             b'"arguments": {"query": "zzzzprobe"}}}\n')
+            proc.stdin.flush()
+            return "indexing" in json.loads(proc.stdout.readline())["result"]["structuredContent"]
+        assert until(lambda: not indexing(), timeout=30)  # started whole: the baseline
         base = _rss_mib(proc.pid)
         sent: list = []
         count = 96
@@ -471,7 +477,7 @@ def test_a_socket_client_that_never_reads_is_paused(tmp_path, home):
     with Many(tmp_path / "run" / "m.sock", {"a1": agent_entry(home)}) as m:
         with m.hello("a1") as c:
             assert c.request("ping")["result"] == {}
-            time.sleep(0.5)
+            assert until(lambda: "indexing" not in c.search("zzzzprobe")["structuredContent"], timeout=30)
             base = _rss_mib(m.proc.pid)
             sent: list = []
             count = 96
@@ -586,7 +592,7 @@ def test_a_session_pipelining_calls_that_wait_is_paused(tmp_path, home):
     with Many(tmp_path / "run" / "m.sock", {"a1": agent_entry(home)}) as m:
         with m.hello("a1") as c:
             assert c.call("remember", {"add": "first"})["isError"] is False
-            time.sleep(0.3)
+            assert until(lambda: "indexing" not in c.search("zzzzprobe")["structuredContent"], timeout=30)
             base = _rss_mib(m.proc.pid)
             fd = os.open(home.state / "notes.lock", os.O_RDWR)
             sent: list = []

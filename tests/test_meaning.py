@@ -1,6 +1,5 @@
 """Ranking by meaning (§2.4, §4.1 `ranked`, §6) against the fake embedding server."""
 
-import time
 
 import pytest
 

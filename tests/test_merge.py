@@ -190,7 +190,7 @@ st = Store.open(sys.argv[1])
 st.STEP_BYTES = int(sys.argv[2])
 def step():
     print("step", flush=True)
-    time.sleep(0.002)
+    time.sleep(0.002)  # kept: each step of the child paced, so a kill can land between them
     return False
 st.merge(sorted(st.snapshot.segs), should_stop=step)
 print("done", flush=True)
@@ -265,7 +265,7 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
                 seen += 1
                 running = running or _merge_helpers_of(p.pid)
                 if seen >= at:
-                    time.sleep(rng.random() * 0.004)
+                    time.sleep(rng.random() * 0.004)  # kept: the kill at a random moment within the step
                     p.send_signal(signal.SIGKILL)
                     break
             if line.startswith(b"done"):

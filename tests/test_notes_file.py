@@ -89,7 +89,7 @@ def test_editor_saves_racing_remember_lose_nothing(home):
                     f.write(text + line.encode() + b"\n")
                 saved.append(line)
                 i += 1
-                time.sleep(rng.random() * 0.01)
+                time.sleep(rng.random() * 0.01)  # kept: the editor's pause between saves
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 

@@ -57,13 +57,13 @@ def _truncate_then_write(notes, delay: float, style: str, truncated: threading.E
             f.truncate()
             f.flush()
             truncated.set()
-            time.sleep(delay)
+            time.sleep(delay)  # kept: the editor's pause between its truncate and its write
             f.write(text + line.encode() + b"\n")
     else:  # truncates by name, then opens and writes later (no descriptor held between)
         text = notes.read_bytes()
         os.truncate(notes, 0)
         truncated.set()
-        time.sleep(delay)
+        time.sleep(delay)  # kept: the editor's pause between its truncate and its write
         with open(notes, "wb") as f:
             f.write(text + line.encode() + b"\n")
 
@@ -100,7 +100,7 @@ def test_truncate_then_write_editor_loses_nothing(tmp_path):
                                   args=(homes[a].notes, delay, style, truncated, f"- editor line {i}"))
             ed.start()
             truncated.wait(10)
-            time.sleep(min(0.1, delay / 2))
+            time.sleep(min(0.1, delay / 2))  # kept: `remember` lands inside the editor's pause
             results[a] = clients[a].call("remember", {"add": f"engine entry {i}"})
             ed.join()
 

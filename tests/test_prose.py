@@ -6,7 +6,6 @@ outweigh its context, and up to 100 hits."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from hypothesis import given, settings

@@ -72,7 +72,7 @@ def _settle(asked: list[str], count: int) -> list[int]:
     deadline = time.monotonic() + 10
     while len(asked) < count and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.1)
+    time.sleep(0.1)  # kept: an absence (nothing asked beyond) has no event to wait on
     return sorted(int(p[1:4]) for p in asked)
 
 

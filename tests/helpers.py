@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -95,7 +97,8 @@ class Server:
         self.ids = itertools.count(1)
         self.pending: dict[Any, dict] = {}
         threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
+        self._err_pump = threading.Thread(target=self._pump_err, daemon=True)
+        self._err_pump.start()
 
     @classmethod
     def start(cls, home: Home, env: Optional[dict] = None, notes: bool = True, extra_argv=()) -> "Server":
@@ -117,6 +120,12 @@ class Server:
             if not chunk:
                 break
             self.stderr += chunk
+
+    def stderr_to_the_end(self, timeout: float = 15) -> bytes:
+        """All the process wrote on stderr, once it closed it (it ended)."""
+        self._err_pump.join(timeout)
+        assert not self._err_pump.is_alive(), "stderr still open"
+        return self.stderr
 
     def send_raw(self, data: bytes) -> None:
         self.proc.stdin.write(data)
@@ -197,6 +206,26 @@ class Server:
 
 def refs(result: dict) -> list[str]:
     return [h["ref"] for h in result["structuredContent"]["hits"]]
+
+
+@contextmanager
+def allocates_at_most(limit: int):
+    """Fails when the block's heap (Python's and numpy's, as tracemalloc sees them) peaks
+    above ``limit`` bytes more than it held on entry: work bounded by what an input is,
+    not by what it claims (a bomb inflated, a count of billions believed), said without
+    a clock."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        yield
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if started:
+            tracemalloc.stop()
+    assert peak <= limit, f"the heap grew {peak:,} bytes (at most {limit:,})"
 
 
 def until(pred, timeout: float = 5, step: float = 0.05):

@@ -353,15 +353,13 @@ def test_notes_live_in_home_through_the_files_bridge(bridges, tmp_path):
 def test_one_bridge_took_the_key_and_the_other_is_down(bridges, tmp_path):
     bridges.storage.stop()
     with bridges.serve_many(tmp_path) as m, m.connect() as c:
-        t0 = time.monotonic()
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: _hits(c, "narwhal") == ["home/docs/plan.md"], timeout=20)  # Home, through files
-        t0 = time.monotonic()
+        # answered at once, not after the bridge's patience (30 s): a wait fails on the client's 10 s deadline
         r = c.call("read", {"ref": "chats/t1.jsonl"})
         assert r["isError"] and "storage bridge is unreachable" in r["content"][0]["text"]
         r = c.call("remember", {"add": "kept for later"})
         assert r["isError"] and "storage bridge is unreachable" in r["content"][0]["text"]
-        assert time.monotonic() - t0 < 5  # answered at once, not after the bridge's patience
         from fakes.harness import FakeServer
         bridges.storage = FakeServer.start("fakes.storage_bridge", "--unix", bridges.storage_sock, "--root",
                                            bridges.storage_root, "--config", bridges.config, "--log",

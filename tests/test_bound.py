@@ -129,10 +129,13 @@ def test_refused_key_and_bridge_down(bridges, tmp_path):
             assert "refused" in c.first(bridges.bound())["error"]
         bridges.storage.fault("down")
         bridges.files.fault("down")
-        with m.connect() as c:  # all its bridges down (rev. 2: one down while another took the key is served)
-            t0 = time.monotonic()
+        bridges.files.request("DELETE", "/_log")
+        with m.connect(timeout=60) as c:  # all its bridges down (rev. 2: one down while another took the key is served)
             r = c.first(bridges.bound())
-            assert "down" in r["error"] and 4 < time.monotonic() - t0 < 15
+            assert "down" in r["error"]
+        # it tried again within its patience before saying so, not once and gave up
+        binds = [e for e in log(bridges.files) if e["path"].endswith("/v1/bind")]
+        assert len(binds) >= 2, binds
         bridges.storage.fault("ok")
         bridges.files.fault("ok")
         with m.connect() as c:
@@ -190,25 +193,44 @@ def test_cache_reused_at_the_same_version_and_dropped_at_another(bridges, tmp_pa
 
 
 def test_write_back_frequency(bridges, tmp_path):
-    with bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "1"}) as m, m.connect() as c:
-        assert c.first(bridges.bound()) == {"ok": True}
-        assert indexed(c, "narwhal", "home/docs/plan.md")
-        time.sleep(1.5)
-        bridges.storage.request("DELETE", "/_log")
-        t0 = time.monotonic()
-        for i in range(16):  # a change every quarter second for four seconds
-            bridges.write_home(f"live/{i}.md", f"item{i} arrives\n")
-            with m.connect() as ctl:
-                assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/live/{i}.md"}}) == {"ok": True}
-            time.sleep(0.25)
-        time.sleep(1.5)
-        span = time.monotonic() - t0
-        puts = [e["time"] for e in log(bridges.storage)
+    """§2.6/§7.3: a change is written back within the interval even while the index never
+    rests for the quiet time, and never sooner than the interval after the last write
+    (the figure, write-backs a minute under load, is bench_bound's)."""
+    def manifest_puts() -> list:
+        return [e for e in log(bridges.storage)
                 if e["method"] == "PUT" and e["path"].endswith("manifest.json") and e["status"] == 200]
-        assert 3 <= len(puts) <= span / 1.0 + 1
-        gaps = [b - a for a, b in zip(puts, puts[1:])]
-        assert min(gaps) >= 0.9
-        assert "home/live/15.md" in bridges.copy_refs()
+
+    def change(m, i: int) -> None:
+        bridges.write_home(f"live/{i}.md", f"item{i} arrives\n")
+        with m.connect() as ctl:
+            assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/live/{i}.md"}}) == {"ok": True}
+
+    # the interval: a change written back unasked though the quiet time never comes
+    with bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "1", "LNKMEM_QUIET_S": "3600"}) as m, \
+            m.connect() as c:
+        bridges.bound_and_flushed(m, c, ("home/docs/plan.md", "narwhal"))
+        change(m, 0)
+        assert until(lambda: "home/live/0.md" in bridges.copy_refs(), timeout=30)
+    # never sooner than the interval after the last write: with no quiet time asked for, each
+    # change would be written at once; within the interval they wait, and a flush writes them in one
+    with bridges.serve_many(tmp_path, env={"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_QUIET_S": "0"}) as m, \
+            m.connect() as c:
+        assert c.first(bridges.bound()) == {"ok": True}
+        assert until(lambda: "indexing" not in c.search("zzzzprobe")["structuredContent"], timeout=60)
+        change(m, 1)
+        assert indexed(c, "item1", "home/live/1.md")
+        with m.connect() as ctl:  # the last write
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert "home/live/1.md" in bridges.copy_refs()
+        bridges.storage.request("DELETE", "/_log")
+        for i in range(2, 18):
+            change(m, i)
+            assert indexed(c, f"item{i}", f"home/live/{i}.md")
+        assert not manifest_puts()
+        with m.connect() as ctl:
+            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+        assert len(manifest_puts()) == 1
+        assert {f"home/live/{i}.md" for i in range(18)} <= bridges.copy_refs()
 
 
 def test_flush_end_and_controls(bridges, tmp_path):
@@ -252,7 +274,7 @@ def test_two_engines_race_and_converge(bridges, tmp_path):
                 bridges.write_home(f"{who}/{i}.md", f"{who}{i} token\n")
                 with m.connect() as ctl:
                     ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/{who}/{i}.md"}})
-            time.sleep(0.1)
+            time.sleep(0.1)  # kept: pacing, the rounds of changes spread over several write-backs
         for m in (m1, m2, m1):
             with m.connect() as ctl:
                 assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
@@ -289,7 +311,7 @@ def test_sigkill_during_write_back_leaves_old_or_new(bridges, tmp_path):
         bridges.write_home(f"bulk/k{k}.md", f"killer{k} round\n")
         with m.connect() as ctl:
             ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": f"home/bulk/k{k}.md"}})
-        time.sleep(0.05 + 0.1 * k)
+        time.sleep(0.05 + 0.1 * k)  # kept: pacing, each kill at another moment of the write-back
         m.proc.send_signal(signal.SIGKILL)
         m.proc.wait()
         c.close()

@@ -370,7 +370,6 @@ def test_a_state_folder_removed_while_indexing_ends_in_one_line_not_a_traceback(
     deadline = time.monotonic() + 60
     while not data.exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    time.sleep(0.05)  # (a 2-core machine indexes these 5 MB in well under a second: 0.3 s was too late once)
     assert p.poll() is None, "the index finished before its state could be taken away"
     shutil.rmtree(home.state)
     out, err = p.communicate(timeout=120)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 import zlib
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 from lnkmem.replica import copy as copyfmt
 from lnkmem.index.codec import postings, textpack
 from lnkmem.index.store import Store
-from tests.helpers import Home, index_home, run_cli
+from tests.helpers import Home, allocates_at_most, index_home, run_cli
 
 # --- postings ---------------------------------------------------------------------------
 
@@ -168,10 +167,16 @@ def test_a_merge_joins_lists_to_the_bytes_packing_them_whole_makes(most, span, t
 @given(st.lists(st.binary(max_size=60), min_size=1, max_size=5))
 def test_a_merge_of_broken_lists_stops_with_a_value_error(bs):
     good = postings.pack(np.arange(300, dtype=np.int64) * 3, np.ones(300, np.int64))
-    try:
-        postings.join_many([bs + [good], [good]])
+    if any(postings.count(b) is None for b in bs):  # a list whose lengths are broken: refused
+        with pytest.raises(ValueError):
+            postings.join_many([bs + [good], [good]])
+        return
+    try:  # lengths whole: joined, or refused for what else is wrong with them
+        out = postings.join_many([bs + [good], [good]])
     except ValueError:
-        pass
+        return
+    assert len(out) == 2 and postings.count(out[1]) == 300
+    assert np.array_equal(postings.unpack(out[1])[0], np.arange(300) * 3)
 
 
 def test_postings_are_small():
@@ -202,11 +207,10 @@ def test_postings_garbage_never_crashes(b):
 
 def test_a_list_claiming_billions_of_postings_costs_nothing():
     claim = b"\xff\xff\xff\xff\x0f" + bytes(7) + bytes(64)  # 2**32 - 1 postings in 76 bytes
-    t0 = time.perf_counter()
-    assert postings.count(claim) is None and postings.check(claim) is not None
-    with pytest.raises(ValueError):
-        postings.unpack(claim)
-    assert time.perf_counter() - t0 < 0.1
+    with allocates_at_most(1 << 20):  # billions believed: gigabytes
+        assert postings.count(claim) is None and postings.check(claim) is not None
+        with pytest.raises(ValueError):
+            postings.unpack(claim)
     tfs = np.ones(300)
     tfs[0] = 3
     good = postings.pack(np.arange(300), tfs)
@@ -330,18 +334,18 @@ def test_passages_packed_where_they_were_counted_are_stored_as_given_or_packed_a
 @given(st.binary(max_size=200))
 def test_passage_garbage_never_crashes(b):
     try:
-        textpack.unpack(b, b"x" * 100, 10_000)
-    except ValueError:
-        pass
+        raw = textpack.unpack(b, b"x" * 100, 10_000)
+    except ValueError as e:  # refused, saying why
+        assert str(e)
+        return
+    assert isinstance(raw, bytes) and len(raw) <= 10_000  # or unpacked, within its limit
 
 
 def test_a_deflate_bomb_passage_is_refused_within_its_limit():
     z = zlib.compressobj(9, zlib.DEFLATED, -15)
     bomb = b"\x02" + z.compress(bytes(50 << 20)) + z.flush()  # 50 MB of zeros in ~50 KB
-    t0 = time.perf_counter()
-    with pytest.raises(ValueError, match="longer"):
+    with allocates_at_most(3 << 20), pytest.raises(ValueError, match="longer"):  # (inflated: 50 MB)
         textpack.unpack(bomb, None, 1 << 20)
-    assert time.perf_counter() - t0 < 0.5
 
 
 def test_a_zstd_bomb_passage_is_refused_within_its_limit_or_the_passage_bound():
@@ -352,10 +356,8 @@ def test_a_zstd_bomb_passage_is_refused_within_its_limit_or_the_passage_bound():
     bomb = b"\x03" + textpack._zstd(zdict).compress(bytes(50 << 20))  # 50 MB of zeros in a few KB
     assert len(bomb) < 50_000
     for limit in (1 << 20, 0):  # a copy's value (its limit), the index's own (MAX_RAW)
-        t0 = time.perf_counter()
-        with pytest.raises(ValueError, match="longer"):
+        with allocates_at_most(3 << 20), pytest.raises(ValueError, match="longer"):  # (inflated: 50 MB)
             textpack.unpack(bomb, zdict, limit)
-        assert time.perf_counter() - t0 < 0.5
     good = textpack.Packer(zdict).pack(raws[0])
     for bad in (good[:-2], good + b"\x00\x01"):  # truncated; bytes after its end
         with pytest.raises(ValueError, match="truncated"):
@@ -547,10 +549,10 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
     s[5] = [b"\x03" + textpack._zstd(zdict).compress(bytes(100 << 20))] + s[5][1:]
     cases.append(("seg", name, s, "passage"))
     for kind, old, obj, why in cases:
-        t0 = time.perf_counter()
-        with pytest.raises(copyfmt.CopyDamaged, match=why):
-            _verify(_reseal(files, kind, old, obj))
-        assert time.perf_counter() - t0 < 10, why  # bounded (unbounded work: minutes); generous under load
+        resealed = _reseal(files, kind, old, obj)
+        # bounded by the copy's own bound (32 x a file's bytes: ~35 MB here), never a bomb's 100 MB
+        with allocates_at_most(64 << 20), pytest.raises(copyfmt.CopyDamaged, match=why):
+            _verify(resealed)
 
 
 def _ask(d, key: bytes, i: int) -> bool:
@@ -613,10 +615,8 @@ def test_segment_refs_are_stored_as_runs_and_broken_runs_are_damage(tmp_path):
     assert len(v) < len(encoder.encode(m))
     for names, runs in ((["x"], [2 ** 32 - 1]), (["x", "y"], [3]), (["x"], [5])):
         bad = encoder.encode(SegStored(m.pids, m.lens, names, np.asarray(runs, "<u4").tobytes()))
-        t = time.perf_counter()
-        with pytest.raises(ValueError):
+        with allocates_at_most(1 << 20), pytest.raises(ValueError):  # (a list of the runs: GBs)
             seg_codec.decode(bad)
-        assert time.perf_counter() - t < 0.5
     path = str(tmp_path / "index")
     s = Store.open(path)
     from lnkmem.index.commit import Batch, NewFile

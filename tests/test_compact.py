@@ -16,7 +16,7 @@ from lnkmem.index.rank import search
 from lnkmem.index.commit import Batch
 from lnkmem.index.lmdbfile import COMPACTING, compact_file
 from lnkmem.index.store import Store
-from tests.helpers import ROOT, Home, RandomText, base_env, index_home
+from tests.helpers import ROOT, Home, RandomText, base_env, index_home, until
 
 WORDS = [f"w{i}" for i in range(300)]
 
@@ -144,11 +144,18 @@ def test_processes_opening_while_it_compacts_see_the_whole_index(tmp_path):
                                       text=True))
         if i == 2:
             done = compact_file(path)
-        time.sleep(0.01)
+        time.sleep(0.01)  # kept: pacing, the openers spread around the compaction
     outs = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert all(o.startswith(f"None {live} [({want[0][0]}, ") for o in outs), outs
     del done
     _answers_hold(path, qa).close()
+
+
+def _waits_on_a_lock(pid: int) -> bool:
+    """Whether process ``pid`` is blocked waiting for a file lock (``/proc/locks`` lists
+    a waiter with "->")."""
+    with open("/proc/locks") as f:
+        return any(w[1] == "->" and w[5] == str(pid) for w in map(str.split, f) if len(w) > 5)
 
 
 def test_a_process_that_waited_on_the_compaction_opens_the_new_file_whole(tmp_path):
@@ -168,7 +175,7 @@ def test_a_process_that_waited_on_the_compaction_opens_the_new_file_whole(tmp_pa
     try:
         fcntl.lockf(lfd, fcntl.LOCK_EX, 1, 0, os.SEEK_SET)  # as compact_file holds it
         p = subprocess.Popen([sys.executable, "-c", OPENER, path, q], stdout=subprocess.PIPE, env=env, text=True)
-        time.sleep(1.0)  # the opener is waiting on the lock by now
+        assert until(lambda: _waits_on_a_lock(p.pid), timeout=60), "the opener never waited on the lock"
         assert p.poll() is None
         assert compact_file(path)  # (its lock and this one are this process's: closing its descriptor frees both)
     finally:

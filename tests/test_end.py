@@ -20,8 +20,9 @@ BRIDGES = Layout(bindings={a: {"owner": o, "key": k} for a, (o, k) in AGENTS.ite
                              for a in AGENTS})
 SLOW_WRITEBACK = {"LNKMEM_WRITEBACK_S": "3600"}  # nothing written back unless asked
 # a binding's end gives its write-backs 60 s (bound.close_s(); LNKMEM_CLOSE_S), then stops every
-# memory whatever they did; where a test only waits that time out, 8 s
-SHORT_CLOSE = {**SLOW_WRITEBACK, "LNKMEM_CLOSE_S": "8"}
+# memory whatever they did, waiting 15 s at most for them (LNKMEM_STOP_S); where a test only
+# waits those times out, 8 s and 2 s
+SHORT_CLOSE = {**SLOW_WRITEBACK, "LNKMEM_CLOSE_S": "8", "LNKMEM_STOP_S": "2"}
 # end's answer awaited this long at most: far less than this is expected
 END_DEADLINE_S = 120
 
@@ -157,6 +158,13 @@ def test_sigterm_with_a_stalled_bridge_ends_within_bounds(bridges, tmp_path):
         m.stop()
 
 
+def stall_ended(b) -> None:
+    """The stalled request's connection dropped (a bridge restarted), the bridge answering
+    again: the write-back that waited on it fails at once (not after the client's 30 s)."""
+    b.storage.fault("down")  # (closes every open connection)
+    b.storage.fault("ok")
+
+
 def ended_while_stalled(b, m, manifest_path: str) -> dict:
     """a1 bound with its team, a change pending in each, then `end` while the manifest at
     ``manifest_path`` is never answered: end's answer."""
@@ -177,9 +185,10 @@ def test_end_with_a_stalled_team_copy_answers_and_loses_nothing(bridges, tmp_pat
         assert "error" in answer and "team t1" in answer["error"] and "agent a1" not in answer["error"], answer
         assert "home/mine-a1.md" in bridges.copy_refs()
         assert "home/theirs-a1.md" not in bridges.copy_refs(team="t1")
-        bridges.storage.fault("ok")
         with m.connect() as again:
-            assert again.first(team_line(bridges)) == {"ok": True}
+            again.send(team_line(bridges))  # while the stopping memory still waits on the stall
+            stall_ended(bridges)
+            assert again.recv() == {"ok": True}
             assert until(lambda: hits(again, "canoea1") == ["home/theirs-a1.md"], timeout=30)
             assert control(m, "flush", timeout=60) == {"ok": True}
         assert "home/theirs-a1.md" in bridges.copy_refs(team="t1")
@@ -195,4 +204,4 @@ def test_end_with_a_stalled_own_copy_still_writes_its_teams(bridges, tmp_path):
         answer = ended_while_stalled(bridges, m, "/v1/c/memory/lnkmem/manifest.json")
         assert "error" in answer and "agent a1" in answer["error"] and "team t1" not in answer["error"], answer
         assert "home/theirs-a1.md" in bridges.copy_refs(team="t1")
-        bridges.storage.fault("ok")
+        stall_ended(bridges)

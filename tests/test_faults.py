@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -118,9 +117,7 @@ def test_bridge_faults_while_serving_lose_nothing(bridges, tmp_path):
         ]
         for i, (what, server, fault) in enumerate(steps):
             server.fault(**fault)
-            t0 = time.monotonic()
-            change(i, what)
-            assert time.monotonic() - t0 < 40, what
+            change(i, what)  # (each step within its controls' and searches' deadlines)
             hits = c.search("narwhal")["structuredContent"]["hits"]  # searches answer from the cache all along
             assert hits, what
             server.fault("ok")
@@ -143,7 +140,8 @@ def test_bridge_down_at_first_indexing_recovers(bridges, tmp_path):
     with Many(tmp_path / "m" / "m.sock", {}, flags) as m, m.connect(timeout=60) as c:
         bridges.files.fault("403", path="/v1/list")  # every listing refused (no retry), until told otherwise
         assert c.first(bridges.bound()) == {"ok": True}
-        time.sleep(2)
+        assert until(lambda: any(e["path"].startswith("/v1/list") and e["status"] == 403
+                                 for e in bridges.files.log()), timeout=30)  # its listing refused
         r = c.search("narwhal")
         assert not r["isError"]
         bridges.files.fault("ok")
@@ -169,9 +167,9 @@ def test_model_refusing_connections_ranks_by_words_at_once(home, tmp_path):
                 else:
                     model.fault("refuse", delay=2)
                 for q in ("vehicle harbour", "a parked vehicle", "the harbour"):
-                    t0 = time.monotonic()
-                    r = s.search(q)["structuredContent"]
-                    assert time.monotonic() - t0 < 2.5 and r["hits"], (mode, r)
+                    # by words, without waiting out the model's 30 s timeout (the call's deadline: 10 s)
+                    r = s.call("search", {"query": q}, timeout=10)["structuredContent"]
+                    assert r["hits"], (mode, r)
             model = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "e.sock", "--model", "fake-mini")
             assert until(lambda: s.search("a new automobile")["structuredContent"]["ranked"] == "meaning+words",
                          timeout=40, step=0.5)
@@ -304,17 +302,14 @@ def test_half_closed_slow_and_vanishing_clients(tmp_path):
             gone.sendall(b'{"agent": "a1"}\n{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search",'
                          b'"arguments":{"query":"dawn"}}}\n')
             gone.close()
-        with m.hello("a1") as c:
+        with m.hello("a1") as c:  # answered while the hog still floods (a stall: the client's 10 s deadline)
             for _ in range(5):
-                t0 = time.monotonic()
                 assert c.request("ping")["result"] == {}
                 assert refs(c.search("kookaburras")) == ["home/docs/d.md"]
-                assert time.monotonic() - t0 < 2
         hog.close()
-        time.sleep(0.5)
-        assert m.proc.poll() is None
         with m.hello("a1") as c:
             assert c.request("ping")["result"] == {}
+        assert m.proc.poll() is None
 
 
 def test_a_commit_racing_the_size_check_is_not_damage(tmp_path):
@@ -325,20 +320,19 @@ def test_a_commit_racing_the_size_check_is_not_damage(tmp_path):
     s = Store(str(tmp_path / "index"))
     stop = threading.Event()
     errors = []
+    grown = [0]
 
     def grow() -> None:
-        i = 0
         try:
             while not stop.is_set():
-                s.put_meta(f"pad{i % 2000}".encode(), os.urandom(3000))
-                i += 1
+                s.put_meta(f"pad{grown[0] % 2000}".encode(), os.urandom(3000))
+                grown[0] += 1
         except Exception as e:  # noqa: BLE001
             errors.append(e)
     t = threading.Thread(target=grow)
     t.start()
     try:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 3 and not errors:
+        while grown[0] < 600 and not errors:  # checks beside 600 commits growing the file
             s.guard()
     finally:
         stop.set()

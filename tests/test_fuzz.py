@@ -310,9 +310,8 @@ def test_first_lines_and_controls_fuzzed_against_serve_many(tmp_path):
         # the edges of a first line
         answer, s = _first(sock, b"{" + b" " * (1 << 20) + b"}\n")
         assert "over" in answer["error"] and _closed(s)
-        t0 = time.monotonic()
-        answer, s = _first(sock, b'{"agent": "a1"')  # no newline: the 1 s limit of this run
-        assert "within" in answer["error"] and time.monotonic() - t0 < 5
+        answer, s = _first(sock, b'{"agent": "a1"', timeout=5)  # no newline: the 1 s limit of this run (else 10 s)
+        assert "within" in answer["error"]
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(10)
         s.connect(str(sock))
@@ -417,10 +416,17 @@ def test_spec_and_agents_refused_by_the_program(home, tmp_path):
 def test_sizes(text):
     from lnkmem.memory.spec import parse_size
     from lnkmem.core.wire import Spec
+    import re
+    from decimal import Decimal
+    said = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(b|kb|kib|mb|mib|)\s*", text, re.IGNORECASE)
     try:
         n = parse_size(text)
-        assert n >= 0
+        assert said, text  # a number and B, KB, KiB, MB or MiB: nothing else is a size
+        unit = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}[said[2].lower()]
+        want = min(Decimal(said[1]) * unit, Decimal(2) ** 62)
+        assert abs(n - want) <= max(1, want / 2**50), (text, n)  # (within a float's rounding)
     except ValueError as e:
+        assert not said, text
         assert "not a size" in str(e)
         with pytest.raises(msgspec.ValidationError):  # what the spec accepts always parses
             msgspec.convert({"notes": text}, Spec)
@@ -547,7 +553,7 @@ def test_embedder_against_garbage(garbage, mode, n, count):
     finally:
         e.close()
         _garbage(garbage, mode="ok")
-    assert time.monotonic() - t0 < 5  # never the drip's 1 MiB x 0.2 s
+    assert time.monotonic() - t0 < 60  # a deadline, not a figure: the drip's 1 MiB x 0.2 s is 58 hours
 
 
 @fuzz(40)
@@ -585,7 +591,7 @@ def test_bridge_places_against_garbage(garbage, mode, op, count):
     finally:
         c.close()
         _garbage(garbage, mode="ok")
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60  # a deadline, not a figure: the drip's 1 MiB x 0.2 s is 58 hours
 
 
 @fuzz(300)

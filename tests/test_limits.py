@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -239,7 +238,7 @@ def test_a_folder_chain_1500_deep_is_walked_listed_read_and_watched(deep_home, w
     deep = _deep(home.folder, DEPTH, 30, "okapi")
     assert len(deep) == 50
     home.write("top.md", "The okapi on top.\n")
-    with Server.start(home) as s:
+    with Server.start(home, env={"LNKMEM_LOG": "info"}) as s:
         s.initialize()
         s.wait_indexed(timeout=120)
         got = set()  # (a search's ignore check looks at every folder above a hit: ~0.5 s at 1,500)
@@ -249,7 +248,7 @@ def test_a_folder_chain_1500_deep_is_walked_listed_read_and_watched(deep_home, w
         if watcher == "inotify":  # a name that is not UTF-8 changed in Home: the engine watches with inotify itself
             with open(os.fsencode(home.folder) + b"/odd\xff.md", "wb") as f:
                 f.write(b"The odd name.\n")
-            time.sleep(1)
+            assert until(lambda: b"watching with inotify" in s.stderr, timeout=30), s.stderr[-2000:]
         last = deep[-1]
         assert s.call("read", {"ref": last})["structuredContent"]["text"] == f"The okapi at level {DEPTH}."
         folder = last.rsplit("/", 1)[0]
@@ -321,6 +320,7 @@ def test_data_mdb_truncated_below_its_meta_pages_never_ends_another_agents_sessi
             assert until(lambda: len(_hits_or_none(cb, "pangolin") or ()) == 20, timeout=30)
             stop = threading.Event()
             errors: list = []
+            searched = [0]
 
             def hammer():  # b searched without a pause while its file is cut
                 try:
@@ -328,14 +328,16 @@ def test_data_mdb_truncated_below_its_meta_pages_never_ends_another_agents_sessi
                         _init(c2)
                         while not stop.is_set():
                             c2.search("pangolin w3x7")
+                            searched[0] += 1
                 except Exception as e:  # (the process died under it)
                     errors.append(e)
 
             t = threading.Thread(target=hammer)
             t.start()
-            time.sleep(0.3)
+            assert until(lambda: searched[0] >= 3 or errors, timeout=30)  # searching before the cut
+            cut = searched[0]
             os.truncate(b.state / "index" / "data.mdb", size)
-            time.sleep(0.5)
+            assert until(lambda: searched[0] >= cut + 10 or errors, timeout=30)  # ... and after it
             stop.set()
             t.join(30)
             assert m.proc.poll() is None, (m.proc.returncode, m.proc.stderr.read()[-3000:])

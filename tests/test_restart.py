@@ -167,7 +167,8 @@ def test_serve_gives_its_freed_heap_back_at_rest_never_between_searches(home):
     with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
         s.initialize()
         s.wait_indexed()
-        time.sleep(5)  # the look at start and the probes above: their own trims
+        start = len(s.stderr)  # the probes above: their own trim, once at rest
+        assert until(lambda: trimmed in s.stderr[start:], timeout=20), s.stderr[start:].decode()
         mark = len(s.stderr)
         end = time.monotonic() + 5
         while time.monotonic() < end:  # a search every 0.3 s: never at rest
@@ -176,7 +177,7 @@ def test_serve_gives_its_freed_heap_back_at_rest_never_between_searches(home):
         assert trimmed not in s.stderr[mark:], s.stderr[mark:].decode()
         assert until(lambda: trimmed in s.stderr[mark:], timeout=8)
         once = s.stderr.count(trimmed)
-        time.sleep(5)  # still at rest: no search since, nothing more to give back
+        time.sleep(5)  # kept: at rest a while (two of its 2 s looks) with no search since: no trim more
         assert s.stderr.count(trimmed) == once
 
 

@@ -4,7 +4,6 @@ no false "damaged" index, whatever was under way (a session open, a storm of
 
 import signal
 import threading
-import time
 
 import pytest
 
@@ -76,5 +75,4 @@ def test_signal_ends_serve_quietly(two, sig):
     s.call("remember", {"add": "before the signal"})
     s.proc.send_signal(sig)
     assert s.proc.wait(20) == 0
-    time.sleep(0.5)  # the last of stderr read by the helper's thread
-    _quiet(s.stderr.decode())
+    _quiet(s.stderr_to_the_end().decode())

@@ -1,7 +1,6 @@
 """A team's memory (§5.5): writers keep the team's copy, readers search it."""
 
 import json
-import time
 
 from tests.bridges import KEY, OTHER_KEY, Layout
 from tests.helpers import until
@@ -49,8 +48,7 @@ def test_writer_and_reader_on_one_team(bridges, tmp_path):
             assert r.search("schooner", sources=src)["structuredContent"]["hits"] == []
         names = [t["name"] for t in r.request("tools/list")["result"]["tools"]]
         assert "remember" not in names
-        r.close(), w.close()
-        time.sleep(0.5)
+        r.close(), w.close()  # (the engines' stop below waits for any write-back a session's end began)
     assert writes_by(bridges, "a2") == []  # a reader writes nothing, ever
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 
 import pytest
 
@@ -28,7 +27,7 @@ def test_a_watched_folder_removed_and_made_again_is_watched_again(tmp_path, whic
     if watcher == "inotify":
         with open(os.fsencode(home.folder) + b"/odd\xff.md", "wb") as f:
             f.write(b"The odd name.\n")
-    with Server.start(home) as s:
+    with Server.start(home, env={"LNKMEM_LOG": "info"}) as s:
         s.initialize()
         assert until(lambda: "home/a.md" in hits(s, "pangolin"), timeout=30)
         folder = home.agent / "chats" if which == "chats" else home.folder
@@ -36,7 +35,8 @@ def test_a_watched_folder_removed_and_made_again_is_watched_again(tmp_path, whic
             os.rename(folder, tmp_path / "old-home")
         else:
             shutil.rmtree(folder)
-        time.sleep(2)  # (gone a while: the engine's watch of it ends)
+        # the engine saw it go (its watch of it ended) before it is made again
+        assert until(lambda: b"a watched folder was removed or replaced" in s.stderr, timeout=30), s.stderr[-2000:]
         folder.mkdir()
         rel = "chats/t2.md" if which == "chats" else "b.md"
         home.write(rel, "The aardvark digs at night.\n" if which != "chats" else "user: the aardvark digs at night\n")

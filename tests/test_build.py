@@ -412,6 +412,29 @@ def test_a_batch_counted_at_once_holds_what_each_file_counted_by_the_rules_holds
             vocab = count.Vocab()
 
 
+def test_a_builds_vocabulary_of_long_tokens_is_made_anew_by_their_bytes(tmp_path, monkeypatch):
+    """The vocabulary kept from batch to batch is bounded by the bytes of what it holds,
+    not only by its count: a Home of blobs (few tokens, each long and seen once) starts a
+    new one once they add up, as a Home of many short words does by their number."""
+    import secrets
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index.build import count
+
+    monkeypatch.setattr(count, "VOCAB_BYTES", 20_000)
+    home = tmp_path / "home"
+    home.mkdir()
+    for i in range(4):
+        (home / f"blob{i}.txt").write_text("\n".join(secrets.token_hex(150) for _ in range(20)) + "\n")
+    place = LocalPlace(str(home))
+    files = [count.read_file("home", e, place, str(tmp_path)) for e in place.list("")]
+    vocab = count.Vocab()
+    count.count_files(files[:1], vocab)
+    assert len(vocab.tokens) + len(vocab) < 100 and not vocab.full()  # 20 tokens of 300 bytes
+    count.count_files(files[1:], vocab)
+    assert len(vocab.tokens) + len(vocab) < count.VOCAB_MAX and vocab.full()
+
+
 def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
     home.write("a.md", "alpha\n")
     r = run_cli("index", *_flags(home), env={"LNKMEM_WORKER": "yes"})

@@ -110,6 +110,7 @@ UNSEEN = -(1 << 39)  # (a token not seen before, while its codes are looked up)
 # not once a batch: 1x holds ~360k distinct tokens, a batch ~50k) until it holds this
 # many tokens and words (~140 B each, in each process counting), then made anew
 VOCAB_MAX = 200_000
+VOCAB_BYTES = 16 << 20  # ... or the tokens and words it holds this many bytes (long ones: a blob's)
 
 
 class Vocab(dict):
@@ -126,7 +127,7 @@ class Vocab(dict):
     after. Most tokens are one word, one code; the codes of the others (an
     identifier and its words; punctuation alone: none) are in ``many``."""
 
-    __slots__ = ("names", "ids", "tokens", "many")
+    __slots__ = ("names", "ids", "tokens", "many", "held")
 
     def __init__(self) -> None:
         super().__init__()
@@ -134,6 +135,7 @@ class Vocab(dict):
         self.ids: dict[str, int] = {}  # term -> its id
         self.tokens: dict[bytes, int] = {analyze.GAP: GAP_CODE}
         self.many: list[tuple] = []
+        self.held = 0  # bytes of the tokens and words it holds (their characters)
 
     def __missing__(self, key) -> int:
         if isinstance(key, bytes):  # an ASCII word
@@ -148,11 +150,12 @@ class Vocab(dict):
                 i = self.ids[term] = len(self.names)
                 self.names.append(term)
         self[key] = i
+        self.held += len(key)
         return i
 
     def full(self) -> bool:
-        """Whether to start a new one for the next batch (:data:`VOCAB_MAX`)."""
-        return len(self.tokens) + len(self) >= VOCAB_MAX
+        """Whether to start a new one for the next batch (:data:`VOCAB_MAX`, :data:`VOCAB_BYTES`)."""
+        return len(self.tokens) + len(self) >= VOCAB_MAX or self.held >= VOCAB_BYTES
 
     def codes(self, tokens: list[bytes]) -> np.ndarray:
         """The codes of ``tokens`` in turn (those of ``many`` each in its place), the
@@ -166,6 +169,7 @@ class Vocab(dict):
                 token = tokens[at]
                 code = known.get(token)
                 if code is None:
+                    self.held += len(token)
                     words, whole = analyze.token_parts(token)
                     if len(words) == 1 and not whole:
                         code = known[token] = self[words[0]]

@@ -366,6 +366,75 @@ def test_a_files_counted_columns_hold_what_the_counting_rules_say(tmp_path):
     assert len(nf.passages) == 3 and nf.passages[0].role == "user"
 
 
+def test_a_batch_counted_at_once_holds_what_each_file_counted_by_the_rules_holds(tmp_path, monkeypatch):
+    """A build counts a batch's files together (groups of GROUP_CHARS split at once), its
+    vocabulary kept from batch to batch: each file's columns, in each batch, hold what
+    counting its passages by the rules gives -- across group ends, with tokens seen in an
+    earlier batch (identifiers, punctuation alone, NUL, non-ASCII), a file of no passage,
+    the vocabulary made anew when full."""
+    import numpy as np
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index.build import count
+
+    monkeypatch.setattr(count, "GROUP_CHARS", 300)
+    monkeypatch.setattr(count, "VOCAB_MAX", 120)
+    home = tmp_path / "home"
+    home.mkdir()
+    texts = {
+        "a.md": "# Deploy PIO-1384\n\nThe runners ran -- see docs/api/v2.3.1.md, x_y and a:b.\n",
+        "b.txt": "Runners RUN; PIO-1384 again... and café naïve “quoted” … words\n\n" + "more text here " * 30,
+        "c.md": "nul \0 inside, ... --- ### !!! and the the the\n",
+        "empty.md": "",
+        "d-e_f.md": "Short\n\n" + "\n\n".join(f"part {i} of PIO-{i} and x.y.z" for i in range(40)),
+    }
+    for name, text in texts.items():
+        (home / name).write_text(text, encoding="utf-8")
+    place = LocalPlace(str(home))
+    entries = sorted(place.list(""), key=lambda e: e.path)
+    vocab = count.Vocab()
+    for round_ in range(3):  # the same files again: every token seen before
+        files = [count.read_file("home", e, place, str(tmp_path)) for e in entries]
+        count.count_files(files, vocab)
+        for nf in files:
+            terms, tids, npost, tfs, lens = nf.columns()
+            assert len(set(terms)) == len(terms)
+            want = _counts_by_the_rules(nf.ref, nf.passages) if nf.passages else []
+            assert len(npost) == len(lens) == len(want) == len(nf.passages)
+            at = 0
+            for k, (counts, length) in enumerate(want):
+                got = {terms[t]: int(n) for t, n in zip(tids[at:at + npost[k]].tolist(), tfs[at:at + npost[k]].tolist())}
+                at += int(npost[k])
+                assert got == counts, (nf.ref, k, round_)
+                assert int(lens[k]) == length, (nf.ref, k, round_)
+            assert at == len(tids)
+        if vocab.full():
+            vocab = count.Vocab()
+
+
+def test_a_builds_vocabulary_of_long_tokens_is_made_anew_by_their_bytes(tmp_path, monkeypatch):
+    """The vocabulary kept from batch to batch is bounded by the bytes of what it holds,
+    not only by its count: a Home of blobs (few tokens, each long and seen once) starts a
+    new one once they add up, as a Home of many short words does by their number."""
+    import secrets
+
+    from lnkmem.bridges.local import LocalPlace
+    from lnkmem.index.build import count
+
+    monkeypatch.setattr(count, "VOCAB_BYTES", 20_000)
+    home = tmp_path / "home"
+    home.mkdir()
+    for i in range(4):
+        (home / f"blob{i}.txt").write_text("\n".join(secrets.token_hex(150) for _ in range(20)) + "\n")
+    place = LocalPlace(str(home))
+    files = [count.read_file("home", e, place, str(tmp_path)) for e in place.list("")]
+    vocab = count.Vocab()
+    count.count_files(files[:1], vocab)
+    assert len(vocab.tokens) + len(vocab) < 100 and not vocab.full()  # 20 tokens of 300 bytes
+    count.count_files(files[1:], vocab)
+    assert len(vocab.tokens) + len(vocab) < count.VOCAB_MAX and vocab.full()
+
+
 def test_a_bad_worker_setting_is_one_line_and_exit_2(home):
     home.write("a.md", "alpha\n")
     r = run_cli("index", *_flags(home), env={"LNKMEM_WORKER": "yes"})

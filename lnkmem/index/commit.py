@@ -27,7 +27,7 @@ class NewFile:
     """One file (re)indexed: its passages and their postings.
 
     The postings come as flat columns, made when the file is counted
-    (``indexer.index_file``): ``tids`` (an index into ``terms``, a list that
+    (``count.count_files``): ``tids`` (an index into ``terms``, a list that
     the files of one batch may share), ``tfs``, and ``npost`` (how many of
     them each passage has, in passage order), with ``lens`` (each passage's
     length). ``counts`` ((term -> tf, length) per passage) is taken instead

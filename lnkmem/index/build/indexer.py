@@ -22,7 +22,8 @@ from lnkmem.core.errors import DamagedIndex
 from lnkmem.index.build import readahead, worker
 from lnkmem.index.text import documents
 from lnkmem.index.commit import Batch
-from lnkmem.index.build.count import BATCH_BYTES, BATCH_FILES, Vocab, as_listed, index_file, passages_of, ref_of
+from lnkmem.index.build.count import (BATCH_BYTES, BATCH_FILES, Vocab, as_listed, count_files, passages_of, read_file,
+                                        ref_of)
 from lnkmem.index.format import Passage
 from lnkmem.index.store import Store
 
@@ -136,8 +137,9 @@ ProgressFn = Callable[[int, int], None]
 
 
 class Build:
-    """The batches of one build made in this thread: files read and counted
-    here, committed every BATCH_BYTES or BATCH_FILES."""
+    """The batches of one build made in this thread: files read here, each batch
+    counted and committed every BATCH_BYTES or BATCH_FILES (the vocabulary kept
+    from batch to batch until it is full: ``count.VOCAB_MAX``)."""
 
     def __init__(self, store: Store, total: int, removed: list[str], progress: Optional[ProgressFn]):
         self.store, self.total, self.progress = store, total, progress
@@ -155,11 +157,36 @@ class Build:
             self.last_report = time.monotonic()
             self.progress(self.done, self.total)
 
+    def count(self, files: list) -> None:
+        """Count the batch's files (:func:`count_files`, all at once); should that fail,
+        one by one, a file that fails left out of the batch (refused: its fault)."""
+        try:
+            count_files(files, self.vocab)
+            return
+        except Exception as e:
+            if isinstance(e, (MemoryError, DamagedIndex)):
+                raise
+        self.vocab = Vocab()
+        kept = []
+        for f in files:
+            try:
+                count_files([f], self.vocab)
+            except Exception as e:
+                if isinstance(e, (MemoryError, DamagedIndex)):
+                    raise
+                self.refused(f.ref, e)
+                continue
+            kept.append(f)
+        files[:] = kept
+
     def commit(self) -> None:
+        self.count(self.batch.files)
         self.commit_batch(self.batch)
         if self.size >= BATCH_BYTES // 4 or len(self.batch.files) >= BATCH_FILES // 4:
             self.store.let_go()  # a bulk build's: a change of a few files keeps its pages (searches reread them)
-        self.batch, self.size, self.vocab = Batch(), 0, Vocab()
+        self.batch, self.size = Batch(), 0
+        if self.vocab.full():
+            self.vocab = Vocab()
 
     def commit_batch(self, batch: Batch) -> None:
         """Commit ``batch``; a file the store refuses (:func:`at_fault`) is left out of it,
@@ -189,7 +216,7 @@ class Build:
     def add(self, source: str, entry: Entry, places, tmpdir: str) -> None:
         """Index one file into the batch; the batch committed when full."""
         try:
-            nf = index_file(source, entry, places[source], tmpdir, self.vocab)
+            nf = read_file(source, entry, places[source], tmpdir)  # (counted with its batch: commit)
         except Exception as e:  # this file's fault (its content or name), not the pass's
             if isinstance(e, (MemoryError, DamagedIndex)):
                 raise

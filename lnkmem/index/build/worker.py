@@ -2,8 +2,8 @@
 
 :func:`start` forks a child that goes through its share of a plan with the
 very place objects of the parent (the same roots, the same checks: every
-open stays beneath its root), counts each file into flat u32 columns
-(:func:`count.columns`) and sends each batch down a pipe as one msgpack
+open stays beneath its root), counts each batch's files together into flat
+u32 columns (:func:`count.count_files`) and sends it down a pipe as one msgpack
 message: the batch's terms once, then per file its passages as the index
 stores them (compressed here, with the index's dictionary, which the parent
 makes before the fork when the index has none) and four byte strings (term
@@ -26,7 +26,7 @@ sent, in its own thread.
 Forking (not spawning a new interpreter) keeps the start at a few ms and
 shares the place objects and the stem memo as they are; the child runs
 only the reading and counting code (no lock of another thread's, no LMDB;
-numpy only on its own arrays: a sort a file, no BLAS) and leaves with
+numpy only on its own arrays: a sort a batch, no BLAS) and leaves with
 ``os._exit``.
 """
 
@@ -243,8 +243,14 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
     done = 0  # entries 0..done-1 gone through
     out = Sender(w)
     try:
-        vocab = count.Vocab()
-        files: list[_File] = []
+        vocab = count.Vocab()  # (kept from batch to batch: count.VOCAB_MAX)
+        files: list = []  # the batch's files (count.NewFile), counted all at once when it is sent
+
+        def batch() -> _Msg:
+            count.count_files(files, vocab)
+            sent = [_File(nf.ref, nf.version, nf.size, nf.kind, nf.mtime, [pack(encode(p)) for p in nf.passages],
+                          nf.tids.tobytes(), nf.npost.tobytes(), nf.tfs.tobytes(), nf.lens.tobytes()) for nf in files]
+            return _Msg(BATCH, done, files[0].terms if files else [], removed, sent, inexact=inexact)
         removed: list[str] = []
         size = inexact = 0
         last = time.monotonic()
@@ -252,25 +258,26 @@ def _child(w: int, parent: int, items: list, places: Mapping[str, object], tmpdi
             head.value = i + 1  # taken; then: had the parent taken it first?
             if i >= tail.value:
                 break
-            nf = count.index_file(source, entry, places[source], tmpdir, vocab)
+            nf = count.read_file(source, entry, places[source], tmpdir)
             done = i + 1
             if not count.as_listed(nf, entry):
                 inexact += 1
             if nf is None:
                 removed.append(count.ref_of(source, entry.path))
             else:
-                files.append(_File(nf.ref, nf.version, nf.size, nf.kind, nf.mtime, [pack(encode(p)) for p in nf.passages],
-                                   nf.tids.tobytes(), nf.npost.tobytes(), nf.tfs.tobytes(), nf.lens.tobytes()))
+                files.append(nf)
                 size += nf.size
             if size >= count.BATCH_BYTES or len(files) >= count.BATCH_FILES:
-                out.send(_Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
-                vocab, files, removed, size, inexact = count.Vocab(), [], [], 0, 0
+                out.send(batch())
+                files, removed, size, inexact = [], [], 0, 0
+                if vocab.full():
+                    vocab = count.Vocab()
                 last = time.monotonic()
             elif time.monotonic() - last > 0.1:
                 out.send(_Msg(PROGRESS, done), wait=False)
                 last = time.monotonic()
         if files or removed:
-            out.send(_Msg(BATCH, done, vocab.names, removed, files, inexact=inexact))
+            out.send(batch())
         out.send(_Msg(END, done))
         out.close()
     except BrokenPipeError:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Optional
 
 import snowballstemmer
 
@@ -130,19 +131,49 @@ _PUNCT = "".join(c for c in "\u2026\u2014\u2013\u2018\u2019\u201c\u201d\u2022\u0
                  if not _WORD.match(c) and c not in CONNECTORS)
 
 
+def ascii_text(text: str) -> Optional[str]:
+    """``text`` as the ASCII tables split it (the punctuation of ``_PUNCT`` blanked),
+    or None when it is not ASCII even so (then the Unicode regexes split it)."""
+    if text.isascii():
+        return text
+    for c in _PUNCT:
+        if c in text:
+            text = text.replace(c, " ")
+    return text if text.isascii() else None
+
+
+# what :func:`tokens` puts between two texts: a token of its own (NUL, which the tables
+# blank everywhere else: a text holding one is not given to :func:`tokens`)
+GAP = b"\x00"
+_ASCII_TOKEN_GAP = GAP + _ASCII_TOKEN[1:]
+
+
+def tokens(texts: list[str]) -> list[bytes]:
+    """The tokens of ASCII ``texts`` (none holding a NUL), in order, with :data:`GAP`
+    between one text's and the next's: runs of letters, digits and connectors,
+    lower-cased. Each token's words and identifiers are :func:`token_parts`; all of
+    them, text by text, are what :func:`scan` finds in each text."""
+    return b" \x00 ".join([t.encode("ascii") for t in texts]).translate(_ASCII_TOKEN_GAP).split()
+
+
+def token_parts(token: bytes) -> tuple[list[bytes], list[str]]:
+    """The words (bytes) and whole identifiers, with the ones inside each, of one token
+    of :func:`tokens` (a word never spans two tokens, nor does an identifier)."""
+    if token.isalnum():
+        return [token], []
+    return token.translate(_ASCII_WORD).split(), _whole([i.decode("ascii") for i in _IDENT_ASCII.findall(token)])
+
+
 def scan(text: str) -> tuple[list, list[str]]:
     """The words of ``text`` (before stemming and stopping) and its whole
     identifiers with the ones inside each, as :func:`term_counts` counts them.
     Words come as bytes when the text is ASCII (a batch maps both kinds to
     terms: :func:`term_of` of the decoded word), else as str."""
-    if not text.isascii():
-        for c in _PUNCT:
-            if c in text:
-                text = text.replace(c, " ")
-        if not text.isascii():
-            low = text.casefold()
-            return _WORD.findall(low), _whole(_IDENT.findall(low))
-    raw = text.encode("ascii")
+    plain = ascii_text(text)
+    if plain is None:
+        low = text.casefold()
+        return _WORD.findall(low), _whole(_IDENT.findall(low))
+    raw = plain.encode("ascii")
     tokens = raw.translate(_ASCII_TOKEN).split()
     joined = [t for t in tokens if not t.isalnum()]
     if not joined:

@@ -186,8 +186,119 @@ def auth_header(key_hex: str, purpose: str, owner: str, agent: str) -> str:
     return f"Link-Binding {agent}:{proof(key_hex, purpose, owner, agent)}"
 
 
+class BindingAuth(httpx.Auth):
+    """The binding's proof on every request (``Authorization: Link-Binding <agent>:<proof>``,
+    §8.1). Held here only: its repr names no proof."""
+
+    def __init__(self, header: str):
+        self._header = header
+
+    def auth_flow(self, request: httpx.Request):
+        request.headers["Authorization"] = self._header
+        yield request
+
+    def __repr__(self) -> str:
+        return "BindingAuth(...)"
+
+
+class _Exchange:
+    """One request and its answer: when it began and the bytes it moved, either way; it is
+    late past ``timeout`` seconds plus one for every MIN_RATE bytes moved."""
+
+    def __init__(self, timeout: float):
+        self.started = time.monotonic()
+        self.moved = 0
+        self.timeout = timeout
+
+    def late(self) -> bool:
+        return time.monotonic() > self.started + self.timeout + self.moved / MIN_RATE
+
+
+class _Sent(httpx.SyncByteStream):
+    """A request's body as the socket takes it: counted, and given up once late."""
+
+    def __init__(self, inner, exchange: _Exchange, transport: "BoundedTransport"):
+        self.inner, self.exchange, self.transport = inner, exchange, transport
+
+    def __iter__(self):
+        x = self.exchange
+        for piece in self.inner:
+            yield piece  # (the code below runs once the socket has taken it)
+            n = memoryview(piece).nbytes
+            x.moved += n
+            self.transport.count(n)
+            if x.late():
+                raise _Retry(f"{self.transport.purpose} bridge took the body too slowly "
+                             f"({x.moved} bytes in {time.monotonic() - x.started:.0f}s)")
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+class _Received(httpx.SyncByteStream):
+    """An answer's body as it comes: counted, refused past the limit, given up once late."""
+
+    def __init__(self, inner, exchange: _Exchange, transport: "BoundedTransport", too_large: "TooLarge"):
+        self.inner, self.exchange, self.transport, self.too_large = inner, exchange, transport, too_large
+
+    def __iter__(self):
+        x, got = self.exchange, 0
+        for chunk in self.inner:
+            got += len(chunk)
+            x.moved += len(chunk)
+            self.transport.count(len(chunk))
+            if got > self.transport.limit:
+                raise self.too_large
+            if x.late():  # a slow drip must not hang us
+                raise _Retry(f"{self.transport.purpose} bridge answered too slowly "
+                             f"({x.moved} bytes in {time.monotonic() - x.started:.0f}s)")
+            yield chunk
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class BoundedTransport(httpx.BaseTransport):
+    """Plain HTTP over one bridge's Unix socket (no certificate bundle to load), each
+    exchange bounded as the module says: its deadline follows the bytes it moves either
+    way (``_Exchange``), and its answer is refused past ``limit`` bytes (``TooLarge``,
+    by its Content-Length before a byte of it is read, else as it comes)."""
+
+    def __init__(self, socket_path: str, purpose: str, timeout: float, limit: int):
+        self.inner = httpx.HTTPTransport(uds=socket_path, verify=False)
+        self.purpose, self.timeout, self.limit = purpose, timeout, limit
+        self.moved = 0  # bytes sent and received, every exchange together: progress, for waiters
+
+    def count(self, n: int) -> None:
+        self.moved += n
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        exchange = _Exchange(self.timeout)
+        request.stream = _Sent(request.stream, exchange, self)
+        response = self.inner.handle_request(request)
+        too_large = TooLarge(f"{self.purpose} bridge answered over {self.limit} bytes for {request.url.raw_path.decode()}",
+                             unquote(response.headers.get("ETag", "")))
+        length = response.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > self.limit:
+            response.close()
+            raise too_large
+        # the body as sent, never decoded here: its bound is on the bytes that came (a
+        # compressed answer would be a bomb past it), and no bridge compresses
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-encoding"]
+        return httpx.Response(response.status_code, headers=headers,
+                              stream=_Received(response.stream, exchange, self, too_large),
+                              extensions=response.extensions)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class BridgeClient:
-    """One bridge socket, one binding, one purpose ("files" or "storage")."""
+    """One bridge socket, one binding, one purpose ("files" or "storage"): httpx's client
+    with the binding's proof as its auth (``BindingAuth``) and a bounded transport
+    (``BoundedTransport``); here, what is retried and how (``request``)."""
 
     def __init__(self, socket_path: str, purpose: str, owner: str, agent: str, key_hex: str,
                  timeout: float = 30.0, patience: float = 30.0):
@@ -197,12 +308,14 @@ class BridgeClient:
         self.patience = patience
         self.timeout = timeout
         self.max_body = max_body()
-        self.moved = 0  # bytes sent and received, all requests together: progress, for waiters
-        self._auth = auth_header(key_hex, purpose, owner, agent)
-        # plain HTTP over a Unix socket: no certificate bundle to load (tens of ms a client)
-        self.client = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path, verify=False), verify=False,
-                                   timeout=timeout,
-                                   base_url="http://bridge")
+        self.transport = BoundedTransport(socket_path, purpose, timeout, self.max_body)
+        self.client = httpx.Client(transport=self.transport, auth=BindingAuth(auth_header(key_hex, purpose, owner, agent)),
+                                   timeout=timeout, base_url="http://bridge")
+
+    @property
+    def moved(self) -> int:
+        """Bytes sent and received, all requests together: progress, for waiters."""
+        return self.transport.moved
 
     def __repr__(self) -> str:
         return f"BridgeClient({self.purpose} at {self.socket_path})"
@@ -212,47 +325,13 @@ class BridgeClient:
 
     def _once(self, method: str, url: str, body: Optional[Body] = None,
               headers: Optional[dict] = None) -> httpx.Response:
-        h = {"Authorization": self._auth}
-        h.update(headers or {})
-        started = time.monotonic()
-        moved = 0  # bytes sent and received: each MIN_RATE of them extends the deadline a second
-
-        def late() -> bool:
-            return time.monotonic() > started + self.timeout + moved / MIN_RATE
-
-        def stream(pieces: Iterator[memoryview]) -> Iterator[memoryview]:
-            nonlocal moved
-            for piece in pieces:
-                yield piece  # (the code below runs once the socket has taken it)
-                moved += piece.nbytes
-                self.moved += piece.nbytes
-                if late():
-                    raise _Retry(f"{self.purpose} bridge took the body too slowly "
-                                 f"({moved} bytes in {time.monotonic() - started:.0f}s)")
-
+        h = dict(headers or {})
         content = None
         if body is not None:
             h["Content-Length"] = str(body.length)  # (httpx then sends no chunked framing)
-            content = stream(body.pieces()) if body.length else b""
+            content = body.pieces() if body.length else b""
         try:
-            with self.client.stream(method, url, content=content, headers=h) as s:
-                limit = self.max_body
-                big = TooLarge(f"{self.purpose} bridge answered over {limit} bytes for {url}",
-                               unquote(s.headers.get("ETag", "")))
-                length = s.headers.get("Content-Length", "")
-                if length.isdigit() and int(length) > limit:
-                    raise big
-                raw = bytearray()
-                for chunk in s.iter_raw():
-                    raw += chunk
-                    moved += len(chunk)
-                    self.moved += len(chunk)
-                    if len(raw) > limit:
-                        raise big
-                    if late():  # a slow drip must not hang us
-                        raise _Retry(f"{self.purpose} bridge answered too slowly "
-                                     f"({moved} bytes in {time.monotonic() - started:.0f}s)")
-            r = httpx.Response(s.status_code, headers=s.headers, content=bytes(raw), request=s.request)
+            r = self.client.request(method, url, content=content, headers=h)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
             raise _Retry(f"{self.purpose} bridge unreachable ({type(e).__name__})", sent=False) from None
         except (httpx.TransportError, httpx.DecodingError) as e:

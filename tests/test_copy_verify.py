@@ -348,7 +348,7 @@ def test_a_burst_of_changes_makes_one_write_back(bridges, tmp_path):
     the quiet time: one write-back after the burst, holding them all (not one for
     the first file and one for the rest)."""
     make_copy(bridges, tmp_path)  # the copy exists: the engine below starts clean
-    with bridges.serve_many(tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "40", "LNKMEM_QUIET_S": "4"}) as m, \
+    with bridges.serve_many(tmp_path, "t", env={"LNKMEM_WRITEBACK_S": "120", "LNKMEM_QUIET_S": "10"}) as m, \
             m.connect() as c:
         assert c.first(bridges.bound()) == {"ok": True}
         assert until(lambda: "home/docs/plan.md" in hits(c, "narwhal"), timeout=20)

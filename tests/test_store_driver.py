@@ -220,7 +220,8 @@ def test_a_failing_driver_leaves_every_other_source_and_the_kept_copies(home, dr
         def said():
             r = s.search("narwhals")["structuredContent"]
             return r.get("conversations", "")
-        assert until(lambda: said().startswith("unavailable:") and why in said(), timeout=20), said()
+        assert until(lambda: said().startswith("unavailable:") and why in said(), timeout=60), said()  # (a huge
+        # answer read within the driver's limit takes a while on a busy machine: one generous deadline)
         r = s.search("narwhals")
         assert {"home/docs/plan.md", "chats/t1.jsonl", "chats/t1.compact.jsonl"} <= set(refs(r))
         assert "conversations unavailable" in r["content"][0]["text"]

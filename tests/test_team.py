@@ -23,6 +23,24 @@ def refs(c, q):
     return [h["ref"] for h in c.search(q)["structuredContent"]["hits"]]
 
 
+def first_copy_then_other(bridges, mw, w, other, word: str, ref: str, other_writes: bool) -> None:
+    """The first member (a1, writing, session ``w`` of ``mw``) finds ``word`` in ``ref`` and
+    flushes the team's first copy; then ``other`` (a2) binds and finds it too."""
+    assert w.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
+    assert until(lambda: refs(w, word) == [ref], timeout=15)
+    with mw.connect() as ctl:
+        assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
+    assert other.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", other_writes)) == {"ok": True}
+    assert until(lambda: refs(other, word) == [ref], timeout=15)
+
+
+def copy_names(bridges) -> set:
+    """Every file the team copy's manifest names now."""
+    m = json.loads((bridges.team_copy("t1") / "manifest.json").read_bytes())
+    return {n for parts in m["segments"] for n in parts} | set(m["pages"]) | {m["head"]} | \
+        ({m["dict"]} if m.get("dict") else set()) | set(m.get("vectors") or [])
+
+
 def writes_by(b, agent):
     return [e for e in b.storage.log() + b.files.log()
             if e.get("agent") == agent and e["method"] in ("PUT", "DELETE", "POST") and e["path"] != "/v1/bind"]
@@ -127,12 +145,7 @@ def test_a_readers_recheck_answered_304_lists_nothing_and_a_new_version_fetches_
     env = {"LNKMEM_RECHECK_S": "0.5"}
     with bridges.serve_many(tmp_path, "w") as mw, bridges.serve_many(tmp_path, "r", env=env) as mr, \
             mw.connect() as w, mr.connect() as r:
-        assert w.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
-        assert until(lambda: refs(w, "schooner") == ["home/charter.md"], timeout=15)
-        with mw.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-        assert r.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", False)) == {"ok": True}
-        assert until(lambda: refs(r, "schooner") == ["home/charter.md"], timeout=15)
+        first_copy_then_other(bridges, mw, w, r, "schooner", "home/charter.md", other_writes=False)
         bridges.files.request("DELETE", "/_log")
         bridges.storage.request("DELETE", "/_log")
 
@@ -143,11 +156,7 @@ def test_a_readers_recheck_answered_304_lists_nothing_and_a_new_version_fetches_
         lists = [e for e in bridges.files.log() if e.get("agent") == "a2" and e["path"].startswith("/v1/list")]
         assert lists == []
         # a newer version: only what changed fetched, and no listing
-        def named():
-            m = json.loads((bridges.team_copy("t1") / "manifest.json").read_bytes())
-            return {n for parts in m["segments"] for n in parts} | set(m["pages"]) | {m["head"]} | \
-                ({m["dict"]} if m.get("dict") else set()) | set(m.get("vectors") or [])
-        held = named()
+        held = copy_names(bridges)
         (bridges.team_folder("t1") / "memory" / "later.md").write_text("Barnacles on the schooner hull.\n")
         with mw.connect() as ctl:
             assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "later.md", "team": "t1"}}) == {"ok": True}
@@ -157,7 +166,7 @@ def test_a_readers_recheck_answered_304_lists_nothing_and_a_new_version_fetches_
         assert looks(200)
         got = {e["path"].rsplit("/", 1)[1] for e in bridges.storage.log() if e.get("agent") == "a2"
                and e["method"] == "GET" and e["path"].endswith(".bin")}
-        assert got and not got & held and got <= named() - held  # the version's new files only
+        assert got and not got & held and got <= copy_names(bridges) - held  # the version's new files only
         lists = [e for e in bridges.files.log() if e.get("agent") == "a2" and e["path"].startswith("/v1/list")]
         assert lists == []
 
@@ -169,11 +178,6 @@ def test_a_writers_412_and_a_restart_one_version_behind_fetch_only_the_other_wri
     change, and lists nothing for the 412; a fresh reader then finds both writers' changes."""
     env = {"LNKMEM_WRITEBACK_S": "3600", "LNKMEM_RECHECK_S": "3600"}
     mem = bridges.team_folder("t1") / "memory"
-
-    def named():
-        m = json.loads((bridges.team_copy("t1") / "manifest.json").read_bytes())
-        return {n for parts in m["segments"] for n in parts} | set(m["pages"]) | {m["head"]} | \
-            ({m["dict"]} if m.get("dict") else set()) | set(m.get("vectors") or [])
 
     def fetched(agent):
         return {e["path"].rsplit("/", 1)[1] for e in bridges.storage.log() if e.get("agent") == agent
@@ -191,15 +195,10 @@ def test_a_writers_412_and_a_restart_one_version_behind_fetch_only_the_other_wri
         for i in range(40):  # a copy of some size, so that its change is a small part of it
             (mem / f"bulk{i}.md").write_text(f"bulk note {i} about ropes and the harbour, item{i}\n" * 20)
         c1, c2 = m1.connect(), m2.connect()
-        assert c1.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}
-        assert until(lambda: refs(c1, "item39") == ["home/bulk39.md"], timeout=15)
-        with m1.connect() as ctl:
-            assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
-        assert c2.first(line(bridges, "a2", "o2", OTHER_KEY, "o1/crew", True)) == {"ok": True}
-        assert until(lambda: refs(c2, "item39") == ["home/bulk39.md"], timeout=15)
-        v1 = named()
+        first_copy_then_other(bridges, m1, c1, c2, "item39", "home/bulk39.md", other_writes=True)
+        v1 = copy_names(bridges)
         change(m2, "o2", "a2", "second.md", "The second writer saw a narwhal.\n")  # v2, a2's
-        v2 = named()
+        v2 = copy_names(bridges)
         def forget():
             bridges.storage.request("DELETE", "/_log")
             bridges.files.request("DELETE", "/_log")
@@ -209,12 +208,12 @@ def test_a_writers_412_and_a_restart_one_version_behind_fetch_only_the_other_wri
         lists = [e for e in bridges.files.log() if e.get("agent") == "a1" and e["path"].startswith("/v1/list")]
         assert lists == []
         assert refs(c1, "narwhal") == ["home/second.md"] and refs(c1, "walrus") == ["home/first.md"]
-        v3 = named()
+        v3 = copy_names(bridges)
         c1.close()
         with m1.connect() as ctl:
             assert ctl.first({"end": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         change(m2, "o2", "a2", "third.md", "The second writer again: a penguin.\n")  # a2 meets v3 (412), writes v4
-        v4 = named()
+        v4 = copy_names(bridges)
         bridges.storage.request("DELETE", "/_log")
         c1 = m1.connect()  # the first writer again, its cache at v3
         assert c1.first(line(bridges, "a1", "o1", KEY, "crew", True)) == {"ok": True}

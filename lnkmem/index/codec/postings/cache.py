@@ -23,13 +23,13 @@ class Decoded:
     the least recently used first (frequency-gated admission, as TinyLFU: counts of
     every key asked for, halved every :data:`AGE_EVERY` lookups so that old habits
     fade). Plain LRU kept nothing when searches cycle through more lists than it
-    holds (bench_scale's 200 queries at 4x ask for 20 MiB: every pass decoded
-    every list again), and one search of common words flushed the lists that
+    holds (bench_scale's queries at 4x: every pass decoded every list again;
+    docs/BENCHMARKS.md), and one search of common words flushed the lists that
     every other search uses."""
 
-    # (16 MiB held bench_scale's 200 queries at 1x but not at 4x: a pass decoded most long
-    # lists again, p50 0.94-0.96 ms against 0.67-0.72 at 32 MiB; an index's cache never
-    # holds more than its lists, so a small agent's stays small)
+    # (half of it held bench_scale's queries at 1x but not at 4x: a pass decoded most long
+    # lists again; docs/BENCHMARKS.md. An index's cache never holds more than its lists, so
+    # a small agent's stays small)
     CACHE_BYTES = 32 << 20
     ENTRY = 256  # bytes of a cached list beside its arrays (key, tuple, array headers)
     AGE_EVERY = 4096  # lookups between two halvings of every count
@@ -67,7 +67,7 @@ class Decoded:
 
     def max_tf(self, key: bytes, pair: tuple[np.ndarray, np.ndarray]) -> int:
         """The largest tf of ``pair`` (the list under ``key``), kept while the list is: a
-        search's bound reads it for every long list of its words (~5 us a list of 10k)."""
+        search's bound reads it for every long list of its words."""
         m = self.maxtf.get(key)
         if m is None:
             m = int(pair[1].max()) if len(pair[1]) else 0

@@ -68,7 +68,7 @@ def stated_counts(values: list) -> np.ndarray:
 def check_many(values: list) -> tuple[np.ndarray, np.ndarray]:
     """(pids u32 of every list one after another, each list's count) of stored values
     that are each one :func:`pack` makes -- what :func:`check` asks of one, asked of
-    all of them at once in a few dozen numpy calls (a copy's segment holds ~10^5
+    all of them at once in a few dozen numpy calls (a copy's segment holds many
     lists: one call each cost a cold load more than reading the data). ValueError
     naming what is wrong otherwise. Work and memory bounded by the values' claimed
     postings, each list's bounded by its bytes (at most 128 postings a 7-byte header)."""

@@ -75,7 +75,7 @@ def pack_many(pids: np.ndarray, tfs: np.ndarray, starts, ends) -> Iterator[bytes
     ``pids[starts[i]:ends[i]]`` with its tfs, its pids ascending and distinct, the
     lists in column order (``ends`` ascending). The lists of a window of the columns
     are packed together with a few dozen numpy calls whatever their number
-    (:func:`_pack_lists`: a commit's are ~50,000, most of one or two postings); a list
+    (:func:`_pack_lists`: a commit's are many, most of one or two postings); a list
     longer than the window alone, a chunk at a time."""
     starts = np.asarray(starts, np.int64)
     ends = np.asarray(ends, np.int64)
@@ -179,8 +179,8 @@ def _pack_runs(vals: np.ndarray, w: np.ndarray, n: np.ndarray, ls: np.ndarray) -
 
 
 # postings packed with numpy at a time (whole blocks): a list's int64 work arrays are
-# bounded by this, not by its length (a merge's list of the commonest word at 1.27M
-# passages took ~60 MiB packed at once)
+# bounded by this, not by its length (a merge's list of the commonest word at 10x was
+# too large to pack at once; docs/BENCHMARKS.md)
 PACK_CHUNK = BLOCK * 512
 
 

@@ -52,7 +52,7 @@ def join_many(groups: list, dead: Optional[np.ndarray] = None) -> list:
     out: list = [None] * len(groups)
     if not flat:
         return out
-    ps, ts = [], []  # decoded a window of postings at a time (work arrays ~40 B a posting)
+    ps, ts = [], []  # decoded a window of postings at a time (its work arrays a few int64 a posting)
     i = 0
     while i < len(flat):
         j, k = i, 0

@@ -41,7 +41,7 @@ UNIT[1:9], UNIT[9:17], UNIT[17:] = 8, 4, 2
 UNIT[[9, 11, 13, 15, 17, 18, 19, 21, 22, 23, 25, 26, 27, 29, 30, 31]] = 0  # widths never used
 UNIT_L = UNIT.tolist()
 VALID_WIDTH = np.zeros(256, bool)  # a width byte that names a width used
-VALID_WIDTH[sorted(set(ROUND_L))] = True  # (not np.unique: it imports numpy.ma, ~15-40 ms at start)
+VALID_WIDTH[sorted(set(ROUND_L))] = True  # (not np.unique: it imports numpy.ma, slow at start)
 TF_WIDTH = np.concatenate(([-1], ROUND[np.frexp(np.arange(65535, dtype=np.float64))[1]]))  # largest tf -> tf width
 
 

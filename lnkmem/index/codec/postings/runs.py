@@ -47,7 +47,7 @@ def read_runs(win: np.ndarray, first: np.ndarray, w: np.ndarray, kind=np.int64) 
         wide = w > 8
         if wide.any() and not wide.all():
             # runs of both kinds: each kind its own way (one block of tf 300 or one gap of 300
-            # sent every block of a list through the gather a value, ~4x slower)
+            # sent every block of a list through the slower gather a value)
             out = np.empty((nb, BLOCK), kind)
             narrow = ~wide
             out[narrow] = read_runs(win, first[narrow], w[narrow], kind)

@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 
 from lnkmem.index.codec.postings.layout import BLOCK, HEADER_BYTES, TF_WIDTH, VALID_WIDTH, layout_of, run_units
-from lnkmem.index.codec.postings.runs import J, MASK, decode_blocks, read_runs, words_at
+from lnkmem.index.codec.postings.runs import block_values, decode_blocks, words_at
 
 
 def check(v) -> Optional[str]:
@@ -115,26 +115,8 @@ def check_many(values: list) -> tuple[np.ndarray, np.ndarray]:
     if not (body0[nb > 0] + (cs[lastb] - (cs - size)[bfirst[nb > 0]]) == ends[nb > 0]).all():
         raise ValueError("a posting list has a broken length")
     win = words_at(buf, 0)
-    tot = int(m.sum())
     first = np.cumsum(m) - m
-    d = np.empty(tot, np.int64)
-    f = np.empty(tot, np.int64)
-    full = m == BLOCK
-    if full.any():
-        fb = np.flatnonzero(full)
-        at = (first[fb][:, None] + J).ravel()
-        d[at] = read_runs(win, go[fb], wp[fb]).ravel()
-        f[at] = read_runs(win, go[fb] + gb[fb], wt[fb]).ravel()
-    if not full.all():
-        sb = np.flatnonzero(~full)
-        ms = m[sb]
-        blk = np.repeat(sb, ms)
-        j = np.arange(int(ms.sum())) - np.repeat(np.cumsum(ms) - ms, ms)
-        at = first[blk] + j
-        for out, w, o in ((d, wp, go), (f, wt, go + gb)):
-            wv = w[blk]
-            bit = j * wv
-            out[at] = ((win[o[blk] + (bit >> 3)] >> (bit & 7).astype(np.uint64)) & MASK[wv]).astype(np.int64)
+    d, f = block_values(win, m, first, go, gb, wp, wt)
     d += 1
     bl = first + m - 1
     d[bl] = 0

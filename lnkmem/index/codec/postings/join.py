@@ -13,7 +13,7 @@ import numpy as np
 from lnkmem.index.codec.postings import encode
 from lnkmem.index.codec.postings.layout import (BLOCK, HEADER, HEADER_BYTES, TF_WIDTH, VALID_WIDTH, read_varint,
                                                 run_units)
-from lnkmem.index.codec.postings.runs import J, MASK, read_runs, words_at
+from lnkmem.index.codec.postings.runs import block_values, words_at
 
 
 def join_many(groups: list, dead: Optional[np.ndarray] = None) -> list:
@@ -119,27 +119,9 @@ def _blocks(parts: list) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("a posting list has a broken length")
     go = ends - size
     win = words_at(b"".join(bodies), 0)
-    total = int(ns.sum())
     first = np.cumsum(m) - m  # a block's first posting
-    d = np.empty(total, np.int64)  # gaps, then gaps + 1 (0 at a block's last)
-    f = np.empty(total, np.int64)  # tfs less one
-    full = m == BLOCK
-    if full.any():  # whole blocks: a 64-bit word a unit of 8 values (read_runs)
-        fb = np.flatnonzero(full)
-        at = (first[fb][:, None] + J).ravel()
-        d[at] = read_runs(win, go[fb], wp[fb]).ravel()
-        f[at] = read_runs(win, go[fb] + gb[fb], wt[fb]).ravel()
-    if not full.all():  # short ones (most of a merge's): a word a value, only their values
-        sb = np.flatnonzero(~full)
-        ms = m[sb]
-        blk = np.repeat(sb, ms)
-        j = np.arange(int(ms.sum())) - np.repeat(np.cumsum(ms) - ms, ms)  # place in its block
-        at = first[blk] + j
-        for out, w, o in ((d, wp, go), (f, wt, go + gb)):
-            wv = w[blk]
-            bit = j * wv
-            out[at] = (win[o[blk] + (bit >> 3)] >> (bit & 7).astype(np.uint64)) & MASK[wv]
-    d += 1
+    d, f = block_values(win, m, first, go, gb, wp, wt)  # gaps, tfs less one
+    d += 1  # (0 at a block's last)
     last = first + m - 1
     d[last] = 0  # a block's last pid is its header's
     # id j of a block: its last id less (gaps + 1) from j on, i.e. with c the running sum

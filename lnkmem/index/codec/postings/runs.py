@@ -78,6 +78,35 @@ def read_runs(win: np.ndarray, first: np.ndarray, w: np.ndarray, kind=np.int64) 
     return word.astype(kind)
 
 
+def block_values(win: np.ndarray, m: np.ndarray, first: np.ndarray, go: np.ndarray, gb: np.ndarray,
+                 wp: np.ndarray, wt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gaps, tfs less one), int64, of blocks of many lists given one after another: block i
+    holds ``m[i]`` postings (placed from ``first[i]``), its gap run at byte ``go[i]`` of
+    ``win`` (``wp[i]`` bits a value, ``gb[i]`` bytes), its tf run after it (``wt[i]`` bits).
+    Whole blocks a 64-bit word a unit of 8 values (:func:`read_runs`); short ones (most of a
+    merge's) a word a value, only their values."""
+    tot = int(m.sum())
+    d = np.empty(tot, np.int64)
+    f = np.empty(tot, np.int64)
+    full = m == BLOCK
+    if full.any():
+        fb = np.flatnonzero(full)
+        at = (first[fb][:, None] + J).ravel()
+        d[at] = read_runs(win, go[fb], wp[fb]).ravel()
+        f[at] = read_runs(win, go[fb] + gb[fb], wt[fb]).ravel()
+    if not full.all():
+        sb = np.flatnonzero(~full)
+        ms = m[sb]
+        blk = np.repeat(sb, ms)
+        j = np.arange(int(ms.sum())) - np.repeat(np.cumsum(ms) - ms, ms)  # place in its block
+        at = first[blk] + j
+        for out, w, o in ((d, wp, go), (f, wt, go + gb)):
+            wv = w[blk]
+            bit = j * wv
+            out[at] = (win[o[blk] + (bit >> 3)] >> (bit & 7).astype(np.uint64)) & MASK[wv]
+    return d, f
+
+
 def decode_blocks(v, n, body, hdr, wt, shape, full: bool = False, blk: Optional[np.ndarray] = None):
     """Every block at once (or the blocks ``blk``, ascending), as a (blocks, BLOCK)
     array (a short last block read as a full one, its tail dropped): a gather of one

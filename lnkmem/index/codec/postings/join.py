@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from lnkmem.index.codec.postings import encode
+from lnkmem.index.codec.postings import encode  # (its WINDOW read at each call, as pack_many reads it)
 from lnkmem.index.codec.postings.layout import (BLOCK, HEADER, HEADER_BYTES, TF_WIDTH, VALID_WIDTH, read_varint,
                                                 run_units)
 from lnkmem.index.codec.postings.runs import block_values, words_at

@@ -231,6 +231,7 @@ def test_packing_a_commits_lists_at_once_gives_each_lists_bytes(window, monkeypa
     import numpy as np
 
     from lnkmem.index.codec import postings
+    from lnkmem.index.codec.postings import encode
 
     rng = np.random.default_rng(5)
     lens = np.concatenate((rng.integers(1, 40, 300), rng.integers(100, 400, 10)))
@@ -240,7 +241,7 @@ def test_packing_a_commits_lists_at_once_gives_each_lists_bytes(window, monkeypa
     pids = np.concatenate([np.sort(rng.choice(10**6, n, replace=False)) for n in lens]).astype(np.uint32)
     tfs = rng.integers(1, 70000, len(pids)).astype(np.uint32)  # some above u16: held at 65535
     if window:  # the columns made Python integers a few at a time: lists across the windows' edges
-        monkeypatch.setattr(postings, "_WINDOW", window)
+        monkeypatch.setattr(encode, "WINDOW", window)
     many = list(postings.pack_many(pids, tfs, starts.tolist(), ends.tolist()))
     assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]
 
@@ -254,6 +255,7 @@ def test_packing_lists_of_every_width_at_once_gives_each_lists_bytes(seed, monke
     import numpy as np
 
     from lnkmem.index.codec import postings
+    from lnkmem.index.codec.postings import encode
 
     rng = np.random.default_rng(seed)
     lists = []
@@ -275,7 +277,7 @@ def test_packing_lists_of_every_width_at_once_gives_each_lists_bytes(seed, monke
     pids = np.concatenate([p for p, _ in lists]).astype(np.uint32)
     tfs = np.concatenate([t for _, t in lists]).astype(np.uint32)
     if seed % 2:
-        monkeypatch.setattr(postings, "_WINDOW", 1000)  # windows' edges among the lists
+        monkeypatch.setattr(encode, "WINDOW", 1000)  # windows' edges among the lists
     many = list(postings.pack_many(pids, tfs, starts.tolist(), ends.tolist()))
     assert many == [postings.pack(pids[a:b], tfs[a:b]) for a, b in zip(starts, ends)]
     for v, (p, t) in zip(many, lists):

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from lnkmem.replica import copy as copyfmt
 from lnkmem.index.codec import postings, textpack
+from lnkmem.index.codec.postings import encode
 from lnkmem.index.store import Store
 from tests.helpers import Home, allocates_at_most, index_home, run_cli
 
@@ -63,7 +64,7 @@ def test_a_long_list_packed_a_chunk_at_a_time_is_the_same_bytes(n, monkeypatch):
     p = np.cumsum(rng.geometric(0.01, n)).astype(np.uint32)
     t = rng.integers(1, 70000, n).astype(np.uint32)
     whole = postings.pack(p, t)
-    monkeypatch.setattr(postings, "_PACK_CHUNK", postings.BLOCK * 2)  # chunks' edges inside the list
+    monkeypatch.setattr(encode, "PACK_CHUNK", postings.BLOCK * 2)  # chunks' edges inside the list
     assert postings.pack(p, t) == whole
     assert _round_trip(p, t) == whole
 
@@ -153,13 +154,13 @@ def test_a_merge_joins_lists_to_the_bytes_packing_them_whole_makes(most, span, t
         dead = np.zeros(rnd.choice([span, span // 2]), bool)  # (ids past the mask are not dead)
         dead[rnd.sample(range(len(dead)), min(len(dead), rnd.choice([0, 3, 100, 4000])))] = True
     made = [_group(rnd, most, span, dead) for _ in range(terms)]
-    was = postings._WINDOW
+    was = encode.WINDOW
     try:
         if window:
-            postings._WINDOW = window
+            encode.WINDOW = window
         got = postings.join_many([parts for parts, _ in made], dead)
     finally:
-        postings._WINDOW = was
+        encode.WINDOW = was
     assert got == [want for _, want in made]
 
 

@@ -9,7 +9,7 @@ the index's size, and a small change sends about what changed.
                            the copy's version)
 ``seg-<hash>-<size>.bin``  a part of one index segment: passages (ids, lengths,
                            refs, the stored passages) and then postings (terms and
-                           their lists, as the index stores them, postings.py); a
+                           their lists, as the index stores them: codec/postings); a
                            segment is one or more parts, its passages before its
                            postings, each part at most :func:`part_bytes`
 ``page-<hash>-<size>.bin`` one page of the file table: the files whose ref hashes

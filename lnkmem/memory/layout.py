@@ -11,6 +11,7 @@ from typing import Callable, Optional
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.core import atomic
 from lnkmem.bridges.place import Entry, PlaceBase
+from lnkmem.bridges.store_driver import DriverConversations, driver_env
 from lnkmem.memory.config import AgentConfig, open_folder
 from lnkmem.memory.notes import LocalNotes
 
@@ -61,6 +62,13 @@ def agent_folder(cfg: AgentConfig, name: str) -> str:
     return path
 
 
+def driver_chats(cfg: AgentConfig, folder: str) -> DriverConversations:
+    """The `chats` place of an agent served with `--store-driver` (§3.5): its
+    copies in ``folder`` (`<state>/conversations`, beside its index), the driver
+    given the agent's names (its environment, the Bound line's owner)."""
+    return DriverConversations(cfg.store_driver, folder, driver_env(cfg.env, cfg.owner))
+
+
 def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     """An agent on this machine: Home, chats, skills and notes in local folders.
 
@@ -83,8 +91,7 @@ def local_layout(cfg: AgentConfig, create: bool = True) -> Layout:
     exclude = [cfg.state] + ([cfg.agent] if cfg.agent else [])
     places["home"] = LocalPlace(cfg.folder, exclude=exclude, ignore=True)
     if cfg.store_driver:  # §3.5: its conversations from the driver alone, through the engine's own copy
-        from lnkmem.memory import store_driver as driver
-        places["chats"] = driver.conversations(cfg, os.path.join(state, "conversations"))
+        places["chats"] = driver_chats(cfg, os.path.join(state, "conversations"))
     elif cfg.agent:
         places["chats"] = LocalPlace(chats_dir)
     if cfg.agent:

@@ -509,7 +509,7 @@ class Bindings:
     def _own_memory(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str,
                     has_memory_place: bool):
         """The agent's memory: its places behind the bridges, its copy, its cache."""
-        from lnkmem.memory.layout import Layout, NotesPlace, agent_folder
+        from lnkmem.memory.layout import Layout, NotesPlace, agent_folder, driver_chats
         from lnkmem.memory.memory import Memory
         from lnkmem.memory.config import FolderRefused
         from lnkmem.memory.bridgenotes import BridgeNotes
@@ -528,8 +528,7 @@ class Bindings:
         if storage is not None and "conversations" in b.storage.places:  # wins over a store driver (§3.5)
             places["chats"] = Collection(storage, "conversations")
         elif cfg.store_driver:
-            from lnkmem.memory import store_driver as driver
-            places["chats"] = driver.conversations(cfg, os.path.join(cache, "conversations"))
+            places["chats"] = driver_chats(cfg, os.path.join(cache, "conversations"))
         try:  # an agent's folders never through a link (§2.2 rev. 3)
             if cfg.agent and "chats" not in places:
                 places["chats"] = LocalPlace(agent_folder(cfg, "chats"))

@@ -579,8 +579,3 @@ class DriverConversations(PlaceBase):
             self._problem = None
         return changed
 
-
-def conversations(cfg, folder: str) -> DriverConversations:
-    """The `chats` source of an agent served with `--store-driver` (§3.5):
-    its copies in ``folder`` (`<state>/conversations`, beside its index)."""
-    return DriverConversations(cfg.store_driver, folder, driver_env(cfg.env, cfg.owner))

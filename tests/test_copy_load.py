@@ -344,11 +344,30 @@ def test_a_cache_of_the_previous_formats_copy_keeps_its_version_once_a_write_bac
         with st.writing() as w:
             w.put_meta(b"copy", msgspec.msgpack.encode({"version": "v7", "gen": "of the old format"}))
         before = copyfmt.copy_state(st)
-        assert (before.version, before.sweep) == ("v7", True)
+        assert (before.version, before.named_incomplete) == ("v7", True)
         copyfmt.note_sent(st, ["seg-" + "0" * 40 + "-10.bin"])  # a write-back's first file, then a kill
         after = copyfmt.copy_state(st)
-        assert (after.version, after.sweep) == ("v7", True)
+        assert (after.version, after.named_incomplete) == ("v7", True)
         assert after.doomed == ["seg-" + "0" * 40 + "-10.bin"]
+    finally:
+        st.close()
+
+
+def test_a_cache_state_written_before_the_flag_was_renamed_still_says_its_copys_files_are_not_all_known(tmp_path):
+    """`CopyState.named_incomplete` was called `sweep` (issue 48 renamed it); the cache's
+    meta keeps the name it was written under, so a cache written before the rename still
+    lists the place at its next write-back, and one written after is read by either."""
+    import msgspec
+    st = Store(str(tmp_path / "cache"))
+    try:
+        with st.writing() as w:
+            w.put_meta(b"copy", msgspec.msgpack.encode({"version": "v7", "named": ["manifest.json"], "sweep": True}))
+        before = copyfmt.copy_state(st)
+        assert (before.version, before.named, before.named_incomplete) == ("v7", ["manifest.json"], True)
+        copyfmt.note_sent(st, ["seg-" + "0" * 40 + "-10.bin"])  # the state written again
+        raw = msgspec.msgpack.decode(st.get_meta(b"copy"))
+        assert raw["sweep"] is True and "named_incomplete" not in raw
+        assert copyfmt.copy_state(st).named_incomplete
     finally:
         st.close()
 

@@ -402,7 +402,7 @@ def test_no_listing_or_answer_names_a_path(tmp_path):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from lnkmem.memory.store_driver import CopyFolder, DriverFailed, check_conversation, nameable, parse_listing
+    from lnkmem.bridges.store_driver import CopyFolder, DriverFailed, check_conversation, nameable, parse_listing
 
     threads = st.text(max_size=12) | st.sampled_from(["../x", "/etc/passwd", "a/b", "x.compact", ".hidden", "t1",
                                                        "a" * 129, "t\n", "\u2025", "ok.1"])

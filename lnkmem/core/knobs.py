@@ -80,7 +80,7 @@ class Knobs:
     notes_wait_s: float = 15.0  # LNKMEM_NOTES_WAIT_S: `remember` waits for a notes file held open for writing
     notes_keep: int = 50  # LNKMEM_NOTES_KEEP: the notes' kept versions, at most
     notes_keep_bytes: int = 16 << 20  # LNKMEM_NOTES_KEEP_BYTES: ... and their bytes together
-    # a store driver (memory/store_driver.py)
+    # a store driver (bridges/store_driver.py)
     driver_s: Optional[float] = None  # LNKMEM_DRIVER_S: its conversations listed every so often
     driver_timeout_s: Optional[float] = None  # LNKMEM_DRIVER_TIMEOUT_S: one call's limit
     # serve-many

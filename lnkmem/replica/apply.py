@@ -154,7 +154,7 @@ def apply_change(store: Store, manifest: Manifest, fetch: Callable[[str], bytes]
             orphans = state.orphans + [(n, version) for n in state.named if n not in now_named and n not in has]
             put_state(w, CopyState(version, state.gen if own else w.meta_int(b"gen"), state.seg_mark, [],
                                    manifest.model, list(manifest.pages), named,
-                                   [n for n in state.doomed if n not in now_named], sweep=state.sweep,
+                                   [n for n in state.doomed if n not in now_named], named_incomplete=state.named_incomplete,
                                    unknown=state.unknown, orphans=[o for o in orphans if o[0] not in now_named],
                                    content_gen=state.content_gen if own else content_gen(w)))
             if held:

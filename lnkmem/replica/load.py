@@ -537,7 +537,7 @@ def damaged(store: Store, version: str) -> None:
     write-back replaces all of it, conditionally on that version (§7.2)."""
     with store.writing() as w:
         old = state_in(w)
-        put_state(w, CopyState(version=version, sweep=True, doomed=old.doomed, orphans=old.orphans))
+        put_state(w, CopyState(version=version, named_incomplete=True, doomed=old.doomed, orphans=old.orphans))
 
 
 class _LoadTxns:
@@ -622,7 +622,7 @@ def _load_txn(store: Store, manifest: Manifest, fetch, version: str, of, sources
             # of this version, but every file is sent anew at the next write-back (renumbered:
             # the copy's files are no longer the cache's segments; the previous format: written
             # in this one), and the files of the place it does not name deleted then
-            state = CopyState(version, -1, doomed=doomed, sweep=True, orphans=orphans, partial=manifest.partial)
+            state = CopyState(version, -1, doomed=doomed, named_incomplete=True, orphans=orphans, partial=manifest.partial)
             txn.delete_meta(b"copy-segs")
         else:
             state = CopyState(version, gen, r.next_seg, list(manifest.vectors), manifest.model,

@@ -28,10 +28,11 @@ class CopyState(msgspec.Struct):
     # beaten to the manifest), or named by a version this cache replaced and not yet
     # deleted: each deleted at a later write-back unless a manifest names it again
     doomed: list[str] = msgspec.field(default_factory=list)
-    # the copy's files are not all known here (a damaged version, one loaded renumbered
-    # or of the previous format): the write-back that replaces it deletes every file of
-    # the place its new manifest does not name
-    sweep: bool = False
+    # `named` may lack files of the copy (a damaged version, one loaded renumbered or of
+    # the previous format): the write-back that replaces it deletes every file of the
+    # place its new manifest does not name. Kept under its first name, "sweep", in the
+    # cache's meta (caches written before still read)
+    named_incomplete: bool = msgspec.field(default=False, name="sweep")
     # loaded into a cache that knew nothing of the copy (a new machine): files of the place
     # that no manifest names (a writer killed once its manifest was on its way left them)
     # are unknown here; the next write-back lists the place once (its orphans, below)
@@ -76,7 +77,7 @@ def passage_digests(blobs: list) -> np.ndarray:
 def copy_segments(r: Reading, state: "CopyState") -> list:
     """The copy's segments as recorded for the version the cache is of ([] when unknown)."""
     raw = r.meta(b"copy-segs")
-    if not raw or state.version is None or state.sweep:
+    if not raw or state.version is None or state.named_incomplete:
         return []
     try:
         cs = msgspec.msgpack.decode(raw, type=CopySegments)
@@ -91,7 +92,7 @@ def copy_segments(r: Reading, state: "CopyState") -> list:
 def decode_state(raw: Optional[bytes]) -> CopyState:
     """The cache's state as its ``copy`` meta key holds it. A state this format cannot
     read (a cache of the previous format's copy) keeps its version, if it names one, and
-    says that the copy's files are not all known (``sweep``)."""
+    says that the copy's files are not all known (``named_incomplete``)."""
     if not raw:
         return CopyState()
     try:
@@ -102,7 +103,7 @@ def decode_state(raw: Optional[bytes]) -> CopyState:
             version = old.get("version") if isinstance(old, dict) else None
         except msgspec.DecodeError:
             version = None
-        return CopyState(version=version if isinstance(version, str) else None, sweep=True)
+        return CopyState(version=version if isinstance(version, str) else None, named_incomplete=True)
 
 
 def copy_state(store: Store) -> CopyState:

@@ -522,17 +522,17 @@ class WriteBack:
         export is a generator: one file in memory, whatever the index's size), then
         the manifest swapped conditionally; once it has landed, every file it no
         longer names -- of the version it replaced, or sent by a write-back that
-        never got to its manifest -- is deleted (:meth:`sweep`)."""
+        never got to its manifest -- is deleted (:meth:`delete_unnamed`)."""
         with self.lock:
             for attempt in range(10):
                 store = self.store_of()  # (a reload puts a newer version's index in the old one's place)
                 state = copyfmt.copy_state(store)
-                if (state.unknown or state.sweep) and state.version is not None:
+                if (state.unknown or state.named_incomplete) and state.version is not None:
                     self.find_orphans(store, state)  # before this write-back's own files are there
                     state = copyfmt.copy_state(store)
                 if not copyfmt.dirty(store, state):
                     self.state = "clean"
-                    self.sweep(store, state)
+                    self.delete_unnamed(store, state)
                     return False
                 self.state = "writing"
                 # what the indexing left (its heap, the map's pages it read) goes back first:
@@ -564,7 +564,7 @@ class WriteBack:
                 copyfmt.written(store, exp, version)
                 self.last_write = time.monotonic()
                 self.writes += 1
-                self.sweep(store, copyfmt.copy_state(store))
+                self.delete_unnamed(store, copyfmt.copy_state(store))
                 self.state = "dirty" if copyfmt.dirty(store) else "clean"
                 return True
             raise BridgeDown("gave up after 10 conflicting writes")
@@ -586,7 +586,7 @@ class WriteBack:
             return
         copyfmt.note_orphans(store, sorted(listed), seen or "")
 
-    def sweep(self, store: Store, state) -> None:
+    def delete_unnamed(self, store: Store, state) -> None:
         """Delete the files no manifest names any more: those doomed (of a version this cache
         replaced or moved past, or sent by a write-back whose manifest never landed) once the
         copy there does not name them (another engine may name a file again), and the

@@ -19,9 +19,7 @@ import time
 from typing import Optional
 
 from lnkmem.bridges.http import BIND, BridgeClient, BridgeDown, Refused, auth_header
-from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Forbidden, NotFound
-from lnkmem.bridges.remote import Collection, FilesPlace
 from lnkmem.memory import changes
 from lnkmem.serve.control import tell_changed
 from lnkmem.memory.config import AgentConfig
@@ -508,59 +506,18 @@ class Bindings:
 
     def _own_memory(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache: str,
                     has_memory_place: bool):
-        """The agent's memory: its places behind the bridges, its copy, its cache."""
-        from lnkmem.memory.layout import Layout, NotesPlace, agent_folder
+        """The agent's memory, laid out as its Bound line says (``layout.bound_layout``)
+        over this binding's bridges; an agent folder behind a link refuses the line."""
+        from lnkmem.memory.layout import bound_layout
         from lnkmem.memory.memory import Memory
         from lnkmem.memory.config import FolderRefused
-        from lnkmem.memory.bridgenotes import BridgeNotes
-        from lnkmem.memory.notes import LocalNotes
-        from lnkmem.replica.sync import Replica
-        b = first.bound
-        files = binding.client("files")
-        storage = binding.client("storage")
-        places: dict[str, object] = {}
-        if files is not None:
-            # Home's memory/notes.md is the notes' place when no storage memory place is named
-            places["home"] = FilesPlace(files, exclude=("memory/lnkmem",) + (() if has_memory_place else ("memory/notes.md",)),
-                                        ignore=True)
-        elif cfg.folder:
-            places["home"] = LocalPlace(cfg.folder, exclude=[cfg.state] + ([cfg.agent] if cfg.agent else []), ignore=True)
-        if storage is not None and "conversations" in b.storage.places:  # wins over a store driver (§3.5)
-            places["chats"] = Collection(storage, "conversations")
-        elif cfg.store_driver:
-            from lnkmem.memory import store_driver as driver
-            places["chats"] = driver.conversations(cfg, os.path.join(cache, "conversations"))
-        try:  # an agent's folders never through a link (§2.2 rev. 3)
-            if cfg.agent and "chats" not in places:
-                places["chats"] = LocalPlace(agent_folder(cfg, "chats"))
-            if cfg.agent:
-                places["skills"] = LocalPlace(agent_folder(cfg, "skills"))
+        try:
+            layout = bound_layout(cfg, first.bound, first.agent, binding.client("files"), binding.client("storage"),
+                                  has_memory_place, cache)
         except FolderRefused as e:
             raise Refusal(f"agent {first.agent} is not served: {e}") from None
-        # §5.4 rev. 2, where the notes live: the storage memory place; else Home's
-        # memory/notes.md through the files bridge; else the agent's local notes (--notes)
-        notes = None
-        if storage is not None and has_memory_place:
-            notes = BridgeNotes(Collection(storage, "memory"), cache)
-        elif files is not None:
-            notes = BridgeNotes(FilesPlace(files, root="memory"), cache)
-        elif cfg.notes_path:
-            try:  # never through a link below the agent folder (§2.2 rev. 3)
-                notes = LocalNotes(cfg.notes_path, cfg.state, cfg.agent)
-            except FolderRefused as e:
-                raise Refusal(f"agent {first.agent} is not served: {e}") from None
-        if notes is not None:
-            places["notes"] = NotesPlace(notes)
-        if b.index == "memory" and has_memory_place:
-            replica = Replica(Collection(storage, "memory", root="lnkmem"), of=f"agent {b.owner}/{first.agent}")
-        elif files is not None:
-            replica = Replica(FilesPlace(files, root="memory/lnkmem"), of=f"agent {b.owner}/{first.agent}")
-        else:  # memory and Home both on the machine: no copy; the local index is the memory's own
-            replica = None
-        embed = self._embedding(cfg, first)
-        layout = Layout(places, notes if b.notes else None, parse_size(b.notes) if b.notes else 0,
-                        os.path.join(cache, "index"), replica, True, embed, os.path.join(cache, "tmp"))
-        watch = any(p.local for p in places.values()) or notes.local
+        layout.embed = self._embedding(cfg, first)  # the endpoint, proving this binding (§6)
+        watch = any(p.local for p in layout.places.values())  # (the notes' place among them)
         return Memory(cfg, layout).start(watch=watch)
 
     def _embedding(self, cfg: AgentConfig, first: FirstLine):
@@ -575,9 +532,8 @@ class Bindings:
                                            f"agent {agent}")
 
     def _team_session(self, binding: Binding, first: FirstLine, cfg: AgentConfig, cache_of) -> BoundSession:
-        from lnkmem.memory.layout import Layout
+        from lnkmem.memory.layout import team_copy, team_layout
         from lnkmem.memory.memory import Memory
-        from lnkmem.replica.sync import Replica
         team, b = first.team, first.bound
         tb = binding.teams.get(team.id)
         if tb is not None:
@@ -586,7 +542,7 @@ class Bindings:
             raise Refusal("a team's memory needs both the files and the storage bridge")
         files, storage = binding.client("files"), binding.client("storage")
         tb = TeamBinding(team.id)
-        copy_place = Collection(storage, "memory", team=team.id, root="lnkmem")
+        copy_place = team_copy(storage, team.id)
         try:  # a member granted part of the folder is refused the team copy
             copy_place.get("manifest.json")
         except Forbidden:
@@ -596,12 +552,10 @@ class Bindings:
         except BridgeDown as e:
             raise Refusal(f"the storage bridge is down: {e}") from None
         if tb.deny is None:
-            places = {"home": FilesPlace(files, folder=team.named, root="memory", exclude=("lnkmem",))}
             embed = self._embedding(cfg, first) if team.writes else None  # a reader embeds nothing
             cache = cache_of()  # (opened when a memory is made: a session of one running reuses it)
             tcache = self.pinned(os.path.join(cache, "teams", team.id), cache)
-            layout = Layout(places, None, 0, os.path.join(tcache, "index"), Replica(copy_place, of=f"team {team.id}"), team.writes,
-                            embed, os.path.join(tcache, "tmp"))
+            layout = team_layout(files, copy_place, team.id, team.named, team.writes, embed, tcache)
             tcfg = dataclasses.replace(cfg, notes_path=None)
             tb.memory = Memory(tcfg, layout).start(watch=False)
         binding.teams[team.id] = tb

@@ -367,7 +367,7 @@ class CopyFolder:
     def record(self, versions: dict[str, Listed]) -> None:
         self._write(VERSIONS, json.dumps({t: [v.version, v.compact] for t, v in versions.items()}).encode())
 
-    def sweep(self) -> None:
+    def remove_leftover_temps(self) -> None:
         """Temporary files a killed process left beside the copies."""
         try:
             fd = self._dir()
@@ -392,7 +392,7 @@ class DriverConversations(PlaceBase):
         self.program = program
         self.env = dict(env)
         self.copies = CopyFolder(folder)
-        self.copies.sweep()
+        self.copies.remove_leftover_temps()
         self._place: Optional[LocalPlace] = None
         self.skipped = 0
         # no listing a search should wait for (briefly) is under way: the first one, and
@@ -579,8 +579,3 @@ class DriverConversations(PlaceBase):
             self._problem = None
         return changed
 
-
-def conversations(cfg, folder: str) -> DriverConversations:
-    """The `chats` source of an agent served with `--store-driver` (§3.5):
-    its copies in ``folder`` (`<state>/conversations`, beside its index)."""
-    return DriverConversations(cfg.store_driver, folder, driver_env(cfg.env, cfg.owner))

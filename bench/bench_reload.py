@@ -43,7 +43,9 @@ CHILD = r"""
 import ctypes, json, os, shutil, sys, threading, time
 from lnkmem.core import memtrim
 memtrim.tune()
-from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.load import load_copy
+from lnkmem.replica.manifest import decode_manifest
+from lnkmem.replica.state import copy_state
 from lnkmem.index.store import Store
 
 class MallInfo2(ctypes.Structure):
@@ -80,11 +82,11 @@ def fetch(name):
     with open(os.path.join(folder, name), "rb") as f:
         return f.read()
 with open(os.path.join(folder, "manifest.json"), "rb") as f:
-    m = copyfmt.decode_manifest(f.read())
+    m = decode_manifest(f.read())
 out = {}
 st = Store(cache)
 t = time.monotonic()
-copyfmt.load_copy(st, m, fetch, "v1", of, None)
+load_copy(st, m, fetch, "v1", of, None)
 memtrim.trim()
 out["cold"] = {"s": time.monotonic() - t, "peak": dict(peak), "after": rss(), "in_use": in_use()}
 for k in peak:
@@ -93,10 +95,10 @@ t = time.monotonic()
 if way == "beside":
     side = st.open_beside()
     assert side is not None, "this file system cannot swap two folders' names in one step"
-    copyfmt.load_copy(side, m, fetch, "v2", of, None, was=copyfmt.copy_state(st))
+    load_copy(side, m, fetch, "v2", of, None, was=copy_state(st))
     st = st.replaced_by(side)
 else:
-    copyfmt.load_copy(st, m, fetch, "v2", of, None)
+    load_copy(st, m, fetch, "v2", of, None)
 memtrim.trim()
 out["warm"] = {"s": time.monotonic() - t, "peak": dict(peak), "after": rss(), "in_use": in_use(),
                "files": st.file_count()}

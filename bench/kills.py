@@ -78,7 +78,8 @@ import msgspec  # noqa: E402
 from fakes.harness import FakeServer  # noqa: E402
 from lnkmem.memory.config import from_args  # noqa: E402
 from lnkmem.core.errors import DamagedIndex  # noqa: E402
-from lnkmem.replica import copy as copyfmt  # noqa: E402
+from lnkmem.replica.load import load, verify  # noqa: E402
+from lnkmem.replica.manifest import decode_manifest  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
 from tests.bridges import KEY, Bridges  # noqa: E402
 from tests.helpers import PROGRAM, Home, Many, base_env  # noqa: E402
@@ -305,13 +306,13 @@ def copy_store(bridges: Bridges, where: Path) -> tuple[Store, bool] | None:
     man = d / "manifest.json"
     if not man.exists():
         return None
-    manifest = copyfmt.decode_manifest(man.read_bytes())
+    manifest = decode_manifest(man.read_bytes())
     names = manifest.names()
     missing = [n for n in names if not (d / n).exists()]
     check(not missing, f"the copy's manifest names files that are not there: {missing[:3]}")
     shutil.rmtree(where, ignore_errors=True)
     store = Store(str(where))
-    copyfmt.load(store, copyfmt.verify(manifest, lambda n: (d / n).read_bytes(), "agent o1/a1"), "check")
+    load(store, verify(manifest, lambda n: (d / n).read_bytes(), "agent o1/a1"), "check")
     store.load_snapshot()  # raises DamagedIndex when the tables disagree
     return store, True
 

@@ -288,9 +288,10 @@ class Soak:
                 lost.append(f"notes of {who}: {text.splitlines()[:4]} != {want}")
         # the copy holds every file of the bridge's Home
         d = self.bridges.store("memory") / "lnkmem"
-        from lnkmem.replica import copy as copyfmt
-        m = copyfmt.decode_manifest((d / "manifest.json").read_bytes())
-        in_copy = set(copyfmt.verify(m, lambda n: (d / n).read_bytes()).refs)
+        from lnkmem.replica.load import verify
+        from lnkmem.replica.manifest import decode_manifest
+        m = decode_manifest((d / "manifest.json").read_bytes())
+        in_copy = set(verify(m, lambda n: (d / n).read_bytes()).refs)
         home = self.bridges.home()
         for p in home.rglob("*.md"):
             ref = f"home/{p.relative_to(home).as_posix()}"

@@ -27,7 +27,10 @@ from pathlib import Path
 import common  # noqa: E402,F401  (first of ours: it puts the repository's root on the path)
 from lnkmem.core.errors import DamagedIndex  # noqa: E402
 from lnkmem.index.rank.search import bm25  # noqa: E402
-from lnkmem.replica import copy as copyfmt  # noqa: E402
+from lnkmem.replica.export import export  # noqa: E402
+from lnkmem.replica.load import load_copy  # noqa: E402
+from lnkmem.replica.manifest import decode_manifest, encode_manifest  # noqa: E402
+from lnkmem.replica.state import CopyState, copy_state  # noqa: E402
 from tests.test_copy_scale import OF, memory, text  # noqa: E402
 
 QUERIES = ("narwhal kelp", "uniq7x1")
@@ -35,9 +38,9 @@ SOURCES = {"home", "chats", "skills", "notes"}
 
 
 def copy_of(st) -> dict:
-    exp = copyfmt.export(st, copyfmt.CopyState(), OF, part=3000)
+    exp = export(st, CopyState(), OF, part=3000)
     files = dict(exp.blobs)
-    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    files["manifest.json"] = encode_manifest(exp.manifest)
     return files
 
 
@@ -84,9 +87,9 @@ def main(argv=None) -> int:
             if side is None:
                 print("this file system cannot swap two folders in one step: nothing to soak")
                 return 1
-            copyfmt.load_copy(side, copyfmt.decode_manifest(copy["manifest.json"]),
+            load_copy(side, decode_manifest(copy["manifest.json"]),
                               lambda n, c=copy: c[n], f"v{i}", OF, SOURCES, step=4000,
-                              was=copyfmt.copy_state(old))
+                              was=copy_state(old))
             stores.append(old.replaced_by(side))
             stores[-2] = None  # (let go of: LMDB closes it when its last search ends)
             time.sleep(0.01)  # (the searches under way on it end)

@@ -23,7 +23,6 @@ import sys
 sys.dont_write_bytecode = True
 
 import argparse
-import json
 import random
 import signal
 import subprocess
@@ -34,7 +33,8 @@ from pathlib import Path
 import common  # noqa: E402,F401  (first of ours: it puts the repository's root on the path)
 from lnkmem.index.rank.search import bm25  # noqa: E402
 from lnkmem.index.store import Store  # noqa: E402
-from lnkmem.replica import copy as copyfmt  # noqa: E402
+from lnkmem.replica.load import load_copy  # noqa: E402
+from lnkmem.replica.manifest import CopyDamaged, decode_manifest  # noqa: E402
 from tests.bridges import KEY, Bridges  # noqa: E402
 from tests.helpers import PROGRAM, SocketClient, base_env, until  # noqa: E402
 
@@ -158,18 +158,18 @@ def main(argv=None) -> int:
             w.end()
         # the copy alone, loaded as a fresh reader's cache loads it (every check of §7.2)
         copy = br.team_copy("t1")
-        m = copyfmt.decode_manifest((copy / "manifest.json").read_bytes())
+        m = decode_manifest((copy / "manifest.json").read_bytes())
         named = set(m.names())
         absent = sorted(n for n in named if not (copy / n).exists())
         missing = []
         if not absent:
             st = Store(str(base / "loaded"))
             try:
-                copyfmt.load_copy(st, m, lambda n: (copy / n).read_bytes(), "last", "team t1", {"home"})
+                load_copy(st, m, lambda n: (copy / n).read_bytes(), "last", "team t1", {"home"})
                 for word, ref in words.items():
                     if ref not in [st.passages_of([p])[0].ref for p, _ in bm25(st, word, 5)]:
                         missing.append(word)
-            except copyfmt.CopyDamaged as e:
+            except CopyDamaged as e:
                 absent.append(f"the copy is damaged: {e}")
             finally:
                 st.close()

@@ -18,7 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.export import export
+
+from lnkmem.replica.load import Verified, load, verify
+
+from lnkmem.replica.manifest import CopyDamaged, blob_name, decode_manifest, encode_manifest
+
+from lnkmem.replica.state import CopyState
 from lnkmem.index.codec import postings, textpack
 from lnkmem.index.codec.postings import encode
 from lnkmem.index.store import Store
@@ -466,23 +472,23 @@ def _copy_of(tmp_path: Path, h: Home) -> dict:
     mem = Memory(from_args(*h.args(), {}))
     mem.store = mem.open_store()
     mem.refresh_all()
-    exp = copyfmt.export(mem.store, copyfmt.CopyState(), "agent o1/a1")
+    exp = export(mem.store, CopyState(), "agent o1/a1")
     files = dict(exp.blobs)  # (made as they are asked for: before the store closes)
     mem.store.close()
-    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    files["manifest.json"] = encode_manifest(exp.manifest)
     return files
 
 
-def _verify(files: dict) -> copyfmt.Verified:
-    m = copyfmt.decode_manifest(files["manifest.json"])
-    return copyfmt.verify(m, files.__getitem__, "agent o1/a1", {"home", "chats", "skills", "notes"})
+def _verify(files: dict) -> Verified:
+    m = decode_manifest(files["manifest.json"])
+    return verify(m, files.__getitem__, "agent o1/a1", {"home", "chats", "skills", "notes"})
 
 
 def _reseal(files: dict, kind: str, old: str, obj) -> dict:
     """The copy with file ``old`` replaced by ``obj`` under its content name."""
     import json
     blob = zlib.compress(msgspec.msgpack.encode(obj), 3)
-    name = copyfmt.blob_name(kind, blob)
+    name = blob_name(kind, blob)
     out = {k: v for k, v in files.items() if k != old}
     out[name] = blob
     m = json.loads(files["manifest.json"])
@@ -503,7 +509,7 @@ def test_a_copy_carries_compressed_passages_and_its_dictionary(tmp_path):
     src = Store.open(str(h.state / "index"))
     dst = Store.open(str(tmp_path / "cache" / "index"))
     try:
-        copyfmt.load(dst, v, "v1")
+        load(dst, v, "v1")
         pids = [int(p) for p in np.flatnonzero(src.snapshot.alive)]
         assert len(pids) > 100
         assert dst.passages_of(pids) == src.passages_of(pids)
@@ -517,14 +523,14 @@ def test_a_copy_carries_compressed_passages_and_its_dictionary(tmp_path):
     import json
     m = json.loads(files["manifest.json"])
     m["format"] = "lnkmem-copy-2"
-    with pytest.raises(copyfmt.CopyDamaged, match="format"):
-        copyfmt.decode_manifest(json.dumps(m).encode())
+    with pytest.raises(CopyDamaged, match="format"):
+        decode_manifest(json.dumps(m).encode())
 
 
 def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
     h = _corpus(tmp_path / "a", 0.003)
     files = _copy_of(tmp_path, h)
-    m = copyfmt.decode_manifest(files["manifest.json"])
+    m = decode_manifest(files["manifest.json"])
     name = m.segments[0][0]
     seg = msgspec.msgpack.decode(zlib.decompress(files[name]))
     zdict = msgspec.msgpack.decode(zlib.decompress(files[m.dict]))
@@ -552,7 +558,7 @@ def test_a_hostile_copy_never_makes_a_decode_crash_or_allocate(tmp_path):
     for kind, old, obj, why in cases:
         resealed = _reseal(files, kind, old, obj)
         # bounded by the copy's own bound (32 x a file's bytes: ~35 MB here), never a bomb's 100 MB
-        with allocates_at_most(64 << 20), pytest.raises(copyfmt.CopyDamaged, match=why):
+        with allocates_at_most(64 << 20), pytest.raises(CopyDamaged, match=why):
             _verify(resealed)
 
 

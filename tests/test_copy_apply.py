@@ -14,7 +14,10 @@ import pytest
 from lnkmem.bridges.remote import NotFound
 from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
-from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.export import export, written
+from lnkmem.replica.load import load_copy
+from lnkmem.replica.manifest import Manifest, blob_name, decode_manifest, encode_manifest
+from lnkmem.replica.state import copy_state, dirty
 from lnkmem.replica.apply import apply_change
 from tests.test_copy_scale import OF, memory, text
 
@@ -22,11 +25,11 @@ SOURCES = {"home", "chats", "skills", "notes"}
 QUERIES = ("narwhal kelp", "uniq7x1", "compass galley", "lighthouses", "uniq59x2", "harbour walrus", "uniq3x0")
 
 
-def exported(st, files: dict, version: str) -> copyfmt.Manifest:
+def exported(st, files: dict, version: str) -> Manifest:
     """The store's change since its copy state, as a write-back sends it, into ``files``."""
-    exp = copyfmt.export(st, copyfmt.copy_state(st), OF, part=3000)
+    exp = export(st, copy_state(st), OF, part=3000)
     files.update(dict(exp.blobs))
-    copyfmt.written(st, exp, version)
+    written(st, exp, version)
     return exp.manifest
 
 
@@ -63,7 +66,7 @@ def versions(tmp_path):
 
 def loaded(path, manifest, files, version) -> Store:
     st = Store(str(path))
-    copyfmt.load_copy(st, manifest, fetcher(files, []), version, OF, SOURCES)
+    load_copy(st, manifest, fetcher(files, []), version, OF, SOURCES)
     return st
 
 
@@ -93,14 +96,14 @@ def test_a_newer_version_is_applied_as_a_change_and_answers_as_the_whole_version
         assert answers(cache) == answers(whole)
         assert {r: (f.version, f.size) for r, f in cache.all_files().items()} == \
                {r: (f.version, f.size) for r, f in whole.all_files().items()}
-        state = copyfmt.copy_state(cache)
+        state = copy_state(cache)
         assert state.version == "v2" and set(state.named) == set(m2.names())
     finally:
         whole.close()
         cache.close()
     again = Store.open(str(tmp_path / "cache"))  # as it was left: an index, opened as such
     try:
-        assert again.rebuilt_because is None and copyfmt.copy_state(again).version == "v2"
+        assert again.rebuilt_because is None and copy_state(again).version == "v2"
     finally:
         again.close()
 
@@ -123,8 +126,8 @@ def test_a_writers_own_change_is_kept_and_the_other_writers_version_applied(vers
         home.write(f"n/f{i:02}.md", text(i))
     mem = Memory(from_args(*home.args(), {}))
     mem.store = mem.open_store()
-    copyfmt.load_copy(mem.store, m1, fetcher(v1, []), "v1", OF, SOURCES)
-    assert not copyfmt.dirty(mem.store)
+    load_copy(mem.store, m1, fetcher(v1, []), "v1", OF, SOURCES)
+    assert not dirty(mem.store)
     # the writer's own change, not in any copy yet
     home.write("n/f10.md", text(10) + "\nonly here: a narwhal compass\n")
     home.write("n/f41.md", text(41) + "\nchanged here too: a kelp galley\n")  # (the other changed it)
@@ -143,7 +146,7 @@ def test_a_writers_own_change_is_kept_and_the_other_writers_version_applied(vers
         assert "home/n/mine.md" in files and "home/n/f20.md" not in files  # its own kept
         assert "home/n/new.md" in files and "home/n/f59.md" not in files  # the other's taken
         mem.refresh("home/n/f41.md")  # the file both changed: its source says which is right
-        assert copyfmt.dirty(mem.store) and copyfmt.copy_state(mem.store).version == "v2"
+        assert dirty(mem.store) and copy_state(mem.store).version == "v2"
         # what a cache indexing the folders' union from nothing answers
         want, _ = memory(tmp_path / "union", {**{f"n/f{i:02}.md": text(i) for i in range(80) if i not in (20, 59)},
                                               "n/f03.md": text(3) + "\nlighthouses and a harbour walrus\n",
@@ -190,9 +193,9 @@ def test_a_change_that_fails_a_check_is_not_applied_and_changes_nothing(versions
             from lnkmem.index.codec import postings
             part.terms, part.postings = [b"zzz"], [postings.pack(np.array([999_999], np.uint32), np.array([1], np.uint32))]
         blob = zlib.compress(msgspec.msgpack.encode(part), 3)
-        renamed = copyfmt.blob_name("seg", blob)
+        renamed = blob_name("seg", blob)
         files[renamed] = blob
-    m = copyfmt.decode_manifest(copyfmt.encode_manifest(m2))
+    m = decode_manifest(encode_manifest(m2))
     m.segments = [[renamed if n == target else n for n in parts] for parts in m.segments]
     cache = loaded(tmp_path / "cache", m1, v1, "v1")
     try:
@@ -202,7 +205,7 @@ def test_a_change_that_fails_a_check_is_not_applied_and_changes_nothing(versions
         except NotFound:
             out = None
         assert out is None
-        assert answers(cache) == before and copyfmt.copy_state(cache).version == "v1"
+        assert answers(cache) == before and copy_state(cache).version == "v1"
     finally:
         cache.close()
 
@@ -217,7 +220,7 @@ def _writer_at(path, manifest, files: dict, version: str):
         home.write(f"n/f{i:02}.md", text(i))
     mem = Memory(from_args(*home.args(), {}))
     mem.store = mem.open_store()
-    copyfmt.load_copy(mem.store, manifest, fetcher(files, []), version, OF, SOURCES)
+    load_copy(mem.store, manifest, fetcher(files, []), version, OF, SOURCES)
     return mem, home
 
 
@@ -233,12 +236,12 @@ def test_a_change_committed_during_a_write_back_is_still_the_writers_own_after_a
         home.write("n/f10.md", text(10) + "\nsent in its version: a narwhal\n")
         a.refresh("home/n/f10.md")
         files = dict(v1)
-        exp = copyfmt.export(a.store, copyfmt.copy_state(a.store), OF, part=3000)
+        exp = export(a.store, copy_state(a.store), OF, part=3000)
         files.update(dict(exp.blobs))  # its files sent...
         home.write("n/f11.md", text(11) + "\ncommitted meanwhile: zebrafishmeanwhile\n")
         a.refresh("home/n/f11.md")  # ... a change committed meanwhile ...
-        copyfmt.written(a.store, exp, "v1a")  # ... and its manifest landed
-        assert copyfmt.dirty(a.store)
+        written(a.store, exp, "v1a")  # ... and its manifest landed
+        assert dirty(a.store)
         # another writer takes v1a, changes a file of its own and writes v2
         b, bhome = _writer_at(tmp_path / "b", exp.manifest, files, "v1a")
         try:
@@ -249,7 +252,7 @@ def test_a_change_committed_during_a_write_back_is_still_the_writers_own_after_a
             b.store.close()
         applied = apply_change(a.store, m2, fetcher(files, []), "v2", OF, SOURCES)  # (a's 412)
         assert applied is not None
-        assert copyfmt.dirty(a.store)  # the change committed meanwhile is still to be written
+        assert dirty(a.store)  # the change committed meanwhile is still to be written
         out: dict = {}
         m3 = exported(a.store, out, "v3")
         again = loaded(tmp_path / "again", m3, {**files, **out}, "v3")

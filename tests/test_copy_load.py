@@ -21,7 +21,10 @@ import textwrap
 import pytest
 
 from lnkmem.bridges.remote import NotFound
-from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.export import export
+from lnkmem.replica.load import load_copy
+from lnkmem.replica.manifest import CopyDamaged, blob_name, decode_manifest, encode_manifest
+from lnkmem.replica.state import CopyState, copy_state, note_sent
 from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 from tests.test_copy_scale import OF, memory, text
@@ -37,9 +40,9 @@ def source(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("src")
     mem, _ = memory(tmp / "a", {f"n/f{i}.md": text(i) for i in range(60)}, batches=2)
     st = mem.store
-    exp = copyfmt.export(st, copyfmt.CopyState(), OF, part=3000)
+    exp = export(st, CopyState(), OF, part=3000)
     files = dict(exp.blobs)
-    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    files["manifest.json"] = encode_manifest(exp.manifest)
     answers = {q: bm25(st, q, 10) for q in QUERIES}
     refs = sorted(st.all_files())
     st.close()
@@ -66,7 +69,7 @@ def test_an_empty_cache_loads_in_steps_that_no_search_sees_until_the_last(source
 
     try:
         start = dst.env.info()["last_txnid"]
-        copyfmt.load_copy(dst, copyfmt.decode_manifest(files["manifest.json"]), fetcher(files, look),
+        load_copy(dst, decode_manifest(files["manifest.json"]), fetcher(files, look),
                           "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP)
         commits = dst.env.info()["last_txnid"] - start
         assert commits >= 5, commits  # written in steps, not in one transaction
@@ -74,7 +77,7 @@ def test_an_empty_cache_loads_in_steps_that_no_search_sees_until_the_last(source
         assert all(a == {q: [] for q in QUERIES} for _, a in seen)  # nothing of a version half loaded
         assert {q: bm25(dst, q, 10) for q in QUERIES} == answers
         assert sorted(dst.all_files()) == refs
-        assert copyfmt.copy_state(dst).version == "v1"
+        assert copy_state(dst).version == "v1"
     finally:
         dst.close()
     again = Store.open(str(tmp_path / "cache"))  # finished: an index, opened as such
@@ -103,9 +106,9 @@ def test_a_cache_that_holds_files_loads_a_new_version_beside_it_in_steps_then_in
     seen = []
     side = old.open_beside()
     assert side is not None and side.path == path + Store.BESIDE
-    copyfmt.load_copy(side, copyfmt.decode_manifest(files["manifest.json"]),
+    load_copy(side, decode_manifest(files["manifest.json"]),
                       fetcher(files, lambda n: seen.append({q: bm25(old, q, 10) for q in QUERIES})),
-                      "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP, was=copyfmt.copy_state(old))
+                      "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP, was=copy_state(old))
     assert side.env.info()["last_txnid"] >= 5  # in steps, not one transaction
     assert seen and all(a == before for a in seen)
     with old.reading() as r:  # a read under way when the new version takes the old one's place
@@ -114,7 +117,7 @@ def test_a_cache_that_holds_files_loads_a_new_version_beside_it_in_steps_then_in
     try:
         assert new.path == path and not new.retired and old.retired
         assert {q: bm25(new, q, 10) for q in QUERIES} == answers
-        assert sorted(new.all_files()) == refs and copyfmt.copy_state(new).version == "v1"
+        assert sorted(new.all_files()) == refs and copy_state(new).version == "v1"
         assert {q: bm25(old, q, 10) for q in QUERIES} == before  # a search begun on it ends on its version
         assert not os.path.lexists(path + Store.BESIDE)  # its files unlinked, mapped while read
         env = weakref.ref(old.env._env)
@@ -139,7 +142,7 @@ def test_a_cache_that_holds_files_is_replaced_in_one_transaction(source, tmp_pat
     before = {q: bm25(dst, q, 10) for q in QUERIES}
     assert all(before.values())
     seen = []
-    copyfmt.load_copy(dst, copyfmt.decode_manifest(files["manifest.json"]),
+    load_copy(dst, decode_manifest(files["manifest.json"]),
                       fetcher(files, lambda n: seen.append({q: bm25(dst, q, 10) for q in QUERIES})),
                       "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP)
     try:
@@ -153,18 +156,18 @@ def test_a_damaged_copy_leaves_an_empty_cache_empty_and_an_index(source, tmp_pat
     """The last segment part's bytes changed: the load fails at it, after steps committed;
     the cache is empty again, not marked, and its copy state is as it was."""
     files, _, _ = source
-    m = copyfmt.decode_manifest(files["manifest.json"])
+    m = decode_manifest(files["manifest.json"])
     last = m.segments[-1][-1]
     bad = dict(files)
     bad[last] = files[last][:-8] + bytes(8)
     dst = Store(str(tmp_path / "cache"))
-    state = copyfmt.copy_state(dst)
+    state = copy_state(dst)
     try:
-        with pytest.raises(copyfmt.CopyDamaged):
-            copyfmt.load_copy(dst, m, fetcher(bad), "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP)
+        with pytest.raises(CopyDamaged):
+            load_copy(dst, m, fetcher(bad), "v1", OF, {"home", "chats", "skills", "notes"}, step=STEP)
         assert dst.file_count() == 0 and dst.live_count() == 0
         assert bm25(dst, "narwhal", 10) == []
-        assert copyfmt.copy_state(dst) == state
+        assert copy_state(dst) == state
     finally:
         dst.close()
     again = Store.open(str(tmp_path / "cache"))
@@ -176,7 +179,10 @@ def test_a_damaged_copy_leaves_an_empty_cache_empty_and_an_index(source, tmp_pat
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
-    from lnkmem.replica import copy as copyfmt
+    from lnkmem.replica.export import export
+    from lnkmem.replica.load import load_copy
+    from lnkmem.replica.manifest import CopyDamaged, blob_name, decode_manifest, encode_manifest
+    from lnkmem.replica.state import CopyState, copy_state, note_sent
     from lnkmem.index.store import Store
     folder, cache, after = sys.argv[1], sys.argv[2], int(sys.argv[3])
     fetched = []
@@ -187,15 +193,15 @@ CHILD = textwrap.dedent("""
         with open(os.path.join(folder, name), "rb") as f:
             return f.read()
     with open(os.path.join(folder, "manifest.json"), "rb") as f:
-        m = copyfmt.decode_manifest(f.read())
+        m = decode_manifest(f.read())
     st = Store(cache)
     if len(sys.argv) > 4:  # beside the cache (it holds files), then in its place
         side = st.open_beside()
-        copyfmt.load_copy(side, m, fetch, "v1", %r, None, step=%d, was=copyfmt.copy_state(st))
+        load_copy(side, m, fetch, "v1", %r, None, step=%d, was=copy_state(st))
         st.replaced_by(side)
         print("finished")
         os.kill(os.getpid(), signal.SIGKILL)  # killed once the new version is in place (nothing closed)
-    copyfmt.load_copy(st, m, fetch, "v1", %r, None, step=%d)
+    load_copy(st, m, fetch, "v1", %r, None, step=%d)
     print("finished")
 """)
 
@@ -216,8 +222,8 @@ def test_a_load_killed_midway_is_wiped_at_the_next_open_and_loads_again(source, 
         # steps had committed passages of files whose other passages never came: never served
         assert st.rebuilt_because and "did not finish" in st.rebuilt_because
         assert st.file_count() == 0 and bm25(st, "narwhal", 10) == []
-        assert copyfmt.copy_state(st).version is None  # so the copy is loaded again
-        copyfmt.load_copy(st, copyfmt.decode_manifest(files["manifest.json"]), fetcher(files), "v1", OF,
+        assert copy_state(st).version is None  # so the copy is loaded again
+        load_copy(st, decode_manifest(files["manifest.json"]), fetcher(files), "v1", OF,
                           None, step=STEP)
         assert {q: bm25(st, q, 10) for q in QUERIES} == answers
         assert sorted(st.all_files()) == refs
@@ -266,9 +272,9 @@ def zsource(tmp_path_factory):
     """A copy whose passages are packed with a zstd dictionary (enough text for one)."""
     tmp = tmp_path_factory.mktemp("zsrc")
     mem, _ = memory(tmp / "a", {f"n/f{i}.md": text(i, 12) for i in range(60)})
-    exp = copyfmt.export(mem.store, copyfmt.CopyState(), OF, part=30000)
+    exp = export(mem.store, CopyState(), OF, part=30000)
     files = dict(exp.blobs)
-    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    files["manifest.json"] = encode_manifest(exp.manifest)
     mem.store.close()
     return files
 
@@ -293,7 +299,7 @@ def _with_passage(files: dict, change) -> dict:
     passages[0] = change(passages[0], zdict, passages[other])
     blob = zlib.compress(msgspec.msgpack.encode(part), 3)
     out = {k: v for k, v in files.items() if k != first}
-    name = copyfmt.blob_name("seg", blob)
+    name = blob_name("seg", blob)
     out[name] = blob
     m["segments"][0][0] = name
     out["manifest.json"] = json.dumps(m).encode()
@@ -320,12 +326,12 @@ def test_a_copy_passage_that_is_not_one_the_engine_makes_is_never_loaded(zsource
     copy is refused naming the passage, and an empty cache stays empty."""
     assert check_copy(zsource).passages
     bad = _with_passage(zsource, damage)
-    with pytest.raises(copyfmt.CopyDamaged, match=says):
+    with pytest.raises(CopyDamaged, match=says):
         check_copy(bad)
     dst = Store(str(tmp_path / "cache"))
     try:
-        with pytest.raises(copyfmt.CopyDamaged, match=says):
-            copyfmt.load_copy(dst, copyfmt.decode_manifest(bad["manifest.json"]), fetcher(bad), "v1", OF,
+        with pytest.raises(CopyDamaged, match=says):
+            load_copy(dst, decode_manifest(bad["manifest.json"]), fetcher(bad), "v1", OF,
                               {"home", "chats", "skills", "notes"}, step=STEP)
         assert dst.file_count() == 0 and bm25(dst, "narwhal", 10) == []
     finally:
@@ -343,10 +349,10 @@ def test_a_cache_of_the_previous_formats_copy_keeps_its_version_once_a_write_bac
     try:
         with st.writing() as w:
             w.put_meta(b"copy", msgspec.msgpack.encode({"version": "v7", "gen": "of the old format"}))
-        before = copyfmt.copy_state(st)
+        before = copy_state(st)
         assert (before.version, before.named_incomplete) == ("v7", True)
-        copyfmt.note_sent(st, ["seg-" + "0" * 40 + "-10.bin"])  # a write-back's first file, then a kill
-        after = copyfmt.copy_state(st)
+        note_sent(st, ["seg-" + "0" * 40 + "-10.bin"])  # a write-back's first file, then a kill
+        after = copy_state(st)
         assert (after.version, after.named_incomplete) == ("v7", True)
         assert after.doomed == ["seg-" + "0" * 40 + "-10.bin"]
     finally:
@@ -362,12 +368,12 @@ def test_a_cache_state_written_before_the_flag_was_renamed_still_says_its_copys_
     try:
         with st.writing() as w:
             w.put_meta(b"copy", msgspec.msgpack.encode({"version": "v7", "named": ["manifest.json"], "sweep": True}))
-        before = copyfmt.copy_state(st)
+        before = copy_state(st)
         assert (before.version, before.named, before.named_incomplete) == ("v7", ["manifest.json"], True)
-        copyfmt.note_sent(st, ["seg-" + "0" * 40 + "-10.bin"])  # the state written again
+        note_sent(st, ["seg-" + "0" * 40 + "-10.bin"])  # the state written again
         raw = msgspec.msgpack.decode(st.get_meta(b"copy"))
         assert raw["sweep"] is True and "named_incomplete" not in raw
-        assert copyfmt.copy_state(st).named_incomplete
+        assert copy_state(st).named_incomplete
     finally:
         st.close()
 
@@ -383,9 +389,9 @@ def test_searches_straddling_many_loads_beside_the_cache_never_meet_damage(sourc
     from lnkmem.core.errors import DamagedIndex
     files, answers, refs = source
     mem, _ = memory(tmp_path / "old", {"n/other.md": "narwhal kelp uniq7x1 compass galley note uniq59x2\n"})
-    exp = copyfmt.export(mem.store, copyfmt.CopyState(), OF)
+    exp = export(mem.store, CopyState(), OF)
     small = dict(exp.blobs)
-    small["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    small["manifest.json"] = encode_manifest(exp.manifest)
     before = {q: bm25(mem.store, q, 10) for q in QUERIES}
     stores = [mem.store]
     switch = sys.getswitchinterval()
@@ -415,8 +421,8 @@ def test_searches_straddling_many_loads_beside_the_cache_never_meet_damage(sourc
             old = stores[-1]
             side = old.open_beside()
             assert side is not None
-            copyfmt.load_copy(side, copyfmt.decode_manifest(copy["manifest.json"]), fetcher(copy), f"v{i}", OF,
-                              {"home", "chats", "skills", "notes"}, step=STEP, was=copyfmt.copy_state(old))
+            load_copy(side, decode_manifest(copy["manifest.json"]), fetcher(copy), f"v{i}", OF,
+                              {"home", "chats", "skills", "notes"}, step=STEP, was=copy_state(old))
             stores.append(old.replaced_by(side))
     finally:
         sys.setswitchinterval(switch)
@@ -441,7 +447,7 @@ def test_a_store_whose_folder_name_goes_to_another_index_searches_its_own_file(s
     file the store maps."""
     files, answers, refs = source
     big = Store(str(tmp_path / "big"))
-    copyfmt.load_copy(big, copyfmt.decode_manifest(files["manifest.json"]), fetcher(files), "v1", OF,
+    load_copy(big, decode_manifest(files["manifest.json"]), fetcher(files), "v1", OF,
                       {"home", "chats", "skills", "notes"})
     mem, _ = memory(tmp_path / "small", {"n/other.md": "a walrus\n"})
     small = mem.store

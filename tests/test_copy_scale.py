@@ -25,7 +25,11 @@ import pytest
 
 from lnkmem.bridges.http import BridgeClient
 from lnkmem.bridges.remote import Collection
-from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.checks import blob_size
+from lnkmem.replica.export import export, written
+from lnkmem.replica.load import CHECK_POSTINGS, load
+from lnkmem.replica.manifest import FORMAT, Manifest, blob_name, encode_manifest
+from lnkmem.replica.state import CopyState, copy_state
 from lnkmem.index.rank.search import bm25
 from lnkmem.index.store import Store
 from lnkmem.replica.sync import Replica, WriteBack
@@ -95,12 +99,12 @@ def test_segments_split_at_a_small_bound_load_back_the_same(tmp_path):
     mem, _ = memory(tmp_path / "a", {f"n/f{i}.md": text(i) for i in range(60)}, batches=2)
     st = mem.store
     bound = 3000
-    exp = copyfmt.export(st, copyfmt.CopyState(), OF, part=bound)
+    exp = export(st, CopyState(), OF, part=bound)
     files = {}
     largest_item = 0
     for name, blob in exp.blobs:
         files[name] = blob
-    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    files["manifest.json"] = encode_manifest(exp.manifest)
     m = exp.manifest
     assert len(m.segments) == 2 and all(len(parts) >= 3 for parts in m.segments), [len(p) for p in m.segments]
     kinds = []
@@ -110,18 +114,18 @@ def test_segments_split_at_a_small_bound_load_back_the_same(tmp_path):
             kinds.append((bool(s[0]), bool(s[3])))
             largest_item = max([largest_item] + [len(p) for p in s[5]] + [len(p) for p in s[4]])
     assert (True, True) in kinds and (False, True) in kinds and (True, False) in kinds, kinds
-    assert all(copyfmt.blob_size(n) == len(b) for n, b in files.items() if n != "manifest.json")
+    assert all(blob_size(n) == len(b) for n, b in files.items() if n != "manifest.json")
     assert max(len(b) for b in files.values()) <= bound + largest_item + 1024
     v = check_copy(files)
     dst = Store(str(tmp_path / "cache"))
     try:
-        copyfmt.load(dst, v, "v1")
+        load(dst, v, "v1")
         alive = [int(p) for p in np.flatnonzero(st.snapshot.alive)]
         assert len(alive) >= 60 and dst.passages_of(alive) == st.passages_of(alive)
         assert dst.all_files() == st.all_files()
         for q in ("narwhal kelp", "uniq7x1", "compass galley", "note"):
             assert bm25(dst, q, 10) == bm25(st, q, 10), q
-        again = copyfmt.export(dst, copyfmt.copy_state(dst), OF, part=bound)
+        again = export(dst, copy_state(dst), OF, part=bound)
         assert list(again.blobs) == []  # every file of it is the copy's already
         assert sorted(again.manifest.names()) == sorted(m.names())
     finally:
@@ -135,11 +139,11 @@ def test_the_table_made_a_group_of_pages_at_a_time_is_the_same_table(tmp_path):
     mem, _ = memory(tmp_path / "a", {f"n/f{i}.md": text(i) for i in range(300)})
     st = mem.store
     try:
-        whole = copyfmt.export(st, copyfmt.CopyState(), OF)
+        whole = export(st, CopyState(), OF)
         files = dict(whole.blobs)
         assert len(whole.manifest.pages) >= 2
         for group in (1, 6000):  # a page a walk; two or three pages a walk
-            some = copyfmt.export(st, copyfmt.CopyState(), OF, page_group=group)
+            some = export(st, CopyState(), OF, page_group=group)
             assert dict(some.blobs) == files
             assert some.manifest.pages == whole.manifest.pages
     finally:
@@ -156,7 +160,7 @@ def test_one_changed_file_sends_one_page_of_the_table(bridges, tmp_path):
         bridges.bound_and_flushed(m, c, ("home/notes/f599.md", "uniq599x0"))
         before = manifest(bridges)
         assert len(before["pages"]) >= 4, before["pages"]
-        table_bytes = sum(copyfmt.blob_size(n) for n in before["pages"])
+        table_bytes = sum(blob_size(n) for n in before["pages"])
         bridges.storage.request("DELETE", "/_log")
         bridges.changed_and_flushed(m, c, "notes/f123.md", text(123, 1) + "\nA new line about lighthouses.\n",
                                     "lighthouses", timeout=20)
@@ -233,7 +237,7 @@ def test_the_copy_keeps_its_segments_through_local_merges_and_drops_them_once_de
     assert not {n for n in named_files(last) & before if n.startswith("seg-")}
     assert set(bridges.copy_files()) == named_files(last)
     dst = Store(str(tmp_path / "cache"))
-    copyfmt.load(dst, check_copy(bridges.copy_files()), "v")
+    load(dst, check_copy(bridges.copy_files()), "v")
     assert dst.all_files() == st.all_files()
     assert bm25(dst, "uniq47x0", 5) == bm25(st, "uniq47x0", 5) and bm25(dst, "uniq47x0", 5)
     dst.close()
@@ -372,14 +376,14 @@ def test_a_write_back_never_relies_on_a_file_it_did_not_make(bridges, tmp_path):
     under another name instead, which the copy's checks take as any other."""
     rep = replica(bridges)
     blob = zlib.compress(b"\x93" + b"x" * 5000, 3)
-    name = copyfmt.blob_name("page", blob)
+    name = blob_name("page", blob)
     (bridges.copy_dir()).mkdir(parents=True, exist_ok=True)
     (bridges.copy_dir() / name).write_bytes(blob)  # there already, named by nothing
     sent = rep.put_blob(name, blob)
     assert sent != name and sent.startswith("page-")
     got = bridges.copy_files()
     assert got[name] == blob  # the other file untouched
-    assert zlib.decompress(got[sent]) == zlib.decompress(blob) and copyfmt.blob_name("page", got[sent]) == sent
+    assert zlib.decompress(got[sent]) == zlib.decompress(blob) and blob_name("page", got[sent]) == sent
     assert rep.put_blob(sent, got[sent]) not in (name, sent)  # taken too: yet another
 
 
@@ -459,7 +463,7 @@ def test_a_copy_of_the_previous_format_is_read_once_and_written_in_this_one(brid
     reads = [e for e in bridges.files.log() if "/v1/read" in e["path"]]
     assert reads == [], reads  # loaded, not indexed again from the sources
     after = manifest(bridges)
-    assert after["format"] == copyfmt.FORMAT
+    assert after["format"] == FORMAT
     assert set(bridges.copy_files()) == named_files(after)  # nothing of the old format is left
     assert {"home/docs/plan.md", "home/docs/other.md", "chats/t1.jsonl"} <= set(check_copy(bridges.copy_files()).refs)
 
@@ -468,16 +472,16 @@ def written_into_a_dict(st: Store):
     """(a bucket as a dict, a write-back of ``st`` into it returning the manifest written)."""
     bucket: dict = {}
 
-    def write_back() -> copyfmt.Manifest:
-        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
+    def write_back() -> Manifest:
+        exp = export(st, copy_state(st), OF)
         bucket.update(exp.blobs)
-        bucket["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
-        copyfmt.written(st, exp, f"v{len(bucket)}")
+        bucket["manifest.json"] = encode_manifest(exp.manifest)
+        written(st, exp, f"v{len(bucket)}")
         return exp.manifest
     return bucket, write_back
 
 
-@pytest.mark.parametrize("batch", [copyfmt.CHECK_POSTINGS, 3])
+@pytest.mark.parametrize("batch", [CHECK_POSTINGS, 3])
 def test_a_copys_dead_passages_load_dead_and_find_nothing_before_and_after_a_merge(tmp_path, monkeypatch, batch):
     """A copy segment whose file stays while a changed file's old passages are marked dead
     in the head loads them as a local delete leaves them (dead, their lists as stored: not
@@ -498,7 +502,7 @@ def test_a_copys_dead_passages_load_dead_and_find_nothing_before_and_after_a_mer
     monkeypatch.setattr(copy_load, "CHECK_POSTINGS", batch)
     dst = Store(str(tmp_path / "cache"))
     try:
-        copyfmt.load(dst, check_copy(bucket), "v")
+        load(dst, check_copy(bucket), "v")
         snap = dst.snapshot
         assert sum(snap.segs.values()) > snap.live  # the dead passages are in their segment
 
@@ -520,7 +524,7 @@ def test_a_copys_dead_passages_load_dead_and_find_nothing_before_and_after_a_mer
         st.close()
 
 
-@pytest.mark.parametrize("batch", [copyfmt.CHECK_POSTINGS, 3])
+@pytest.mark.parametrize("batch", [CHECK_POSTINGS, 3])
 def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(tmp_path, monkeypatch, batch):
     """A copy segment keeps its file while some of its passages live; the others are marked dead
     in the head. Once the cache gives those ids to new passages (after a merge freed them), the
@@ -547,7 +551,7 @@ def test_ids_dead_in_one_copy_segment_and_given_again_load_as_the_new_passages(t
     from lnkmem.replica import load as copy_load
     monkeypatch.setattr(copy_load, "CHECK_POSTINGS", batch)  # (3: lists checked a few at a time)
     dst = Store(str(tmp_path / "cache"))
-    copyfmt.load(dst, check_copy(bucket), "v")
+    load(dst, check_copy(bucket), "v")
     try:
         for q, want in (("alphaold", []), ("alphanew", ["home/a.md"]), ("bravo", ["home/b.md"]),
                         ("charlie", ["home/c.md"]), ("deltafresh", ["home/d.md"])):

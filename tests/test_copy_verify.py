@@ -21,7 +21,10 @@ import msgspec
 import pytest
 
 from lnkmem.bridges.place import NotFound
-from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.export import export, written
+from lnkmem.replica.load import Verified, load, verify
+from lnkmem.replica.manifest import CopyDamaged, blob_name, decode_manifest, encode_manifest, page_of
+from lnkmem.replica.state import CopyState, copy_state
 from lnkmem.index.codec import textpack
 from tests.bridges import KEY, OTHER_KEY, Bridges, Layout, hits
 from tests.helpers import Home, deleted_indexes, until
@@ -35,15 +38,15 @@ BRIDGES = Layout(bindings={"a1": {"owner": "o1", "key": KEY}, "a2": {"owner": "o
                  conversations={"t1.jsonl": '{"role": "user", "text": "where do narwhals sleep"}\n'})
 
 
-def check_copy(files: dict, of: str = OF) -> copyfmt.Verified:
+def check_copy(files: dict, of: str = OF) -> Verified:
     """The copy passes every check (raises CopyDamaged when not)."""
-    m = copyfmt.decode_manifest(files["manifest.json"])
+    m = decode_manifest(files["manifest.json"])
 
     def fetch(n):
         if n not in files:
             raise NotFound(n)
         return files[n]
-    return copyfmt.verify(m, fetch, of, {"home", "chats", "skills", "notes"})
+    return verify(m, fetch, of, {"home", "chats", "skills", "notes"})
 
 
 def unpack(blob: bytes) -> list:
@@ -53,7 +56,7 @@ def unpack(blob: bytes) -> list:
 def put(bridges, kind: str, obj, agent="a1", raw: bytes = None) -> str:
     """Write one content-addressed file into the copy; its name."""
     blob = raw if raw is not None else zlib.compress(msgspec.msgpack.encode(obj), 3)
-    name = copyfmt.blob_name(kind, blob)
+    name = blob_name(kind, blob)
     (bridges.copy_dir(agent) / name).write_bytes(blob)
     return name
 
@@ -215,7 +218,7 @@ def test_refs_leaving_their_source_are_never_served(bridges, tmp_path):
     # the file table's pages, with the forged ref in the page it belongs to
     pages = [unpack(files[n])[0] for n in m["pages"]]
     rows = [[bad if r == "home/docs/plan.md" else r, rec] for page in pages for r, rec in page]
-    pages = [sorted(r for r in rows if copyfmt.page_of(r[0], len(pages)) == i) for i in range(len(pages))]
+    pages = [sorted(r for r in rows if page_of(r[0], len(pages)) == i) for i in range(len(pages))]
     m["pages"] = [put(bridges, "page", [p]) for p in pages]
     set_manifest(bridges, m)
     served_from_sources_and_replaced(bridges, tmp_path, "t", version_of(bridges), forbidden=[("narwhal", bad)])
@@ -303,37 +306,37 @@ def store_copy(tmp_path: Path, text: dict, of: str, dim: int = 8) -> dict:
     alive = [int(p) for p in np.flatnonzero(mem.store.snapshot.alive)]
     vecs = np.eye(max(dim, len(alive)), dim, dtype=np.float32)[: len(alive)] + 0.01
     mem.store.put_vectors(alive, vecs)
-    exp = copyfmt.export(mem.store, copyfmt.CopyState(), of)
+    exp = export(mem.store, CopyState(), of)
     files = dict(exp.blobs)  # (made as they are asked for: before the store closes)
     mem.store.close()
-    files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
+    files["manifest.json"] = encode_manifest(exp.manifest)
     return files
 
 
 def test_vectors_of_another_width(tmp_path):
     files = store_copy(tmp_path / "a", {f"f{i}.md": f"word{i} text\n" for i in range(5)}, OF)
     check_copy(files)
-    m = copyfmt.decode_manifest(files["manifest.json"])
+    m = decode_manifest(files["manifest.json"])
     vec = unpack(files[m.vectors[0]])
     n = len(vec[0]) // 4
     wide = 16
     vec[1] = bytes(n * (wide + 4))  # rows 16 wide under a dim of 8: misattributed rows
     blob = zlib.compress(msgspec.msgpack.encode(vec))
-    name = copyfmt.blob_name("vec", blob)
+    name = blob_name("vec", blob)
     files2 = dict(files)
     files2[name] = blob
     files2["manifest.json"] = json.dumps({**json.loads(files["manifest.json"]), "vectors": [name]}).encode()
-    with pytest.raises(copyfmt.CopyDamaged, match="rows and ids disagree"):
+    with pytest.raises(CopyDamaged, match="rows and ids disagree"):
         check_copy(files2)
     vec[1], vec[2] = bytes(n * (wide + 4)), wide  # consistent, but not the model's width
     blob = zlib.compress(msgspec.msgpack.encode(vec))
-    name = copyfmt.blob_name("vec", blob)
+    name = blob_name("vec", blob)
     files2[name] = blob
     files2["manifest.json"] = json.dumps({**json.loads(files["manifest.json"]), "vectors": [name]}).encode()
     check_copy(files2)
-    m2 = copyfmt.decode_manifest(files2["manifest.json"])
-    with pytest.raises(copyfmt.CopyDamaged, match="model's are 8"):
-        copyfmt.verify(m2, files2.__getitem__, OF, None, ("m", 8))
+    m2 = decode_manifest(files2["manifest.json"])
+    with pytest.raises(CopyDamaged, match="model's are 8"):
+        verify(m2, files2.__getitem__, OF, None, ("m", 8))
 
 
 # --- the copy while serving: re-checked (§7.2), written back debounced (§7.3) -------------
@@ -453,15 +456,15 @@ def test_reused_passage_ids_never_carry_another_passages_vector_into_the_copy(tm
         st.put_vectors(todo, np.stack([np.eye(32, dtype=np.float32)[int(p.text.split()[0][4:])] for p in ps]))
 
     def write_back() -> None:
-        exp = copyfmt.export(st, copyfmt.copy_state(st), OF)
+        exp = export(st, copy_state(st), OF)
         files.update(exp.blobs)
-        files["manifest.json"] = copyfmt.encode_manifest(exp.manifest)
-        copyfmt.written(st, exp, f"v{len(files)}")
+        files["manifest.json"] = encode_manifest(exp.manifest)
+        written(st, exp, f"v{len(files)}")
 
     def loaded() -> dict:
         """passage text -> the word its vector was made of, in a cache loaded from the copy"""
         s = Store(str(tmp_path / f"load{len(files)}"))
-        copyfmt.load(s, check_copy(files), "x")
+        load(s, check_copy(files), "x")
         out = {}
         with s.env.begin() as txn:
             for k, v in txn.cursor(db=s.vectors):

@@ -76,11 +76,12 @@ BRIDGES = Layout(homes={"a1": {"docs/plan.md": "The narwhal migration plan.\n"}}
 
 
 def _copy_refs(bridges) -> set:
-    from lnkmem.replica import copy as copyfmt
+    from lnkmem.replica.load import verify
+    from lnkmem.replica.manifest import decode_manifest
     d = bridges.store("memory") / "lnkmem"
-    m = copyfmt.decode_manifest((d / "manifest.json").read_bytes())
+    m = decode_manifest((d / "manifest.json").read_bytes())
     assert all((d / n).exists() for n in m.names())
-    return set(copyfmt.verify(m, lambda n: (d / n).read_bytes()).refs)
+    return set(verify(m, lambda n: (d / n).read_bytes()).refs)
 
 
 def test_bridge_faults_while_serving_lose_nothing(bridges, tmp_path):

@@ -732,7 +732,8 @@ def test_copy_files_fuzzed(tmp_path):
     refused as damaged, or loads into a cache that opens and answers."""
     import random
     from lnkmem.bridges.place import NotFound
-    from lnkmem.replica import copy as copyfmt
+    from lnkmem.replica.load import load
+    from lnkmem.replica.manifest import CopyDamaged, blob_name
     from lnkmem.index.rank.search import bm25
     from lnkmem.index.store import Store
     from tests.test_copy_verify import OF, check_copy, store_copy
@@ -760,7 +761,7 @@ def test_copy_files_fuzzed(tmp_path):
             raw = zlib.decompress(data) if victim != "manifest.json" else data
             files[victim] = zlib.compress(raw + bytes(rng.randrange(1 << 22)))
         elif op == "rename" and victim != "manifest.json":
-            files[copyfmt.blob_name(victim.split("-")[0], data + b"x")] = files.pop(victim)
+            files[blob_name(victim.split("-")[0], data + b"x")] = files.pop(victim)
         elif op == "swap":
             files = dict(theirs) if rng.random() < 0.5 else {**files, "manifest.json": theirs["manifest.json"]}
         elif op == "manifest":
@@ -772,11 +773,11 @@ def test_copy_files_fuzzed(tmp_path):
             del files[victim]
         try:
             v = check_copy(files)
-        except (copyfmt.CopyDamaged, NotFound):  # a missing file: damaged too once the manifest is seen again
+        except (CopyDamaged, NotFound):  # a missing file: damaged too once the manifest is seen again
             outcomes["damaged"] += 1
             continue
         store = Store.open(str(tmp_path / "cache" / str(i)))
-        copyfmt.load(store, v, "v1")
+        load(store, v, "v1")
         live = store.snapshot.live
         store.close()
         again = Store(store.path)  # the cache opens and answers

@@ -25,7 +25,11 @@ from lnkmem.bridges.http import BridgeDown, TooLarge
 from lnkmem.bridges.place import Conflict, Forbidden, NotFound
 from lnkmem.core import atomic, memtrim
 from lnkmem.core.knobs import knobs
-from lnkmem.replica import copy as copyfmt
+from lnkmem.replica.checks import blob_size
+from lnkmem.replica.export import export, written
+from lnkmem.replica.load import damaged, load_copy
+from lnkmem.replica.manifest import CopyDamaged, MANIFEST, MAX_BLOB, decode_manifest, encode_manifest, is_copy_file, variant
+from lnkmem.replica.state import copy_state, dirty, forget_doomed, note_orphans, note_sent, ripe_orphans
 from lnkmem.replica.apply import apply_change
 from lnkmem.index.store import Store
 
@@ -64,32 +68,32 @@ class Replica:
         """(manifest, version); (None, version) when unchanged; NotFound when there is none;
         CopyDamaged (with ``.version``) when the manifest is not one."""
         try:
-            data, version = self.place.get(copyfmt.MANIFEST, if_none_match)
+            data, version = self.place.get(MANIFEST, if_none_match)
         except TooLarge as e:
-            bad = copyfmt.CopyDamaged(f"the manifest is larger than an answer may be ({e})")
+            bad = CopyDamaged(f"the manifest is larger than an answer may be ({e})")
             bad.version = e.version
             raise bad from None
         if data is None:
             return None, version
         try:
-            return copyfmt.decode_manifest(data), version
-        except copyfmt.CopyDamaged as e:
+            return decode_manifest(data), version
+        except CopyDamaged as e:
             e.version = version
             raise
 
     def fetch(self, name: str) -> bytes:
-        size = copyfmt.blob_size(name)
-        if size is not None and size > copyfmt.MAX_BLOB:  # refused before it is fetched
-            raise copyfmt.CopyDamaged(f"{name} is {size} bytes, over {copyfmt.MAX_BLOB}")
+        size = blob_size(name)
+        if size is not None and size > MAX_BLOB:  # refused before it is fetched
+            raise CopyDamaged(f"{name} is {size} bytes, over {MAX_BLOB}")
         try:
             return self.place.read(name)[0]
         except TooLarge as e:  # no file of a copy this engine made is that large
-            raise copyfmt.CopyDamaged(f"{name} is larger than an answer may be ({e})") from None
+            raise CopyDamaged(f"{name} is larger than an answer may be ({e})") from None
 
     def put_blob(self, name: str, data) -> str:
         """Create one content-addressed file (``data``: bytes, or an iterable of bytes
         chunks, joined here until the place takes a stream: one file is at most
-        copyfmt.MAX_BLOB); the name it was created under.
+        MAX_BLOB); the name it was created under.
 
         Only a file this write-back made is relied on: one already there under the name
         (412; a lost answer of this very write is told apart by the place) is no version's
@@ -102,12 +106,12 @@ class Replica:
                 self.place.write(name, data, None)  # If-None-Match: *
                 return name
             except Conflict:
-                name, data = copyfmt.variant(name, bytes(data))
+                name, data = variant(name, bytes(data))
         raise BridgeDown(f"{name}: every name tried for it was taken")
 
     def listed(self) -> set:
         """The names of the copy's files in its place (NotFound, Forbidden, BridgeDown)."""
-        return {e.path for e in self.place.list() if copyfmt.is_copy_file(e.path)}
+        return {e.path for e in self.place.list() if is_copy_file(e.path)}
 
     def put_manifest(self, data: bytes, expect: Optional[str]) -> str:
         """Swap the manifest, conditionally on ``expect``; its new version. A lost answer is
@@ -115,12 +119,12 @@ class Replica:
         conflict (a bridge may turn away a retry of a write it had done): the manifest there
         being exactly ``data`` is this write, landed."""
         try:
-            return self.place.write(copyfmt.MANIFEST, data, expect)
+            return self.place.write(MANIFEST, data, expect)
         except Conflict:
             try:
-                there, version = self.place.get(copyfmt.MANIFEST)
+                there, version = self.place.get(MANIFEST)
             except (NotFound, TooLarge):
-                raise Conflict(copyfmt.MANIFEST) from None
+                raise Conflict(MANIFEST) from None
             if there == data:
                 log.info("the manifest written was there already (a lost answer): no conflict")
                 return version
@@ -162,15 +166,15 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
     first applied as a change (:func:`apply.apply_change`: only the files the cache lacks
     fetched, one commit; the cache's own commits since its version kept, the files both
     changed in ``touched``), and loaded whole only where that cannot be done."""
-    state = copyfmt.copy_state(store)
+    state = copy_state(store)
     for _ in range(5):
         try:
             manifest, version = replica.manifest(state.version)
         except NotFound:
             return Attached("missing", store)
-        except copyfmt.CopyDamaged as e:
+        except CopyDamaged as e:
             log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
-            copyfmt.damaged(store, e.version)
+            damaged(store, e.version)
             return Attached("damaged", store)
         if manifest is None:
             return Attached("reused", store)
@@ -183,27 +187,27 @@ def attach(store: Store, replica: Replica, sources=None, width: Optional[tuple[s
         side = store.open_beside() if beside and store.file_count() else None
         try:
             if side is None:
-                copyfmt.load_copy(store, manifest, replica.fetch, version, replica.of, sources, width)
+                load_copy(store, manifest, replica.fetch, version, replica.of, sources, width)
             else:
                 with store.merges_held():  # (its merges would be thrown away, and add to the load's peak)
-                    copyfmt.load_copy(side, manifest, replica.fetch, version, replica.of, sources, width,
+                    load_copy(side, manifest, replica.fetch, version, replica.of, sources, width,
                                       was=state)
                 placed, side = store.replaced_by(side), None
                 return Attached("loaded", placed)
         except NotFound as e:  # vanished under a newer write, or never there
             try:
                 again, _ = replica.manifest(version)
-            except (NotFound, copyfmt.CopyDamaged):
+            except (NotFound, CopyDamaged):
                 continue  # it changed: look again
             if again is None:  # unchanged (304): this version names a file that is not there
                 log.warning("the index copy is damaged (a file it names is missing: %s); "
                             "it will be replaced from the sources", e)
-                copyfmt.damaged(store, version)
+                damaged(store, version)
                 return Attached("damaged", store)
             continue
-        except copyfmt.CopyDamaged as e:
+        except CopyDamaged as e:
             log.warning("the index copy is damaged (%s); it will be replaced from the sources", e)
-            copyfmt.damaged(store, version)
+            damaged(store, version)
             return Attached("damaged", store)
         finally:
             if side is not None:  # not loaded, or not put in place: nothing of it is kept
@@ -489,7 +493,7 @@ class WriteBack:
         """Whether the cache holds anything the copy lacks (an LMDB read, off the lock)."""
         if store is None:
             return
-        if copyfmt.dirty(store):
+        if dirty(store):
             with self._cond:
                 if self._dirty_since is None:
                     self._dirty_since = self._last_change = time.monotonic()
@@ -503,7 +507,7 @@ class WriteBack:
 
     def _failed(self, e: Exception) -> None:
         """A write-back (or a look at the cache) failed: kept dirty, tried again after the backoff."""
-        why = f"the copy could not be written: {e}" if not isinstance(e, copyfmt.CopyDamaged) else str(e)
+        why = f"the copy could not be written: {e}" if not isinstance(e, CopyDamaged) else str(e)
         log.warning("%s", why)
         self.failures += 1
         with self._cond:
@@ -526,11 +530,11 @@ class WriteBack:
         with self.lock:
             for attempt in range(10):
                 store = self.store_of()  # (a reload puts a newer version's index in the old one's place)
-                state = copyfmt.copy_state(store)
+                state = copy_state(store)
                 if (state.unknown or state.named_incomplete) and state.version is not None:
                     self.find_orphans(store, state)  # before this write-back's own files are there
-                    state = copyfmt.copy_state(store)
-                if not copyfmt.dirty(store, state):
+                    state = copy_state(store)
+                if not dirty(store, state):
                     self.state = "clean"
                     self.delete_unnamed(store, state)
                     return False
@@ -541,31 +545,31 @@ class WriteBack:
                 with store.merges_held():  # no merge beside it: its peak is its own
                     store.let_go_of_map()
                     memtrim.trim()
-                    exp = copyfmt.export(store, state, self.replica.of)
+                    exp = export(store, state, self.replica.of)
                     renamed = {}
                     for name, blob in exp.blobs:
-                        copyfmt.note_sent(store, [name])  # before it is: a kill leaves it known
+                        note_sent(store, [name])  # before it is: a kill leaves it known
                         sent = self.replica.put_blob(name, blob)
                         if sent != name:
-                            copyfmt.note_sent(store, [sent])
+                            note_sent(store, [sent])
                             renamed[name] = sent
                         del blob
                     exp.renamed(renamed)
                     memtrim.trim()  # (the export's heap)
                 exp.manifest.partial = self.held is not None and self.held()
                 try:
-                    version = self.replica.put_manifest(copyfmt.encode_manifest(exp.manifest), state.version)
+                    version = self.replica.put_manifest(encode_manifest(exp.manifest), state.version)
                 except Conflict:
                     # another engine wrote first: load its version, re-apply ours, again
                     self.conflicts += 1
                     self.state = "reloading"
                     self.reload()
                     continue
-                copyfmt.written(store, exp, version)
+                written(store, exp, version)
                 self.last_write = time.monotonic()
                 self.writes += 1
-                self.delete_unnamed(store, copyfmt.copy_state(store))
-                self.state = "dirty" if copyfmt.dirty(store) else "clean"
+                self.delete_unnamed(store, copy_state(store))
+                self.state = "dirty" if dirty(store) else "clean"
                 return True
             raise BridgeDown("gave up after 10 conflicting writes")
 
@@ -580,11 +584,11 @@ class WriteBack:
             _, seen = self.replica.manifest(state.version)
         except (NotFound, Forbidden, BridgeDown):
             return  # not now: at a later write-back
-        except copyfmt.CopyDamaged as e:
+        except CopyDamaged as e:
             seen = e.version
         if seen is None:
             return
-        copyfmt.note_orphans(store, sorted(listed), seen or "")
+        note_orphans(store, sorted(listed), seen or "")
 
     def delete_unnamed(self, store: Store, state) -> None:
         """Delete the files no manifest names any more: those doomed (of a version this cache
@@ -595,11 +599,11 @@ class WriteBack:
             return
         try:
             newer, current = self.replica.manifest(state.version)
-        except (NotFound, copyfmt.CopyDamaged, BridgeDown):
+        except (NotFound, CopyDamaged, BridgeDown):
             return  # not now: at a later write-back
         named = set(newer.names()) if newer is not None else set(state.named)
         current = current or state.version
         doomed = [n for n in state.doomed if n not in named]
-        gone = [n for n in doomed + copyfmt.ripe_orphans(state, current, named) if self.replica.delete(n)]
-        copyfmt.forget_doomed(store, gone + [n for n in state.doomed if n in named]  # (named again: the copy's)
+        gone = [n for n in doomed + ripe_orphans(state, current, named) if self.replica.delete(n)]
+        forget_doomed(store, gone + [n for n in state.doomed if n in named]  # (named again: the copy's)
                               + [n for n, _ in state.orphans if n in named])

@@ -10,11 +10,9 @@ one queue to that same thread, the index's only writer.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import queue
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -27,13 +25,12 @@ from lnkmem.index.store import Store
 from lnkmem.memory.layout import Layout, local_layout
 from lnkmem.memory.notes import LocalNotes
 from lnkmem.memory.served import ServedMemory
+from lnkmem.memory.watch import Watcher
 
 from collections import OrderedDict
 
 log = logging.getLogger("lnkmem")
 
-WATCH_DEBOUNCE_MS = 100
-IGNORE_FILES = (".gitignore", ".lnkmemignore")
 CANDIDATES = 100  # each ranking's depth before fusion
 QUERY_CACHE = 256
 EMBED_BATCH = 256
@@ -59,8 +56,6 @@ class ChangedPath:
     """A `changed` control's path as Link names it, resolved on the indexing thread."""
 
     path: str
-POLL_S = 1.0  # local sources looked at this often when they cannot be watched
-REWATCH_S = 30.0  # and watching tried again after this long
 WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
@@ -90,11 +85,7 @@ class Memory(ServedMemory):
         self._queue: "queue.Queue[tuple[str | Command | ChangedPath, Optional[threading.Event]]]" = queue.Queue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._watcher: Optional[threading.Thread] = None
-        # set once the watch is in place, or the watcher gave up or was never started: the
-        # first look at the tree waits for it, so what changes meanwhile sends events
-        self.watch_settled = threading.Event()
-        self._listed_unwatched = False  # the first look began before the watch was in place
+        self.watcher: Optional[Watcher] = None  # its local folders watched (start)
         # documents are converted through temp files in a folder of this process's
         # own: what a killed process left there is removed at the next start
         self.tmpdir = os.path.join(self.layout.tmpdir, f"p{os.getpid()}") if self.layout.tmpdir else ""
@@ -129,19 +120,24 @@ class Memory(ServedMemory):
             self.error = self.refused
             self.opened.set()
             self.ready.set()
-            self.watch_settled.set()
             return self
         if self._thread is None:
+            if watch:  # (made before the indexing thread, which waits for it to be in place)
+                self.watcher = Watcher(self.places, self.changed, self._stop, self._opened_well, self.cfg.state,
+                                       self.cfg.agent, self.notes.path if isinstance(self.notes, LocalNotes) else None,
+                                       self.layout.state_fd)
             self._thread = threading.Thread(target=self._run, name="lnkmem-index", daemon=True)
             self._thread.start()
-            if watch:
-                self._watcher = threading.Thread(target=self._watch, name="lnkmem-watch", daemon=True)
-                self._watcher.start()
-            else:
-                self.watch_settled.set()
+            if self.watcher is not None:
+                self.watcher.start()
             for place in self.places.values():  # a source kept by a loop of its own (a store driver, §3.5)
                 place.serve(self)
         return self
+
+    def _opened_well(self) -> bool:
+        """Wait for the index to be opened; whether it was (the watch keeps it up to date)."""
+        self.opened.wait()
+        return self.error is None
 
     closing = False  # stop() began: an LMDB error from here on is the close's, not damage
 
@@ -332,8 +328,8 @@ class Memory(ServedMemory):
                 threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
             # the watch first (it takes a while on a large tree), so nothing changed during the first look is
             # missed and no second look over the whole tree is needed after it
-            self.watch_settled.wait(WATCH_WAIT_S)
-            self._listed_unwatched = not self.watch_settled.is_set()
+            if self.watcher is not None:
+                self.watcher.wait_in_place(WATCH_WAIT_S)
             try:
                 self.refresh_all()
             except Exception as e:  # a source failing (a bridge down or talking nonsense): serve, retry
@@ -761,250 +757,9 @@ class Memory(ServedMemory):
                     return fused[:limit], "meaning+words"
         return words[:limit], "words"
 
-    # --- watching ------------------------------------------------------------
-
-    def _roots(self) -> list[tuple[str, str]]:
-        """(absolute folder, source) of each local place to watch, most specific first."""
-        roots = []
-        for source in ("chats", "skills", "home"):
-            place = self.places.get(source)
-            if place is not None and place.local:
-                roots.append((place.root, source))
-        return roots
-
-    def ref_for(self, path: str) -> Optional[str]:
-        """The ref of a changed local path, or None when it is not indexed."""
-        if isinstance(self.notes, LocalNotes) and path == self.notes.path:
-            return "notes"
-        try:
-            path.encode("utf-8")
-        except UnicodeEncodeError:  # no ref names it (§3.2: skipped)
-            return None
-        state = self.cfg.state
-        if path == state or path.startswith(state + os.sep):
-            return None
-        for root, source in self._roots():
-            if path == root or path.startswith(root + os.sep):
-                if source == "home" and self.cfg.agent and (path == self.cfg.agent or path.startswith(self.cfg.agent + os.sep)):
-                    continue
-                rel = os.path.relpath(path, root)
-                if rel == ".":
-                    return source
-                parts = rel.split(os.sep)
-                ignorer = self.places[source].ignore
-                if ignorer is not None and parts[-1] in IGNORE_FILES:  # its folder's listing changes
-                    folder = "/".join(parts[:-1])
-                    return f"{source}/{folder}" if folder else source
-                if ignorer is not None and parts[-1] == "pyvenv.cfg" and len(parts) > 1:
-                    folder = "/".join(parts[:-2])  # a folder became a virtual environment: its parent's listing changes
-                    return f"{source}/{folder}" if folder else source
-                if any(p.startswith(".") for p in parts):
-                    return None
-                if ignorer is not None and ignorer.ignored("/".join(parts), os.path.isdir(path)):
-                    return None
-                return f"{source}/{rel.replace(os.sep, '/')}"
-        return None
-
-    def _watch(self) -> None:
-        try:
-            self._watch_sources()
-        finally:
-            self.watch_settled.set()
-
-    def _watch_sources(self) -> None:
-        self.opened.wait()
-        if self.error:
-            return
-        try:
-            import watchfiles  # noqa: F401  (a help, not a need)
-        except ImportError:
-            return
-        wanted = [r for r, _ in self._roots()]
-        if isinstance(self.notes, LocalNotes):
-            d = os.path.dirname(self.notes.path)
-            if not any(d == p or d.startswith(p + os.sep) for p in wanted):
-                wanted.append(d)
-        if not wanted:
-            return
-        from watchfiles._rust_notify import WatchfilesRustInternalError  # noqa: PLC2701 (watchfiles exports no public name for it)
-        told = retry = False
-        rewatch = REWATCH_S
-        while not self._stop.is_set():
-            # the folders there now, each as it is (a folder removed, or replaced, while watched:
-            # its watch ends with it, so the watch is made again once it is there)
-            self._watched = {p: _identity(p) for p in wanted}
-            paths = [p for p, ident in self._watched.items() if ident is not None]
-            self._watch_state({p: WATCHED if ident is not None else REARMING for p, ident in self._watched.items()})
-            if not paths:
-                self._stop.wait(REARM_S)
-                retry = True
-                continue
-            try:
-                if self._watch_loop(paths, retry) == "again" or self._stop.is_set():
-                    if not self._stop.is_set():
-                        log.info("a watched folder was removed or replaced: watched again")
-                        self._watch_state(dict.fromkeys(wanted, REARMING))
-                    retry = True
-                    continue
-                return
-            except WatchfilesRustInternalError as e:
-                # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
-                # to stop watching) makes watchfiles fail at every turn: watch with
-                # inotify itself, which keeps names as bytes
-                log.info("watching with inotify: %s", e)
-                try:
-                    if self._inotify_loop(paths, retry) == "again":
-                        log.info("a watched folder was removed or replaced: watched again")
-                        self._watch_state(dict.fromkeys(wanted, REARMING))
-                        retry = True
-                        continue
-                    return
-                except OSError as e2:
-                    e = e2
-                # no inotify (or no watches left): look at every local source
-                # instead, every POLL_S or five times as long as a look takes (at
-                # most a fifth of a core), and try watching again later
-                (log.debug if told else log.info)("watching by looking every %gs or more: %s", POLL_S, e)
-                told = True
-                self._watch_state(dict.fromkeys(wanted, POLLING))
-                until = time.monotonic() + rewatch
-                rewatch = min(rewatch * 2, 600.0)
-                while not self._stop.is_set() and time.monotonic() < until:
-                    t0 = time.monotonic()
-                    self._rescan_local(wait=True)
-                    self._stop.wait(max(POLL_S, 4 * (time.monotonic() - t0)))
-                retry = True
-            except Exception as e:  # the watcher is a help, not a need
-                log.warning("watching stopped: %s", e)
-                self._watch_state(dict.fromkeys(wanted, f"not watched ({type(e).__name__}: {e})"))
-                return
-
-    watching: dict = {}  # each folder watched: WATCHED, POLLING, REARMING or why not (status)
-
-    def _watch_state(self, folders: dict) -> None:
-        """What the watch of each folder is now, kept for ``status`` (another process) in
-        <state>'s WATCH_FILE, written from <state> as opened (a local memory only)."""
-        if folders == self.watching:
-            return
-        self.watching = dict(folders)
-        fd = self.layout.state_fd
-        if fd is None:
-            return
-        try:
-            atomic.write_at(fd, WATCH_FILE, json.dumps({"pid": os.getpid(), "folders": folders}).encode())
-        except OSError as e:
-            log.debug("the watch's state could not be kept: %s", e)
-
-    def _rescan_local(self, wait: bool = False) -> None:
-        """Look once more at every local source (events may have been missed)."""
-        for source, place in self.places.items():
-            if self._stop.is_set():
-                return
-            if place.local:
-                self.changed(source, wait=wait, timeout=60)
-
-    _watched: dict = {}  # each folder watched (or to be, once there): its identity when the watch began
-
-    def _watched_moved(self) -> bool:
-        """Whether a watched folder is gone, replaced, or there now though it was not."""
-        return any(_identity(p) != ident for p, ident in self._watched.items())
-
-    def _inotify_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
-        """Watch with inotify directly (bytes names), until stopped ("again": a watched
-        folder went or came: watch again). ``retry``: watching again after a time
-        unwatched (what changed meanwhile is looked for)."""
-        from lnkmem.memory.inotify import Inotify
-        ino = Inotify()
-        try:
-            for p in paths:
-                ino.add_tree(os.fsencode(p))
-            # what changed while nothing watched: after another watcher failed, or when the
-            # first look at the tree began before any watch
-            if retry or self.watch_settled.is_set() or self._listed_unwatched:
-                self._rescan_local()
-            self.watch_settled.set()
-            looked = time.monotonic()
-            while not self._stop.is_set():
-                events = ino.read(0.3)
-                if events is None:  # events were lost: look at everything
-                    self._rescan_local()
-                    continue
-                if time.monotonic() - looked >= REARM_S:
-                    looked = time.monotonic()
-                    if self._watched_moved():
-                        return "again"
-                if not events:
-                    continue
-                deadline = time.monotonic() + WATCH_DEBOUNCE_MS / 1000
-                while (left := deadline - time.monotonic()) > 0:
-                    more = ino.read(left)
-                    if more is None:
-                        self._rescan_local()
-                        break
-                    events += more
-                refs = {self.ref_for(os.fsdecode(p)) for _, p in events}
-                for r in refs:
-                    if r:
-                        self.changed(r, wait=False)
-        finally:
-            ino.close()
-
-    def _watch_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
-        """Watch with watchfiles until stopped ("again": a watched folder went or came:
-        watch again). Its ``RustNotify``, not the public ``watchfiles.watch`` (issue 48): that
-        generator makes its watches at its first ``next()`` and gives nothing back until a
-        change or its timeout, so ``watch_settled`` (and the look at what changed unwatched)
-        would come a timeout late; and the error that sends us to inotify is public nowhere."""
-        from watchfiles._rust_notify import RustNotify  # noqa: PLC2701 (watchfiles exports no public name for it)
-        caught_up = False
-        t0 = time.monotonic()
-        looked = t0
-        with RustNotify(paths, False, False, 300, True, True) as watcher:
-            log.debug("watching %s: in place after %.2fs", ", ".join(paths), time.monotonic() - t0)
-            self.watch_settled.set()
-            while not self._stop.is_set():
-                raw = watcher.watch(WATCH_DEBOUNCE_MS, 20, 300, self._stop)
-                if raw == "stop" or raw == "signal":
-                    return None
-                if time.monotonic() - looked >= REARM_S:
-                    looked = time.monotonic()
-                    if self._watched_moved():
-                        return "again"
-                if raw == "timeout" or not raw:
-                    if not caught_up:  # watching now: look once more at what changed before,
-                        caught_up = True  # when the first look began unwatched (or this watch is a retry)
-                        if self._listed_unwatched or retry:
-                            self._rescan_local()
-                    continue
-                changes = {p for _, p in raw}
-                refs = {self.ref_for(p) for p in changes}
-                for r in refs:
-                    if r:
-                        self.changed(r, wait=False)
-                # files made in a new folder before the watch on it began send no
-                # event of their own: look at new folders once more a little later
-                for p in changes:
-                    r = self.ref_for(p)
-                    if r and os.path.isdir(p):
-                        t = threading.Timer(0.5, self.changed, (r,), {"wait": False})
-                        t.daemon = True
-                        t.start()
-
 
 STALE_S = 60.0  # a loose temp file older than this is no writer's any more
 INDEX_HELD_WAIT_S = 60.0  # the index held by another memory of this process (stopping): waited for this long
-REARM_S = 1.0  # how often the watched folders are looked at (gone, replaced, back): watched again
-WATCH_FILE = "watch.json"  # in <state>: each watched folder's state, for `status`
-WATCHED, POLLING, REARMING = "watched", "polling", "re-arming (gone or replaced: watched again once it is back)"
-
-
-def _identity(path: str) -> Optional[tuple[int, int]]:
-    """A folder's device and inode (None: no folder there)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 TRIM_SLACK = 32 << 20

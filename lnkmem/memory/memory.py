@@ -24,16 +24,13 @@ from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
 from lnkmem.memory.layout import Layout, local_layout
 from lnkmem.memory.notes import LocalNotes
+from lnkmem.memory.embedloop import EmbedLoop
 from lnkmem.memory.served import ServedMemory
 from lnkmem.memory.watch import Watcher
-
-from collections import OrderedDict
 
 log = logging.getLogger("lnkmem")
 
 CANDIDATES = 100  # each ranking's depth before fusion
-QUERY_CACHE = 256
-EMBED_BATCH = 256
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
 BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
 IDLE_LET_GO_S = 2.0  # no change for this long: the map's pages that searches touched are let go
@@ -93,7 +90,6 @@ class Memory(ServedMemory):
         self.vindex = None
         self.writeback = None
         self._embed_wake = threading.Event()
-        self._qcache: "OrderedDict[str, object]" = OrderedDict()
         if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
             from lnkmem.bridges.embed import Embedder
             from lnkmem.index.rank.vectors import VectorIndex
@@ -105,6 +101,9 @@ class Memory(ServedMemory):
                 self.vindex = VectorIndex(os.path.join(os.path.dirname(self.layout.index_path), "vectors.ann"))
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
+        # passages embedded in the background, a query's vector
+        self.embeds = (EmbedLoop(self.embedder, self.vindex, lambda: self.store, self._stop, self._embed_wake)
+                       if self.embedder is not None else None)
         if self.layout.replica is not None and self.layout.writes:
             from lnkmem.replica.sync import StateFile, WriteBack
             # (held back while the first look at the sources is under way: one copy is written
@@ -325,7 +324,7 @@ class Memory(ServedMemory):
                 if self.store.use_vector_model(self.embedder.model):
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
                 self.vindex.load(self.store)
-                threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
+                self.embeds.start()
             # the watch first (it takes a while on a large tree), so nothing changed during the first look is
             # missed and no second look over the whole tree is needed after it
             if self.watcher is not None:
@@ -654,63 +653,9 @@ class Memory(ServedMemory):
     def embedding(self) -> Optional[tuple[int, int]]:
         """(passages with a vector, live passages) while some still wait for one;
         None when all have one or no model is served."""
-        if self.embedder is None or self.store is None:
-            return None
-        alive, has = self.store.snapshot.alive, self.vindex.has
-        total = int(alive.sum())
-        n = min(len(alive), len(has))
-        done = int((alive[:n] & has[:n]).sum())
-        return (done, total) if done < total else None
+        return self.embeds.progress() if self.embeds is not None else None
 
-    # --- meaning -------------------------------------------------------------
-
-    def _embed_loop(self) -> None:
-        """Embed passages that have no vector yet, in the background."""
-        while not self._stop.is_set():
-            try:
-                self._embed_pending()
-            except Exception as e:  # keep the thread: the next wake tries again
-                log.exception("embedding failed: %s", e)
-                self._stop.wait(5)
-
-    def _embed_pending(self) -> None:
-        """Wait for a wake-up, then embed every live passage that has no vector."""
-        from lnkmem.bridges.embed import EmbeddingUnavailable
-        self._embed_wake.wait(timeout=5)
-        self._embed_wake.clear()
-        while not self._stop.is_set():
-            todo = self.vindex.missing(self.store.snapshot.alive, EMBED_BATCH)
-            passages = self.store.passages_of(todo)
-            pids = [p for p, x in zip(todo, passages) if x is not None]
-            if not pids:
-                return
-            texts = [x.text[:2000] for x in passages if x is not None]
-            try:
-                vecs = self.embedder.embed(texts)
-            except EmbeddingUnavailable as e:
-                log.info("embedding paused: %s", e)
-                self._stop.wait(min(self.embedder.circuit.cooldown, 30))
-                self._embed_wake.set()  # try again after the pause
-                return
-            live = [x for x in passages if x is not None]
-            stored = set(self.store.put_vectors(pids, vecs, live))
-            keep = [i for i, p in enumerate(pids) if p in stored]
-            self.vindex.add([pids[i] for i in keep], vecs[keep])
-
-    def query_vector(self, query: str):
-        from lnkmem.bridges.embed import EmbeddingUnavailable
-        v = self._qcache.get(query)
-        if v is not None:
-            self._qcache.move_to_end(query)
-            return v
-        try:
-            v = self.embedder.embed([query], patient=False)[0]
-        except EmbeddingUnavailable:
-            return None
-        self._qcache[query] = v
-        if len(self._qcache) > QUERY_CACHE:
-            self._qcache.popitem(last=False)
-        return v
+    # --- ranking -------------------------------------------------------------
 
     def rank(self, query: str, limit: int, sources=None, under=None, after: Optional[float] = None,
              before: Optional[float] = None, store: Optional[Store] = None) -> tuple[list[tuple[int, float]], str]:
@@ -740,7 +685,7 @@ class Memory(ServedMemory):
             raise
         store.check_map()
         if meaning:
-            v = self.query_vector(q.meaning_text)
+            v = self.embeds.query_vector(q.meaning_text)
             if v is not None:
                 near = self.vindex.search(store, v, depth * (4 if checks.any else 1), sources, under)
                 near = checks.filter(store, near, depth)

@@ -24,6 +24,7 @@ from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
 from lnkmem.memory.layout import Layout, local_layout
 from lnkmem.memory.notes import LocalNotes
+from lnkmem.memory import copysync
 from lnkmem.memory.embedloop import EmbedLoop
 from lnkmem.memory.served import ServedMemory
 from lnkmem.memory.watch import Watcher
@@ -104,6 +105,8 @@ class Memory(ServedMemory):
         # passages embedded in the background, a query's vector
         self.embeds = (EmbedLoop(self.embedder, self.vindex, lambda: self.store, self._stop, self._embed_wake)
                        if self.embedder is not None else None)
+        # the cache kept one version of the copy (a bound or team memory)
+        self.copy = copysync.CopySync(self.layout.replica, self.places, self._stop) if self.layout.replica is not None else None
         if self.layout.replica is not None and self.layout.writes:
             from lnkmem.replica.sync import StateFile, WriteBack
             # (held back while the first look at the sources is under way: one copy is written
@@ -319,7 +322,7 @@ class Memory(ServedMemory):
             if self.writeback is not None:
                 self.writeback.start()
             if self.layout.replica is not None:
-                threading.Thread(target=self._recheck_loop, name="lnkmem-recheck", daemon=True).start()
+                self.copy.start(lambda: self.store, lambda: self._queue.put((Command.ATTACH, None)))
             if self.embedder:
                 if self.store.use_vector_model(self.embedder.model):
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
@@ -384,14 +387,15 @@ class Memory(ServedMemory):
                         # a reader told of changes the copy may not hold yet (§5.5: it searches
                         # the copy plus what changed in the folder since) lists them again over a
                         # newer version; one that was not lists nothing
-                        told = not self.layout.writes and self._committed_since_copy()
+                        told = not self.layout.writes and copysync.committed_since_copy(self.store)
                         how = self._attach(for_write_back=reload)
-                        if how == "damaged" or (how == "loaded" and (self.layout.writes or told or self._partial())):
+                        if how == "damaged" or (how == "loaded" and (self.layout.writes or told
+                                                                     or copysync.partial(self.store))):
                             refs.update(self.places)  # the sources over the version now held
                         elif how == "applied" and told:
                             refs.update(self.places)
                         elif how == "applied":  # the files both changed: their sources say which is right
-                            refs.update(self._touched)
+                            refs.update(self.copy.touched)
                         elif how == "missing" and not self.layout.writes:
                             refs.add("home")  # a reader with no copy to read: the folder itself
                         # (a reader's copy unchanged (304) or a newer one loaded: nothing listed;
@@ -439,102 +443,38 @@ class Memory(ServedMemory):
             self.opened.set()
             self.ready.set()
 
-    def _committed_since_copy(self) -> bool:
-        """Whether the index holds commits of its own since the version of the copy it is of."""
-        from lnkmem.replica import copy as copyfmt
-        from lnkmem.replica.state import content_gen_of
-        try:
-            return copyfmt.copy_state(self.store).content_gen != content_gen_of(self.store)
-        except Exception:  # (a damaged index: rebuilt meanwhile)
-            return False
-
-    def _partial(self) -> bool:
-        """Whether the version the cache now holds says it was written before its writer's first
-        look at the sources was done (a reader reads the rest from the sources)."""
-        from lnkmem.replica import copy as copyfmt
-        return copyfmt.copy_state(self.store).partial
-
     def _attach(self, for_write_back: bool = False) -> Optional[str]:
-        """Make the cache one version of the copy before indexing the sources (§7.2).
-
-        Never between a write-back's PUT and its record: a re-check while a write-back is under
-        way is skipped (the write-back meets any newer version itself: 412), so indexing never
-        waits behind the network. ``for_write_back``: asked by the write-back, which holds its
+        """Make the cache one version of the copy before indexing the sources (§7.2,
+        :meth:`copysync.CopySync.attach`). ``for_write_back``: asked by the write-back, which holds its
         lock and waits (:meth:`reload_from_copy`)."""
-        from lnkmem.replica.sync import attach
-        self.last_check = time.monotonic()
         lock = self.writeback.lock if self.writeback is not None and not for_write_back else None
-        if lock is not None and not lock.acquire(blocking=False):
-            log.debug("the copy's re-check skipped: a write-back is under way")
+        width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
+        how = self.copy.attach(self.store, width, self._serve_loaded, lock)
+        if how is None:
             return None
-        try:
-            width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
-            old = self.store
-            # a newer version is loaded beside the index (bounded memory; searches answer
-            # the version held meanwhile) and put in its place (with its events and merger)
-            how, store, self._touched = attach(old, self.layout.replica, set(self.places), width, beside=True,
-                                               changes=True)  # what changed only, where it can
-            if store is not old:  # served before the lock lets a write-back read the index
-                if self.closing:  # stop() closed, or is closing, the store it knew: this one too
-                    store.close()
-                else:
-                    self.store = store
-            log.info("index copy: %s", how)
-            if store is not old:  # the old store let go of here (the searches on it end soon), and
-                old = store = None  # what it and the load held handed back before the sources are listed
-                memtrim.trim()
-        except Exception as e:  # the copy can't be read now (a bridge down): serve the cache, write back later
-            log.warning("the index copy could not be read: %s", e)
-            return None
-        finally:
-            if lock is not None:
-                lock.release()
         if how == "loaded" and self.vindex is not None:
             self.vindex.load(self.store)  # passage ids now name the copy's passages
         if how != "reused" and self.writeback is not None:
             self.writeback.look()  # (no commit said so: a copy missing, damaged or loaded)
         return how
 
-    def _recheck_loop(self) -> None:
-        """While serving, ask for the copy's version again now and then (§7.2 rev. 2):
-        an unchanged copy costs one 304; a newer one is loaded."""
-        from lnkmem.replica.sync import recheck
-        every = recheck()
-        while not self._stop.wait(max(every - (time.monotonic() - self.last_check), 0.05)):
-            if time.monotonic() - self.last_check >= every:
-                self.last_check = time.monotonic()  # queued: not again before it is done
-                if self._copy_moved():  # (asked here: an unchanged copy's 304 costs the indexing thread nothing)
-                    self._queue.put((Command.ATTACH, None))
-
-    def _copy_moved(self) -> bool:
-        """Whether the copy is another version than the one the cache is of (its manifest asked
-        with `If-None-Match`); False when the bridge cannot say now (asked again later)."""
-        from lnkmem.bridges.place import NotFound
-        from lnkmem.replica import copy as copyfmt
-        try:
-            manifest, _ = self.layout.replica.manifest(copyfmt.copy_state(self.store).version)
-        except (NotFound, copyfmt.CopyDamaged):
-            return True  # (attach says what it is)
-        except Exception as e:
-            log.debug("the copy's re-check: %s", e)
-            return False
-        return manifest is not None
+    def _serve_loaded(self, store: Store) -> None:
+        """A newer version of the copy, loaded beside the index, served in its place."""
+        if self.closing:  # stop() closed, or is closing, the store it knew: this one too
+            store.close()
+        else:
+            self.store = store
 
     def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is
         older than the re-check interval, and wait (a while) for a newer version."""
         if self.layout.replica is None or self.layout.writes or not self.ready.is_set():
             return  # (before the copy's code is imported: a local memory's first search needs none of it)
-        from lnkmem.replica.sync import recheck
-        if time.monotonic() - self.last_check < recheck():
+        if not self.copy.due():
             return
-        self.last_check = time.monotonic()
         done = threading.Event()
         self._queue.put((Command.ATTACH, done))
         done.wait(timeout)
-
-    last_check = 0.0  # when the copy's version was last asked for
-    _touched: tuple = ()  # the last version applied as a change: the files both it and the cache changed
 
     def reload_from_copy(self) -> None:
         """Another engine wrote the copy first (the write-back met a 412): its version taken and

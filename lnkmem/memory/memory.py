@@ -5,6 +5,12 @@ index is opened and brought up to date on a background thread, so sessions
 answer at once; searches read whatever is committed so far. Changes found by
 the watcher, told by a `changed` control or made by `remember` go through
 one queue to that same thread, the index's only writer.
+
+A memory owns, each in a room of its own: its watcher (``memory/watch.py``),
+its embedding loop (``memory/embedloop.py``), its copy's attach and re-check
+(``memory/copysync.py``, a bound or team memory) and its temp folder
+(``memory/tmpfolder.py``); it hands each what it needs, and they tell it back
+through the callbacks it gave them.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from lnkmem.core import atomic, memtrim, procs
+from lnkmem.core import memtrim
 from lnkmem.memory.config import AgentConfig, FolderRefused
 from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
@@ -27,6 +33,7 @@ from lnkmem.memory.notes import LocalNotes
 from lnkmem.memory import copysync
 from lnkmem.memory.embedloop import EmbedLoop
 from lnkmem.memory.served import ServedMemory
+from lnkmem.memory.tmpfolder import TempFolder
 from lnkmem.memory.watch import Watcher
 
 log = logging.getLogger("lnkmem")
@@ -35,6 +42,7 @@ CANDIDATES = 100  # each ranking's depth before fusion
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
 BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
 IDLE_LET_GO_S = 2.0  # no change for this long: the map's pages that searches touched are let go
+WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
 class Command(enum.Enum):
@@ -54,7 +62,6 @@ class ChangedPath:
     """A `changed` control's path as Link names it, resolved on the indexing thread."""
 
     path: str
-WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
 class Memory(ServedMemory):
@@ -86,7 +93,7 @@ class Memory(ServedMemory):
         self.watcher: Optional[Watcher] = None  # its local folders watched (start)
         # documents are converted through temp files in a folder of this process's
         # own: what a killed process left there is removed at the next start
-        self.tmpdir = os.path.join(self.layout.tmpdir, f"p{os.getpid()}") if self.layout.tmpdir else ""
+        self.tmp = TempFolder(self.layout.tmpdir)
         self.embedder = None
         self.vindex = None
         self.writeback = None
@@ -164,14 +171,14 @@ class Memory(ServedMemory):
             self.store.close()
         if self.embedder:
             self.embedder.close()
-        if self.tmpdir:
-            try:  # (from the temp folder as opened: a link put at its name is never followed)
-                atomic.remove(self.tmpdir)
-            except OSError:
-                pass
-        if self._tmp_fd is not None and (self._thread is None or not self._thread.is_alive()):
-            os.close(self._tmp_fd)  # (a thread still running may still write through it: then kept)
-            self._tmp_fd = None
+        self.tmp.remove()
+        if self._thread is None or not self._thread.is_alive():
+            self.tmp.let_go()  # (a thread still running may still write through it: then kept)
+
+    @property
+    def tmpdir(self) -> str:
+        """This process's folder for conversions' temp files ("": none)."""
+        return self.tmp.path
 
     def _open_when_let_go(self) -> Store:
         """The index opened; while another memory of this process still holds it (one whose
@@ -191,33 +198,9 @@ class Memory(ServedMemory):
                     told = True
                 self._stop.wait(0.2)
 
-    _tmp_fd: Optional[int] = None
-
-    def _hold_tmp(self) -> None:
-        """The temp folder opened once (made when missing), never through a link: this
-        process's folder in it, and everything a conversion writes there, is reached from
-        it (atomic.pinned), whatever the folder's name leads to later."""
-        if self._tmp_fd is not None:
-            return
-        try:
-            try:
-                os.mkdir(self.layout.tmpdir, 0o700)
-            except FileExistsError:
-                pass
-            fd = atomic.open_folder_nofollow(self.layout.tmpdir)
-        except OSError as e:
-            log.debug("the temp folder could not be opened: %s", e)
-            return
-        self._tmp_fd = fd
-        self.tmpdir = os.path.join(atomic.pinned(fd, self.layout.tmpdir), f"p{os.getpid()}")
-
     def open_store(self) -> Store:
         os.makedirs(os.path.dirname(self.layout.index_path), mode=0o700, exist_ok=True)
-        if self.layout.tmpdir:
-            n = clean_tmp(self.layout.tmpdir, getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
-            if n:
-                log.info("removed %d temp files left by a process that was killed", n)
-            self._hold_tmp()
+        self.tmp.open(getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
         t = time.monotonic()
         # the index's folder: opened by Store once, never through a link (a link or what is
         # not a folder found there is removed and the index made anew, never followed)
@@ -643,7 +626,6 @@ class Memory(ServedMemory):
         return words[:limit], "words"
 
 
-STALE_S = 60.0  # a loose temp file older than this is no writer's any more
 INDEX_HELD_WAIT_S = 60.0  # the index held by another memory of this process (stopping): waited for this long
 
 
@@ -654,49 +636,6 @@ def _anon_bytes() -> Optional[int]:
     """This process's resident memory not backed by a file (no /proc: None)."""
     held = memtrim.resident()
     return held[0] if held is not None else None
-
-
-def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:
-    """Remove temp files that processes killed mid-write left behind (§7.1): the
-    per-process folders ``p<pid>`` under ``tmpdir`` of processes gone, loose
-    files there, and ``notes-*`` temps in ``state``, once older than STALE_S.
-    Only regular files and those folders are touched, never through a link.
-    Returns how many were removed."""
-    import shutil
-    removed = 0
-    now = time.time()
-    mine = f"p{os.getpid()}"
-    if tmpdir:
-        was = atomic.clear_non_folder(tmpdir)  # (a link there -- to another agent's folder -- is never followed)
-        if was is not None:
-            log.warning("%s was %s, not a folder: removed (never followed)", tmpdir, was)
-    for folder, pattern in ((tmpdir, None), (state, "notes-")):
-        if not folder:
-            continue
-        try:
-            fd = atomic.open_folder_nofollow(folder)  # each entry reached from this folder, as it was opened
-        except OSError:
-            continue
-        try:
-            for d in list(os.scandir(fd)):
-                try:
-                    s = d.stat(follow_symlinks=False)
-                    if pattern is None and d.is_dir(follow_symlinks=False) and d.name[:1] == "p" and d.name[1:].isdigit():
-                        if d.name != mine and not procs.alive(int(d.name[1:])):
-                            shutil.rmtree(d.name, dir_fd=fd, ignore_errors=True)
-                            removed += 1
-                        continue
-                    if not d.is_file(follow_symlinks=False) or now - s.st_mtime < STALE_S:
-                        continue
-                    if pattern is not None and not (d.name.startswith(pattern) and len(d.name) == len(pattern) + 8):
-                        continue
-                    os.unlink(d.name, dir_fd=fd)
-                    removed += 1
-                except OSError:
-                    continue
-        finally:
-            os.close(fd)
-    return removed
 
 
 def _outermost(refs: set[str]) -> list[str]:

@@ -113,7 +113,8 @@ class Memory(ServedMemory):
         self.embeds = (EmbedLoop(self.embedder, self.vindex, lambda: self.store, self._stop, self._embed_wake)
                        if self.embedder is not None else None)
         # the cache kept one version of the copy (a bound or team memory)
-        self.copy = copysync.CopySync(self.layout.replica, self.places, self._stop) if self.layout.replica is not None else None
+        self.copy_sync = (copysync.CopySync(self.layout.replica, self.places, self._stop)
+                          if self.layout.replica is not None else None)
         if self.layout.replica is not None and self.layout.writes:
             from lnkmem.replica.sync import StateFile, WriteBack
             # (held back while the first look at the sources is under way: one copy is written
@@ -305,7 +306,7 @@ class Memory(ServedMemory):
             if self.writeback is not None:
                 self.writeback.start()
             if self.layout.replica is not None:
-                self.copy.start(lambda: self.store, lambda: self._queue.put((Command.ATTACH, None)))
+                self.copy_sync.start(lambda: self.store, lambda: self._queue.put((Command.ATTACH, None)))
             if self.embedder:
                 if self.store.use_vector_model(self.embedder.model):
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
@@ -378,7 +379,7 @@ class Memory(ServedMemory):
                         elif how == "applied" and told:
                             refs.update(self.places)
                         elif how == "applied":  # the files both changed: their sources say which is right
-                            refs.update(self.copy.touched)
+                            refs.update(self.copy_sync.touched)
                         elif how == "missing" and not self.layout.writes:
                             refs.add("home")  # a reader with no copy to read: the folder itself
                         # (a reader's copy unchanged (304) or a newer one loaded: nothing listed;
@@ -432,7 +433,7 @@ class Memory(ServedMemory):
         lock and waits (:meth:`reload_from_copy`)."""
         lock = self.writeback.lock if self.writeback is not None and not for_write_back else None
         width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
-        how = self.copy.attach(self.store, width, self._serve_loaded, lock)
+        how = self.copy_sync.attach(self.store, width, self._serve_loaded, lock)
         if how is None:
             return None
         if how == "loaded" and self.vindex is not None:
@@ -453,7 +454,7 @@ class Memory(ServedMemory):
         older than the re-check interval, and wait (a while) for a newer version."""
         if self.layout.replica is None or self.layout.writes or not self.ready.is_set():
             return  # (before the copy's code is imported: a local memory's first search needs none of it)
-        if not self.copy.due():
+        if not self.copy_sync.due():
             return
         done = threading.Event()
         self._queue.put((Command.ATTACH, done))

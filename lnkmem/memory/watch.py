@@ -145,8 +145,7 @@ class Watcher:
             try:
                 if self._watch_loop(paths, retry) == "again" or self.stop.is_set():
                     if not self.stop.is_set():
-                        log.info("a watched folder was removed or replaced: watched again")
-                        self._watch_state(dict.fromkeys(wanted, REARMING))
+                        self._rearming(wanted)
                     retry = True
                     continue
                 return
@@ -157,8 +156,7 @@ class Watcher:
                 log.info("watching with inotify: %s", e)
                 try:
                     if self._inotify_loop(paths, retry) == "again":
-                        log.info("a watched folder was removed or replaced: watched again")
-                        self._watch_state(dict.fromkeys(wanted, REARMING))
+                        self._rearming(wanted)
                         retry = True
                         continue
                     return
@@ -197,6 +195,11 @@ class Watcher:
             atomic.write_at(fd, WATCH_FILE, json.dumps({"pid": os.getpid(), "folders": folders}).encode())
         except OSError as e:
             log.debug("the watch's state could not be kept: %s", e)
+
+    def _rearming(self, wanted: list[str]) -> None:
+        """A watched folder went or came: said, and every folder re-arming until watched again."""
+        log.info("a watched folder was removed or replaced: watched again")
+        self._watch_state(dict.fromkeys(wanted, REARMING))
 
     def _rescan_local(self, wait: bool = False) -> None:
         """Look once more at every local source (events may have been missed)."""

@@ -21,7 +21,7 @@ import pytest
 from lnkmem.cli.common import LOCK_NAME
 from lnkmem.index.lmdbfile import COMPACTING, LISTED, SEAL, SNAP
 from lnkmem.index.store import Store
-from lnkmem.memory.memory import WATCH_FILE
+from lnkmem.memory.watch import WATCH_FILE
 from lnkmem.memory.noteshistory import FOLDER as HISTORY_FOLDER
 from lnkmem.replica.sync import StateFile
 from tests.bridges import Layout

@@ -142,7 +142,7 @@ def _watch_and_moved(state_fd: Optional[int]) -> tuple[Optional[dict], list[str]
     """The watch's state as a serve left it (each folder: watched, polling or re-arming;
     the serve's pid), and what was found in <state> in a wrong shape and moved aside."""
     from lnkmem.core import atomic
-    from lnkmem.memory.memory import WATCH_FILE
+    from lnkmem.memory.watch import WATCH_FILE
     if state_fd is None:
         return None, []
     watch = None

@@ -5,41 +5,44 @@ index is opened and brought up to date on a background thread, so sessions
 answer at once; searches read whatever is committed so far. Changes found by
 the watcher, told by a `changed` control or made by `remember` go through
 one queue to that same thread, the index's only writer.
+
+A memory owns, each in a room of its own: its watcher (``memory/watch.py``),
+its embedding loop (``memory/embedloop.py``), its copy's attach and re-check
+(``memory/copysync.py``, a bound or team memory) and its temp folder
+(``memory/tmpfolder.py``); it hands each what it needs, and they tell it back
+through the callbacks it gave them.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import queue
-import stat
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from lnkmem.core import atomic, memtrim, procs
+from lnkmem.core import memtrim
 from lnkmem.memory.config import AgentConfig, FolderRefused
 from lnkmem.index.build import indexer
 from lnkmem.index.store import Store
 from lnkmem.memory.layout import Layout, local_layout
 from lnkmem.memory.notes import LocalNotes
+from lnkmem.memory import copysync
+from lnkmem.memory.embedloop import EmbedLoop
 from lnkmem.memory.served import ServedMemory
-
-from collections import OrderedDict
+from lnkmem.memory.tmpfolder import TempFolder
+from lnkmem.memory.watch import Watcher
 
 log = logging.getLogger("lnkmem")
 
-WATCH_DEBOUNCE_MS = 100
-IGNORE_FILES = (".gitignore", ".lnkmemignore")
 CANDIDATES = 100  # each ranking's depth before fusion
-QUERY_CACHE = 256
-EMBED_BATCH = 256
 RETRY_S = 5.0  # a first pass that failed is tried again after this long
 BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
 IDLE_LET_GO_S = 2.0  # no change for this long: the map's pages that searches touched are let go
+WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
 class Command(enum.Enum):
@@ -59,9 +62,6 @@ class ChangedPath:
     """A `changed` control's path as Link names it, resolved on the indexing thread."""
 
     path: str
-POLL_S = 1.0  # local sources looked at this often when they cannot be watched
-REWATCH_S = 30.0  # and watching tried again after this long
-WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
 
 
 class Memory(ServedMemory):
@@ -90,19 +90,14 @@ class Memory(ServedMemory):
         self._queue: "queue.Queue[tuple[str | Command | ChangedPath, Optional[threading.Event]]]" = queue.Queue()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._watcher: Optional[threading.Thread] = None
-        # set once the watch is in place, or the watcher gave up or was never started: the
-        # first look at the tree waits for it, so what changes meanwhile sends events
-        self.watch_settled = threading.Event()
-        self._listed_unwatched = False  # the first look began before the watch was in place
+        self.watcher: Optional[Watcher] = None  # its local folders watched (start)
         # documents are converted through temp files in a folder of this process's
         # own: what a killed process left there is removed at the next start
-        self.tmpdir = os.path.join(self.layout.tmpdir, f"p{os.getpid()}") if self.layout.tmpdir else ""
+        self.tmp = TempFolder(self.layout.tmpdir)
         self.embedder = None
         self.vindex = None
         self.writeback = None
         self._embed_wake = threading.Event()
-        self._qcache: "OrderedDict[str, object]" = OrderedDict()
         if self.layout.embed and self.layout.writes:  # a team reader embeds nothing
             from lnkmem.bridges.embed import Embedder
             from lnkmem.index.rank.vectors import VectorIndex
@@ -114,6 +109,12 @@ class Memory(ServedMemory):
                 self.vindex = VectorIndex(os.path.join(os.path.dirname(self.layout.index_path), "vectors.ann"))
             except ValueError as e:
                 log.warning("no ranking by meaning: %s", e)
+        # passages embedded in the background, a query's vector
+        self.embeds = (EmbedLoop(self.embedder, self.vindex, lambda: self.store, self._stop, self._embed_wake)
+                       if self.embedder is not None else None)
+        # the cache kept one version of the copy (a bound or team memory)
+        self.copy_sync = (copysync.CopySync(self.layout.replica, self.places, self._stop)
+                          if self.layout.replica is not None else None)
         if self.layout.replica is not None and self.layout.writes:
             from lnkmem.replica.sync import StateFile, WriteBack
             # (held back while the first look at the sources is under way: one copy is written
@@ -129,19 +130,24 @@ class Memory(ServedMemory):
             self.error = self.refused
             self.opened.set()
             self.ready.set()
-            self.watch_settled.set()
             return self
         if self._thread is None:
+            if watch:  # (made before the indexing thread, which waits for it to be in place)
+                self.watcher = Watcher(self.places, self.changed, self._stop, self._opened_well, self.cfg.state,
+                                       self.cfg.agent, self.notes.path if isinstance(self.notes, LocalNotes) else None,
+                                       self.layout.state_fd)
             self._thread = threading.Thread(target=self._run, name="lnkmem-index", daemon=True)
             self._thread.start()
-            if watch:
-                self._watcher = threading.Thread(target=self._watch, name="lnkmem-watch", daemon=True)
-                self._watcher.start()
-            else:
-                self.watch_settled.set()
+            if self.watcher is not None:
+                self.watcher.start()
             for place in self.places.values():  # a source kept by a loop of its own (a store driver, §3.5)
                 place.serve(self)
         return self
+
+    def _opened_well(self) -> bool:
+        """Wait for the index to be opened; whether it was (the watch keeps it up to date)."""
+        self.opened.wait()
+        return self.error is None
 
     closing = False  # stop() began: an LMDB error from here on is the close's, not damage
 
@@ -166,14 +172,14 @@ class Memory(ServedMemory):
             self.store.close()
         if self.embedder:
             self.embedder.close()
-        if self.tmpdir:
-            try:  # (from the temp folder as opened: a link put at its name is never followed)
-                atomic.remove(self.tmpdir)
-            except OSError:
-                pass
-        if self._tmp_fd is not None and (self._thread is None or not self._thread.is_alive()):
-            os.close(self._tmp_fd)  # (a thread still running may still write through it: then kept)
-            self._tmp_fd = None
+        self.tmp.remove()
+        if self._thread is None or not self._thread.is_alive():
+            self.tmp.let_go()  # (a thread still running may still write through it: then kept)
+
+    @property
+    def tmpdir(self) -> str:
+        """This process's folder for conversions' temp files ("": none)."""
+        return self.tmp.path
 
     def _open_when_let_go(self) -> Store:
         """The index opened; while another memory of this process still holds it (one whose
@@ -193,33 +199,9 @@ class Memory(ServedMemory):
                     told = True
                 self._stop.wait(0.2)
 
-    _tmp_fd: Optional[int] = None
-
-    def _hold_tmp(self) -> None:
-        """The temp folder opened once (made when missing), never through a link: this
-        process's folder in it, and everything a conversion writes there, is reached from
-        it (atomic.pinned), whatever the folder's name leads to later."""
-        if self._tmp_fd is not None:
-            return
-        try:
-            try:
-                os.mkdir(self.layout.tmpdir, 0o700)
-            except FileExistsError:
-                pass
-            fd = atomic.open_folder_nofollow(self.layout.tmpdir)
-        except OSError as e:
-            log.debug("the temp folder could not be opened: %s", e)
-            return
-        self._tmp_fd = fd
-        self.tmpdir = os.path.join(atomic.pinned(fd, self.layout.tmpdir), f"p{os.getpid()}")
-
     def open_store(self) -> Store:
         os.makedirs(os.path.dirname(self.layout.index_path), mode=0o700, exist_ok=True)
-        if self.layout.tmpdir:
-            n = clean_tmp(self.layout.tmpdir, getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
-            if n:
-                log.info("removed %d temp files left by a process that was killed", n)
-            self._hold_tmp()
+        self.tmp.open(getattr(self.notes, "state", None) if isinstance(self.notes, LocalNotes) else None)
         t = time.monotonic()
         # the index's folder: opened by Store once, never through a link (a link or what is
         # not a folder found there is removed and the index made anew, never followed)
@@ -324,16 +306,16 @@ class Memory(ServedMemory):
             if self.writeback is not None:
                 self.writeback.start()
             if self.layout.replica is not None:
-                threading.Thread(target=self._recheck_loop, name="lnkmem-recheck", daemon=True).start()
+                self.copy_sync.start(lambda: self.store, lambda: self._queue.put((Command.ATTACH, None)))
             if self.embedder:
                 if self.store.use_vector_model(self.embedder.model):
                     log.warning("the model changed to %s: passages are embedded again", self.embedder.model)
                 self.vindex.load(self.store)
-                threading.Thread(target=self._embed_loop, name="lnkmem-embed", daemon=True).start()
+                self.embeds.start()
             # the watch first (it takes a while on a large tree), so nothing changed during the first look is
             # missed and no second look over the whole tree is needed after it
-            self.watch_settled.wait(WATCH_WAIT_S)
-            self._listed_unwatched = not self.watch_settled.is_set()
+            if self.watcher is not None:
+                self.watcher.wait_in_place(WATCH_WAIT_S)
             try:
                 self.refresh_all()
             except Exception as e:  # a source failing (a bridge down or talking nonsense): serve, retry
@@ -389,14 +371,15 @@ class Memory(ServedMemory):
                         # a reader told of changes the copy may not hold yet (§5.5: it searches
                         # the copy plus what changed in the folder since) lists them again over a
                         # newer version; one that was not lists nothing
-                        told = not self.layout.writes and self._committed_since_copy()
+                        told = not self.layout.writes and copysync.committed_since_copy(self.store)
                         how = self._attach(for_write_back=reload)
-                        if how == "damaged" or (how == "loaded" and (self.layout.writes or told or self._partial())):
+                        if how == "damaged" or (how == "loaded" and (self.layout.writes or told
+                                                                     or copysync.partial(self.store))):
                             refs.update(self.places)  # the sources over the version now held
                         elif how == "applied" and told:
                             refs.update(self.places)
                         elif how == "applied":  # the files both changed: their sources say which is right
-                            refs.update(self._touched)
+                            refs.update(self.copy_sync.touched)
                         elif how == "missing" and not self.layout.writes:
                             refs.add("home")  # a reader with no copy to read: the folder itself
                         # (a reader's copy unchanged (304) or a newer one loaded: nothing listed;
@@ -444,102 +427,38 @@ class Memory(ServedMemory):
             self.opened.set()
             self.ready.set()
 
-    def _committed_since_copy(self) -> bool:
-        """Whether the index holds commits of its own since the version of the copy it is of."""
-        from lnkmem.replica import copy as copyfmt
-        from lnkmem.replica.state import content_gen_of
-        try:
-            return copyfmt.copy_state(self.store).content_gen != content_gen_of(self.store)
-        except Exception:  # (a damaged index: rebuilt meanwhile)
-            return False
-
-    def _partial(self) -> bool:
-        """Whether the version the cache now holds says it was written before its writer's first
-        look at the sources was done (a reader reads the rest from the sources)."""
-        from lnkmem.replica import copy as copyfmt
-        return copyfmt.copy_state(self.store).partial
-
     def _attach(self, for_write_back: bool = False) -> Optional[str]:
-        """Make the cache one version of the copy before indexing the sources (§7.2).
-
-        Never between a write-back's PUT and its record: a re-check while a write-back is under
-        way is skipped (the write-back meets any newer version itself: 412), so indexing never
-        waits behind the network. ``for_write_back``: asked by the write-back, which holds its
+        """Make the cache one version of the copy before indexing the sources (§7.2,
+        :meth:`copysync.CopySync.attach`). ``for_write_back``: asked by the write-back, which holds its
         lock and waits (:meth:`reload_from_copy`)."""
-        from lnkmem.replica.sync import attach
-        self.last_check = time.monotonic()
         lock = self.writeback.lock if self.writeback is not None and not for_write_back else None
-        if lock is not None and not lock.acquire(blocking=False):
-            log.debug("the copy's re-check skipped: a write-back is under way")
+        width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
+        how = self.copy_sync.attach(self.store, width, self._serve_loaded, lock)
+        if how is None:
             return None
-        try:
-            width = (self.embedder.model, self.embedder.dim) if self.embedder and self.embedder.dim else None
-            old = self.store
-            # a newer version is loaded beside the index (bounded memory; searches answer
-            # the version held meanwhile) and put in its place (with its events and merger)
-            how, store, self._touched = attach(old, self.layout.replica, set(self.places), width, beside=True,
-                                               changes=True)  # what changed only, where it can
-            if store is not old:  # served before the lock lets a write-back read the index
-                if self.closing:  # stop() closed, or is closing, the store it knew: this one too
-                    store.close()
-                else:
-                    self.store = store
-            log.info("index copy: %s", how)
-            if store is not old:  # the old store let go of here (the searches on it end soon), and
-                old = store = None  # what it and the load held handed back before the sources are listed
-                memtrim.trim()
-        except Exception as e:  # the copy can't be read now (a bridge down): serve the cache, write back later
-            log.warning("the index copy could not be read: %s", e)
-            return None
-        finally:
-            if lock is not None:
-                lock.release()
         if how == "loaded" and self.vindex is not None:
             self.vindex.load(self.store)  # passage ids now name the copy's passages
         if how != "reused" and self.writeback is not None:
             self.writeback.look()  # (no commit said so: a copy missing, damaged or loaded)
         return how
 
-    def _recheck_loop(self) -> None:
-        """While serving, ask for the copy's version again now and then (§7.2 rev. 2):
-        an unchanged copy costs one 304; a newer one is loaded."""
-        from lnkmem.replica.sync import recheck
-        every = recheck()
-        while not self._stop.wait(max(every - (time.monotonic() - self.last_check), 0.05)):
-            if time.monotonic() - self.last_check >= every:
-                self.last_check = time.monotonic()  # queued: not again before it is done
-                if self._copy_moved():  # (asked here: an unchanged copy's 304 costs the indexing thread nothing)
-                    self._queue.put((Command.ATTACH, None))
-
-    def _copy_moved(self) -> bool:
-        """Whether the copy is another version than the one the cache is of (its manifest asked
-        with `If-None-Match`); False when the bridge cannot say now (asked again later)."""
-        from lnkmem.bridges.place import NotFound
-        from lnkmem.replica import copy as copyfmt
-        try:
-            manifest, _ = self.layout.replica.manifest(copyfmt.copy_state(self.store).version)
-        except (NotFound, copyfmt.CopyDamaged):
-            return True  # (attach says what it is)
-        except Exception as e:
-            log.debug("the copy's re-check: %s", e)
-            return False
-        return manifest is not None
+    def _serve_loaded(self, store: Store) -> None:
+        """A newer version of the copy, loaded beside the index, served in its place."""
+        if self.closing:  # stop() closed, or is closing, the store it knew: this one too
+            store.close()
+        else:
+            self.store = store
 
     def check_copy(self, timeout: float = 5.0) -> None:
         """A team reader, before a search: look at the copy again when the last look is
         older than the re-check interval, and wait (a while) for a newer version."""
         if self.layout.replica is None or self.layout.writes or not self.ready.is_set():
             return  # (before the copy's code is imported: a local memory's first search needs none of it)
-        from lnkmem.replica.sync import recheck
-        if time.monotonic() - self.last_check < recheck():
+        if not self.copy_sync.due():
             return
-        self.last_check = time.monotonic()
         done = threading.Event()
         self._queue.put((Command.ATTACH, done))
         done.wait(timeout)
-
-    last_check = 0.0  # when the copy's version was last asked for
-    _touched: tuple = ()  # the last version applied as a change: the files both it and the cache changed
 
     def reload_from_copy(self) -> None:
         """Another engine wrote the copy first (the write-back met a 412): its version taken and
@@ -658,63 +577,9 @@ class Memory(ServedMemory):
     def embedding(self) -> Optional[tuple[int, int]]:
         """(passages with a vector, live passages) while some still wait for one;
         None when all have one or no model is served."""
-        if self.embedder is None or self.store is None:
-            return None
-        alive, has = self.store.snapshot.alive, self.vindex.has
-        total = int(alive.sum())
-        n = min(len(alive), len(has))
-        done = int((alive[:n] & has[:n]).sum())
-        return (done, total) if done < total else None
+        return self.embeds.progress() if self.embeds is not None else None
 
-    # --- meaning -------------------------------------------------------------
-
-    def _embed_loop(self) -> None:
-        """Embed passages that have no vector yet, in the background."""
-        while not self._stop.is_set():
-            try:
-                self._embed_pending()
-            except Exception as e:  # keep the thread: the next wake tries again
-                log.exception("embedding failed: %s", e)
-                self._stop.wait(5)
-
-    def _embed_pending(self) -> None:
-        """Wait for a wake-up, then embed every live passage that has no vector."""
-        from lnkmem.bridges.embed import EmbeddingUnavailable
-        self._embed_wake.wait(timeout=5)
-        self._embed_wake.clear()
-        while not self._stop.is_set():
-            todo = self.vindex.missing(self.store.snapshot.alive, EMBED_BATCH)
-            passages = self.store.passages_of(todo)
-            pids = [p for p, x in zip(todo, passages) if x is not None]
-            if not pids:
-                return
-            texts = [x.text[:2000] for x in passages if x is not None]
-            try:
-                vecs = self.embedder.embed(texts)
-            except EmbeddingUnavailable as e:
-                log.info("embedding paused: %s", e)
-                self._stop.wait(min(self.embedder.circuit.cooldown, 30))
-                self._embed_wake.set()  # try again after the pause
-                return
-            live = [x for x in passages if x is not None]
-            stored = set(self.store.put_vectors(pids, vecs, live))
-            keep = [i for i, p in enumerate(pids) if p in stored]
-            self.vindex.add([pids[i] for i in keep], vecs[keep])
-
-    def query_vector(self, query: str):
-        from lnkmem.bridges.embed import EmbeddingUnavailable
-        v = self._qcache.get(query)
-        if v is not None:
-            self._qcache.move_to_end(query)
-            return v
-        try:
-            v = self.embedder.embed([query], patient=False)[0]
-        except EmbeddingUnavailable:
-            return None
-        self._qcache[query] = v
-        if len(self._qcache) > QUERY_CACHE:
-            self._qcache.popitem(last=False)
-        return v
+    # --- ranking -------------------------------------------------------------
 
     def rank(self, query: str, limit: int, sources=None, under=None, after: Optional[float] = None,
              before: Optional[float] = None, store: Optional[Store] = None) -> tuple[list[tuple[int, float]], str]:
@@ -744,7 +609,7 @@ class Memory(ServedMemory):
             raise
         store.check_map()
         if meaning:
-            v = self.query_vector(q.meaning_text)
+            v = self.embeds.query_vector(q.meaning_text)
             if v is not None:
                 near = self.vindex.search(store, v, depth * (4 if checks.any else 1), sources, under)
                 near = checks.filter(store, near, depth)
@@ -761,250 +626,8 @@ class Memory(ServedMemory):
                     return fused[:limit], "meaning+words"
         return words[:limit], "words"
 
-    # --- watching ------------------------------------------------------------
 
-    def _roots(self) -> list[tuple[str, str]]:
-        """(absolute folder, source) of each local place to watch, most specific first."""
-        roots = []
-        for source in ("chats", "skills", "home"):
-            place = self.places.get(source)
-            if place is not None and place.local:
-                roots.append((place.root, source))
-        return roots
-
-    def ref_for(self, path: str) -> Optional[str]:
-        """The ref of a changed local path, or None when it is not indexed."""
-        if isinstance(self.notes, LocalNotes) and path == self.notes.path:
-            return "notes"
-        try:
-            path.encode("utf-8")
-        except UnicodeEncodeError:  # no ref names it (§3.2: skipped)
-            return None
-        state = self.cfg.state
-        if path == state or path.startswith(state + os.sep):
-            return None
-        for root, source in self._roots():
-            if path == root or path.startswith(root + os.sep):
-                if source == "home" and self.cfg.agent and (path == self.cfg.agent or path.startswith(self.cfg.agent + os.sep)):
-                    continue
-                rel = os.path.relpath(path, root)
-                if rel == ".":
-                    return source
-                parts = rel.split(os.sep)
-                ignorer = self.places[source].ignore
-                if ignorer is not None and parts[-1] in IGNORE_FILES:  # its folder's listing changes
-                    folder = "/".join(parts[:-1])
-                    return f"{source}/{folder}" if folder else source
-                if ignorer is not None and parts[-1] == "pyvenv.cfg" and len(parts) > 1:
-                    folder = "/".join(parts[:-2])  # a folder became a virtual environment: its parent's listing changes
-                    return f"{source}/{folder}" if folder else source
-                if any(p.startswith(".") for p in parts):
-                    return None
-                if ignorer is not None and ignorer.ignored("/".join(parts), os.path.isdir(path)):
-                    return None
-                return f"{source}/{rel.replace(os.sep, '/')}"
-        return None
-
-    def _watch(self) -> None:
-        try:
-            self._watch_sources()
-        finally:
-            self.watch_settled.set()
-
-    def _watch_sources(self) -> None:
-        self.opened.wait()
-        if self.error:
-            return
-        try:
-            import watchfiles  # noqa: F401  (a help, not a need)
-        except ImportError:
-            return
-        wanted = [r for r, _ in self._roots()]
-        if isinstance(self.notes, LocalNotes):
-            d = os.path.dirname(self.notes.path)
-            if not any(d == p or d.startswith(p + os.sep) for p in wanted):
-                wanted.append(d)
-        if not wanted:
-            return
-        from watchfiles._rust_notify import WatchfilesRustInternalError  # noqa: PLC2701 (watchfiles exports no public name for it)
-        told = retry = False
-        rewatch = REWATCH_S
-        while not self._stop.is_set():
-            # the folders there now, each as it is (a folder removed, or replaced, while watched:
-            # its watch ends with it, so the watch is made again once it is there)
-            self._watched = {p: _identity(p) for p in wanted}
-            paths = [p for p, ident in self._watched.items() if ident is not None]
-            self._watch_state({p: WATCHED if ident is not None else REARMING for p, ident in self._watched.items()})
-            if not paths:
-                self._stop.wait(REARM_S)
-                retry = True
-                continue
-            try:
-                if self._watch_loop(paths, retry) == "again" or self._stop.is_set():
-                    if not self._stop.is_set():
-                        log.info("a watched folder was removed or replaced: watched again")
-                        self._watch_state(dict.fromkeys(wanted, REARMING))
-                    retry = True
-                    continue
-                return
-            except WatchfilesRustInternalError as e:
-                # a name that is not UTF-8 below a root (§3.2: skipped, never a reason
-                # to stop watching) makes watchfiles fail at every turn: watch with
-                # inotify itself, which keeps names as bytes
-                log.info("watching with inotify: %s", e)
-                try:
-                    if self._inotify_loop(paths, retry) == "again":
-                        log.info("a watched folder was removed or replaced: watched again")
-                        self._watch_state(dict.fromkeys(wanted, REARMING))
-                        retry = True
-                        continue
-                    return
-                except OSError as e2:
-                    e = e2
-                # no inotify (or no watches left): look at every local source
-                # instead, every POLL_S or five times as long as a look takes (at
-                # most a fifth of a core), and try watching again later
-                (log.debug if told else log.info)("watching by looking every %gs or more: %s", POLL_S, e)
-                told = True
-                self._watch_state(dict.fromkeys(wanted, POLLING))
-                until = time.monotonic() + rewatch
-                rewatch = min(rewatch * 2, 600.0)
-                while not self._stop.is_set() and time.monotonic() < until:
-                    t0 = time.monotonic()
-                    self._rescan_local(wait=True)
-                    self._stop.wait(max(POLL_S, 4 * (time.monotonic() - t0)))
-                retry = True
-            except Exception as e:  # the watcher is a help, not a need
-                log.warning("watching stopped: %s", e)
-                self._watch_state(dict.fromkeys(wanted, f"not watched ({type(e).__name__}: {e})"))
-                return
-
-    watching: dict = {}  # each folder watched: WATCHED, POLLING, REARMING or why not (status)
-
-    def _watch_state(self, folders: dict) -> None:
-        """What the watch of each folder is now, kept for ``status`` (another process) in
-        <state>'s WATCH_FILE, written from <state> as opened (a local memory only)."""
-        if folders == self.watching:
-            return
-        self.watching = dict(folders)
-        fd = self.layout.state_fd
-        if fd is None:
-            return
-        try:
-            atomic.write_at(fd, WATCH_FILE, json.dumps({"pid": os.getpid(), "folders": folders}).encode())
-        except OSError as e:
-            log.debug("the watch's state could not be kept: %s", e)
-
-    def _rescan_local(self, wait: bool = False) -> None:
-        """Look once more at every local source (events may have been missed)."""
-        for source, place in self.places.items():
-            if self._stop.is_set():
-                return
-            if place.local:
-                self.changed(source, wait=wait, timeout=60)
-
-    _watched: dict = {}  # each folder watched (or to be, once there): its identity when the watch began
-
-    def _watched_moved(self) -> bool:
-        """Whether a watched folder is gone, replaced, or there now though it was not."""
-        return any(_identity(p) != ident for p, ident in self._watched.items())
-
-    def _inotify_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
-        """Watch with inotify directly (bytes names), until stopped ("again": a watched
-        folder went or came: watch again). ``retry``: watching again after a time
-        unwatched (what changed meanwhile is looked for)."""
-        from lnkmem.memory.inotify import Inotify
-        ino = Inotify()
-        try:
-            for p in paths:
-                ino.add_tree(os.fsencode(p))
-            # what changed while nothing watched: after another watcher failed, or when the
-            # first look at the tree began before any watch
-            if retry or self.watch_settled.is_set() or self._listed_unwatched:
-                self._rescan_local()
-            self.watch_settled.set()
-            looked = time.monotonic()
-            while not self._stop.is_set():
-                events = ino.read(0.3)
-                if events is None:  # events were lost: look at everything
-                    self._rescan_local()
-                    continue
-                if time.monotonic() - looked >= REARM_S:
-                    looked = time.monotonic()
-                    if self._watched_moved():
-                        return "again"
-                if not events:
-                    continue
-                deadline = time.monotonic() + WATCH_DEBOUNCE_MS / 1000
-                while (left := deadline - time.monotonic()) > 0:
-                    more = ino.read(left)
-                    if more is None:
-                        self._rescan_local()
-                        break
-                    events += more
-                refs = {self.ref_for(os.fsdecode(p)) for _, p in events}
-                for r in refs:
-                    if r:
-                        self.changed(r, wait=False)
-        finally:
-            ino.close()
-
-    def _watch_loop(self, paths: list[str], retry: bool = False) -> Optional[str]:
-        """Watch with watchfiles until stopped ("again": a watched folder went or came:
-        watch again). Its ``RustNotify``, not the public ``watchfiles.watch`` (issue 48): that
-        generator makes its watches at its first ``next()`` and gives nothing back until a
-        change or its timeout, so ``watch_settled`` (and the look at what changed unwatched)
-        would come a timeout late; and the error that sends us to inotify is public nowhere."""
-        from watchfiles._rust_notify import RustNotify  # noqa: PLC2701 (watchfiles exports no public name for it)
-        caught_up = False
-        t0 = time.monotonic()
-        looked = t0
-        with RustNotify(paths, False, False, 300, True, True) as watcher:
-            log.debug("watching %s: in place after %.2fs", ", ".join(paths), time.monotonic() - t0)
-            self.watch_settled.set()
-            while not self._stop.is_set():
-                raw = watcher.watch(WATCH_DEBOUNCE_MS, 20, 300, self._stop)
-                if raw == "stop" or raw == "signal":
-                    return None
-                if time.monotonic() - looked >= REARM_S:
-                    looked = time.monotonic()
-                    if self._watched_moved():
-                        return "again"
-                if raw == "timeout" or not raw:
-                    if not caught_up:  # watching now: look once more at what changed before,
-                        caught_up = True  # when the first look began unwatched (or this watch is a retry)
-                        if self._listed_unwatched or retry:
-                            self._rescan_local()
-                    continue
-                changes = {p for _, p in raw}
-                refs = {self.ref_for(p) for p in changes}
-                for r in refs:
-                    if r:
-                        self.changed(r, wait=False)
-                # files made in a new folder before the watch on it began send no
-                # event of their own: look at new folders once more a little later
-                for p in changes:
-                    r = self.ref_for(p)
-                    if r and os.path.isdir(p):
-                        t = threading.Timer(0.5, self.changed, (r,), {"wait": False})
-                        t.daemon = True
-                        t.start()
-
-
-STALE_S = 60.0  # a loose temp file older than this is no writer's any more
 INDEX_HELD_WAIT_S = 60.0  # the index held by another memory of this process (stopping): waited for this long
-REARM_S = 1.0  # how often the watched folders are looked at (gone, replaced, back): watched again
-WATCH_FILE = "watch.json"  # in <state>: each watched folder's state, for `status`
-WATCHED, POLLING, REARMING = "watched", "polling", "re-arming (gone or replaced: watched again once it is back)"
-
-
-def _identity(path: str) -> Optional[tuple[int, int]]:
-    """A folder's device and inode (None: no folder there)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 TRIM_SLACK = 32 << 20
@@ -1014,49 +637,6 @@ def _anon_bytes() -> Optional[int]:
     """This process's resident memory not backed by a file (no /proc: None)."""
     held = memtrim.resident()
     return held[0] if held is not None else None
-
-
-def clean_tmp(tmpdir: str, state: Optional[str] = None) -> int:
-    """Remove temp files that processes killed mid-write left behind (§7.1): the
-    per-process folders ``p<pid>`` under ``tmpdir`` of processes gone, loose
-    files there, and ``notes-*`` temps in ``state``, once older than STALE_S.
-    Only regular files and those folders are touched, never through a link.
-    Returns how many were removed."""
-    import shutil
-    removed = 0
-    now = time.time()
-    mine = f"p{os.getpid()}"
-    if tmpdir:
-        was = atomic.clear_non_folder(tmpdir)  # (a link there -- to another agent's folder -- is never followed)
-        if was is not None:
-            log.warning("%s was %s, not a folder: removed (never followed)", tmpdir, was)
-    for folder, pattern in ((tmpdir, None), (state, "notes-")):
-        if not folder:
-            continue
-        try:
-            fd = atomic.open_folder_nofollow(folder)  # each entry reached from this folder, as it was opened
-        except OSError:
-            continue
-        try:
-            for d in list(os.scandir(fd)):
-                try:
-                    s = d.stat(follow_symlinks=False)
-                    if pattern is None and d.is_dir(follow_symlinks=False) and d.name[:1] == "p" and d.name[1:].isdigit():
-                        if d.name != mine and not procs.alive(int(d.name[1:])):
-                            shutil.rmtree(d.name, dir_fd=fd, ignore_errors=True)
-                            removed += 1
-                        continue
-                    if not d.is_file(follow_symlinks=False) or now - s.st_mtime < STALE_S:
-                        continue
-                    if pattern is not None and not (d.name.startswith(pattern) and len(d.name) == len(pattern) + 8):
-                        continue
-                    os.unlink(d.name, dir_fd=fd)
-                    removed += 1
-                except OSError:
-                    continue
-        finally:
-            os.close(fd)
-    return removed
 
 
 def _outermost(refs: set[str]) -> list[str]:

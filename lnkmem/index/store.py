@@ -38,8 +38,9 @@ from lnkmem.core import atomic, memtrim
 from lnkmem.core.errors import DamagedIndex
 from lnkmem.index import commit as commits
 from lnkmem.index import lmdbfile
-from lnkmem.index.codec import postings, textpack
+from lnkmem.index.codec import textpack
 from lnkmem.index import snapshot as snapshots
+from lnkmem.index.caches import SearchCaches
 from lnkmem.index.commit import Batch
 from lnkmem.index.format import (FORMAT, LOADING, REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,
                                  head_decoder, id_key, kind_decoder, passage_decoder, quantize,
@@ -86,8 +87,6 @@ def _guarded(method):
 
 _T = TypeVar("_T")
 
-LOOKED_UP_BYTES = 4 << 20  # Store.looked_up's budget
-SMALL_SEGMENT_TERMS = 4096  # a segment of at most this many terms has them held as a set (Store.holding)
 
 
 def _guarded_walk(method):
@@ -140,13 +139,8 @@ class Store:
         # them one key at a time took seconds at 10x, on one core)
         self.leave_merged = False
         self.left_merged = False  # a merge left some (a compaction at close drops them)
-        self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
-        # short lists search only looks up, decoded whole and kept apart, so that many
-        # of them never evict the long ones above (rank.prune.LOOKUP_WHOLE)
-        self.looked_up = postings.Decoded(LOOKED_UP_BYTES)
+        self.caches = SearchCaches()  # the decoded lists, small segments' terms, block-max bounds
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
-        self._seg_terms: dict[bytes, Optional[frozenset]] = {}  # by segment key: its terms when few (holding)
-        self.block_max: dict = {}  # by list key: its blocks' largest scores' part (one word's block-max: rank.prune)
         try:
             self._open()
         except BaseException:
@@ -776,55 +770,17 @@ class Store:
             return out
 
     def postings_of(self, r: Reading, term: str, segs: Optional[list[bytes]] = None) -> tuple[np.ndarray, np.ndarray]:
-        """(pids, tfs) of a term across all segments (``segs``, else every listed one) as
-        ``r`` reads them, dead ones included."""
-        t = term.encode()
-        pids, tfs = [], []
-        for sk in segs if segs is not None else r.segment_keys():
-            got = self.decoded_list(r, sk + t)
-            if got is None:
-                continue
-            ps, ts = got
-            pids.append(ps)
-            tfs.append(ts)
-        return postings.joined(pids, tfs, np.uint32)
+        """(pids, tfs) of a term across the segments, dead ones included: :meth:`caches.SearchCaches.postings_of`."""
+        return self.caches.postings_of(r, term, segs)
 
     def holding(self, r: Reading, segs: list[bytes], term: bytes) -> list[bytes]:
-        """Those of ``segs`` that may hold a list of ``term``: a small segment (a changed
-        file's, a few commits') only where its terms, read once and held as a set, have
-        it, so a search does not look every term up in each of them (a segment's terms
-        never change; its key is never reused)."""
-        known = self._seg_terms
-        if len(known) > 2 * len(segs) + 64:  # segments merged away: forget them
-            keep = set(segs)
-            self._seg_terms = known = {k: v for k, v in known.items() if k in keep}
-        out = []
-        for sk in segs:
-            try:
-                terms = known[sk]
-            except KeyError:
-                terms = known[sk] = self._terms_if_few(r, sk)
-            if terms is None or term in terms:
-                out.append(sk)
-        return out
-
-    @staticmethod
-    def _terms_if_few(r: Reading, sk: bytes) -> Optional[frozenset]:
-        """The terms of segment ``sk`` (bytes), or None when it has more than
-        :data:`SMALL_SEGMENT_TERMS`."""
-        terms = r.segment_terms(sk, most=SMALL_SEGMENT_TERMS + 1)
-        return frozenset(terms) if len(terms) <= SMALL_SEGMENT_TERMS else None
+        """Those of ``segs`` that may hold a list of ``term``: :meth:`caches.SearchCaches.holding`."""
+        return self.caches.holding(r, segs, term)
 
     def decoded_list(self, r: Reading, key: bytes) -> Optional[tuple[np.ndarray, np.ndarray]]:
-        """(pids, tfs) of one segment's list of a term (segment key + term), decoded once and
-        kept in :attr:`decoded`; None when the segment has no such list."""
-        got = self.decoded.get(key)
-        if got is None:
-            v = r.posting_list(key)
-            if v is None:
-                return None
-            got = self.decoded.put(key, postings.unpack(v))
-        return got
+        """(pids, tfs) of one segment's list of a term, decoded once and kept:
+        :meth:`caches.SearchCaches.decoded_list`."""
+        return self.caches.decoded_list(r, key)
 
     @_guarded
     def get_meta(self, key: bytes) -> Optional[bytes]:

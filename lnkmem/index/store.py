@@ -40,11 +40,11 @@ from lnkmem.index import commit as commits
 from lnkmem.index import lmdbfile
 from lnkmem.index.codec import textpack
 from lnkmem.index import snapshot as snapshots
+from lnkmem.index import vector_table
 from lnkmem.index.caches import SearchCaches
 from lnkmem.index.commit import Batch
 from lnkmem.index.format import (FORMAT, LOADING, REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,
-                                 head_decoder, id_key, kind_decoder, passage_decoder, quantize,
-                                 vector_rows)
+                                 head_decoder, id_key, kind_decoder, passage_decoder)
 from lnkmem.index.lmdbfile import (COMPACT_FREE, COMPACT_MIN, COMPACTING, DAMAGE_ERRORS, SEAL, SNAP,
                                    CoveringEnv, DamagedWhileServing, check_file, compact_file, deep_check,
                                    pages_of, wipe)
@@ -832,95 +832,43 @@ class Store:
                 else self.load_snapshot()
         self.changed()
 
-    # --- vectors -----------------------------------------------------------
+    # --- vectors (lnkmem.index.vector_table) ----------------------------------
 
     @_guarded
     def vector_count(self) -> int:
-        """How many passages have a stored vector (one read of the vectors table's size)."""
-        with self.env.begin() as txn:
-            return txn.stat(self.vectors)["entries"]
+        """How many passages have a stored vector: :func:`vector_table.count`."""
+        return vector_table.count(self)
 
     def vector_model(self) -> Optional[str]:
+        """The model whose vectors the index holds (None: none recorded)."""
         v = self.get_meta(b"model")
         return v.decode() if v is not None else None
 
     @_guarded
     def use_vector_model(self, model: str) -> bool:
-        """Record whose vectors the index holds; another model's are dropped.
-        Returns True when vectors were dropped."""
-        with self.write_lock, self.env.begin(write=True) as txn:
-            old = txn.get(b"model", db=self.meta)
-            if old == model.encode():
-                return False
-            txn.drop(self.vectors, delete=False)
-            txn.drop(self.vec_pending, delete=False)
-            txn.put(b"model", model.encode(), db=self.meta)
-            return old is not None
+        """Record whose vectors the index holds; another model's are dropped (True when
+        some were): :func:`vector_table.use_model`."""
+        return vector_table.use_model(self, model)
 
     @_guarded
     def put_vectors(self, pids: list[int], vecs: np.ndarray, passages: Optional[list] = None) -> list[int]:
-        """Store unit vectors (int8 with a scale) of passages still live and, when
-        ``passages`` are given, still the passages embedded; returns those stored."""
-        expect = [encoder.encode(p) for p in passages] if passages is not None else None
-
-        def write() -> list[int]:
-            stored = []
-            with self.env.begin(write=True) as txn:
-                zdict = txn.get(b"zdict", db=self.meta)
-                for i, (pid, v) in enumerate(zip(pids, vecs)):
-                    now = txn.get(id_key(pid), db=self.passages)
-                    if now is None or (expect is not None and textpack.unpack(now, zdict) != expect[i]):
-                        continue  # replaced meanwhile
-                    txn.put(id_key(pid), quantize(v), db=self.vectors)
-                    txn.put(id_key(pid), b"", db=self.vec_pending)
-                    stored.append(pid)
-            return stored
-
-        stored = self.with_map_room(write)
-        if stored:
-            self.changed()
-        return stored
+        """Store unit vectors of passages still live (and still ``passages``, when given);
+        returns those stored: :func:`vector_table.put`."""
+        return vector_table.put(self, pids, vecs, passages)
 
     @_guarded
     def vector_shape(self) -> tuple[int, int]:
-        """(largest pid with a vector + 1, dimension) of the stored vectors; (0, 0) when none."""
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.vectors)
-            if not cur.first():
-                return 0, 0
-            dim = len(cur.value()) - 4  # the first row's, as iter_vectors keeps
-            cur.last()
-            return int.from_bytes(cur.key(), "big") + 1, dim
+        """(largest pid with a vector + 1, dimension); (0, 0) when none: :func:`vector_table.shape`."""
+        return vector_table.shape(self)
 
     def iter_vectors(self, chunk: int = 8192):
-        """Every stored vector, as it is stored, in chunks of ``chunk`` rows:
-        (pids int64, int8 rows, float32 scales); rows of another length than
-        the first are skipped. Only one chunk is held at a time besides LMDB's map."""
-        with self.env.begin() as txn:
-            dim = None
-            pids: list[int] = []
-            rows: list[bytes] = []
-            for k, v in txn.cursor(db=self.vectors):
-                if dim is None:
-                    dim = len(v) - 4
-                if len(v) != dim + 4:
-                    continue
-                pids.append(int.from_bytes(k, "big"))
-                rows.append(v)
-                if len(rows) >= chunk:
-                    yield vector_rows(pids, rows, dim)
-                    pids, rows = [], []
-            if rows:
-                yield vector_rows(pids, rows, dim)
+        """Every stored vector in chunks of ``chunk`` rows: :func:`vector_table.iter_rows`."""
+        return vector_table.iter_rows(self, chunk)
 
     @_guarded
     def all_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(pids, int8 matrix, float32 scales) of every stored vector; a row's
-        vector is ``matrix[i] * scales[i]``."""
-        parts = list(self.iter_vectors())
-        if not parts:
-            return np.empty(0, np.int64), np.empty((0, 0), np.int8), np.empty(0, np.float32)
-        return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
+        """(pids, int8 matrix, float32 scales) of every stored vector: :func:`vector_table.all_rows`."""
+        return vector_table.all_rows(self)
 
     # --- merging (lnkmem.index.merge: the run, the policy) ----------------
 

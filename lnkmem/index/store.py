@@ -23,7 +23,6 @@ import contextlib
 import functools
 import logging
 import os
-import stat
 import threading
 import time
 import weakref
@@ -39,30 +38,18 @@ from lnkmem.core.errors import DamagedIndex
 from lnkmem.index import commit as commits
 from lnkmem.index import lmdbfile
 from lnkmem.index.codec import textpack
+from lnkmem.index import seal
 from lnkmem.index import snapshot as snapshots
 from lnkmem.index import vector_table
 from lnkmem.index.caches import SearchCaches
 from lnkmem.index.commit import Batch
-from lnkmem.index.format import (FORMAT, LOADING, REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,
+from lnkmem.index.format import (REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,
                                  head_decoder, id_key, kind_decoder, passage_decoder)
-from lnkmem.index.lmdbfile import (COMPACT_FREE, COMPACT_MIN, COMPACTING, DAMAGE_ERRORS, SEAL, SNAP,
-                                   CoveringEnv, DamagedWhileServing, check_file, compact_file, deep_check,
-                                   pages_of, wipe)
+from lnkmem.index.lmdbfile import (DAMAGE_ERRORS, CoveringEnv, DamagedWhileServing, check_file, wipe)
 from lnkmem.index.merge import policy, run
+from lnkmem.index.seal import IndexInUse  # noqa: F401 (raised by Store.open: its callers catch it from here)
 from lnkmem.index.snapshot import Snapshot
 from lnkmem.index.tables import Reading, ReadingBegun, Tables, Writing
-
-
-class IndexInUse(Exception):
-    """The index is open in this process already (an LMDB environment must be opened once a
-    process: a second open, and its close, would break the first's locks)."""
-
-
-# the indexes open in this process, by their folder's device and inode (a Store dropped without
-# its close leaves with its last reference)
-_open_here: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
-_open_here_lock = threading.Lock()
-
 
 
 def _guarded(method):
@@ -147,16 +134,16 @@ class Store:
             env = getattr(self, "env", None)
             if env is not None:
                 env.close()
-            self._let_go_of_path()
+            self.let_go_of_path()
             self._let_go_of_here()
             raise
 
-    _real: Optional[str] = None  # the folder's device and inode, while this holds it open (_open_here)
+    _real: Optional[str] = None  # the folder's device and inode, while this holds it open (seal.claim)
 
-    def _let_go_of_path(self) -> None:
-        with _open_here_lock:
-            if self._real is not None and _open_here.get(self._real) is self:
-                del _open_here[self._real]
+    def let_go_of_path(self) -> None:
+        """Let go of this process's claim on the index's folder (:func:`seal.claim`): another
+        store of this process may open it from now on (its close; its retirement)."""
+        seal.release(self._real, self)
         self._real = None
 
     def _let_go_of_here(self) -> None:
@@ -166,61 +153,20 @@ class Store:
     # --- opening, checking, wiping ---------------------------------------
 
     def _open(self) -> None:
-        try:  # its folder: a folder, never a link's (to a folder or a file elsewhere), nor a FIFO
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            st = None
-        if st is not None and not stat.S_ISDIR(st.st_mode):  # moved aside as it is, never followed
-            with atomic.folder(self.path) as (parent, name):
-                moved = atomic.move_aside_at(parent, name)
-            raise DamagedIndex(f"the index's folder was {atomic.kind_of(st.st_mode)}"
-                               + (f" (moved aside to {moved[0]}, never followed)" if moved else ""))
-        os.makedirs(self.path, mode=0o700, exist_ok=True)
         # its folder opened once, never through a link: every name below it is reached from
         # it (self.here), whatever the folder's name -- or a folder above -- leads to later
         # (swapped for a link to another agent's, say: nothing of that one is ever touched)
-        try:
-            fd = atomic.open_folder_nofollow(self.path)
-        except OSError as e:
-            raise DamagedIndex(f"the index's folder was replaced while it was opened ({e.strerror})") from None
+        fd = seal.pin_folder(self.path)
         self._let_go_of_folder = weakref.finalize(self, os.close, fd)
         self.here = atomic.pinned(fd, self.path)
-        st = os.fstat(fd)
-        real = f"{st.st_dev}:{st.st_ino}"
-        with _open_here_lock:  # before anything is touched (the seal, the files)
-            if _open_here.get(real) is not None:
-                raise IndexInUse(f"the index in {self.path} is already open in this process")
-            _open_here[real] = self
-        self._real = real
-        size = self.MAP_SIZE
+        self._real = seal.claim(fd, self, self.path)  # before anything is touched (the seal, the files)
         data = os.path.join(self.here, "data.mdb")
         self.data = data
-        # LMDB opens data.mdb and lock.mdb itself, by name: a link there would be written
-        # through, a folder or a FIFO would fail every open. What is not a plain file at
-        # either name is removed (a link unlinked, never followed) and the index made anew.
-        for name in ("lock.mdb", "data.mdb"):
-            was = atomic.clear_non_file(os.path.join(self.here, name))
-            if was is not None:
-                raise DamagedIndex(f"{name} is not a file but {was} (removed)")
-        seal = os.path.join(self.here, SEAL)
-        raw = atomic.read_file(seal, 4096)  # (never through a link, never waiting on a FIFO)
-        sealed = raw.decode("utf-8", "replace") if raw is not None else None
-        try:
-            atomic.remove(seal)  # from now on the file may change
-        except OSError:
-            sealed = None
-        # "new": no file yet; "sealed": closed whole and untouched since, so neither every
-        # page nor the files/segments agreement is checked again (restart O(change));
-        # "checked": not closed whole (a killed process: its seal was removed at its open)
-        # or touched since: every page read in a child, and the tables cross-checked
-        self.opened_as = "new"
-        if os.path.lexists(data):
-            txnid = check_file(data)  # whatever the seal says: a torn or truncated file never maps
-            if sealed is not None and sealed == lmdbfile.stamp(data, txnid):
-                self.opened_as = "sealed"
-            else:
-                self.opened_as = "checked"
-                deep_check(self.here)
+        seal.clear_lmdb_names(self.here)
+        sealed = seal.take_seal(self.here)
+        self.opened_as = seal.check_file_at_open(self.here, data, sealed)
+        size = self.MAP_SIZE
+        if self.opened_as != "new":
             size = max(size, os.path.getsize(data) * 2)
         self.env = CoveringEnv(lmdb.open(
             self.here, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
@@ -230,26 +176,9 @@ class Store:
         # reading() and writing())
         self.meta, self.files, self.passages, self.postings = t.meta, t.files, t.passages, t.postings
         self.segments, self.dead, self.vectors, self.vec_pending = t.segments, t.dead, t.vectors, t.vec_pending
-        with self.env.begin() as txn:  # (read: an index opened and closed unchanged keeps its stamp)
-            fmt = txn.get(b"format", db=self.meta)
-        if fmt is None:
-            with self.env.begin(write=True) as txn:
-                if txn.stat(self.files)["entries"] or txn.stat(self.segments)["entries"]:
-                    raise DamagedIndex("index has data but no format")
-                txn.put(b"format", FORMAT, db=self.meta)
-                txn.put(b"gen", b"0", db=self.meta)
-                txn.put(b"next_pid", b"1", db=self.meta)
-                txn.put(b"next_seg", b"1", db=self.meta)
-        elif fmt != FORMAT:
-            raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
-        else:
-            with self.env.begin() as txn:
-                if txn.get(LOADING, db=self.meta) is not None:  # (its copy is loaded again)
-                    raise DamagedIndex("a load of the index copy did not finish")
+        seal.check_format(self.env, t)
         self.psize = self.env.stat()["psize"]
-        if os.path.lexists(os.path.join(self.here, COMPACTING)):  # a compaction killed (none runs while this is open)
-            with contextlib.suppress(OSError):
-                atomic.remove(os.path.join(self.here, COMPACTING))
+        seal.remove_unfinished_compaction(self.here)
         self._sealed = sealed
         self._listed = snapshots.saved_listed(self.here, sealed) if self.opened_as == "sealed" else {}
         if self.opened_as == "sealed" and snapshots.saved_matches(self.here, sealed):
@@ -478,13 +407,8 @@ class Store:
         return self.tables.data
 
     def free_share(self) -> float:
-        """The share of data.mdb's pages that no table uses (freed by merges and
-        deletions; LMDB reuses them for later writes but never shortens the file)."""
-        with self.env.begin() as txn:
-            used = 2 + sum(pages_of(txn.stat(db)) for db in (self.meta, *self.data_tables)) \
-                + pages_of(self.env.stat())
-        total = self.env.info()["last_pgno"] + 1
-        return max(0.0, 1 - used / total) if total else 0.0
+        """The share of data.mdb's pages that no table uses: :func:`seal.free_share`."""
+        return seal.free_share(self.env, self.tables)
 
     def close(self, compact: bool = False) -> None:
         """Close; an index closed whole is sealed, so the next open need not read it all,
@@ -495,7 +419,7 @@ class Store:
         try:
             self._close(compact)
         finally:
-            self._let_go_of_path()  # (last: no other open of this process while it compacts)
+            self.let_go_of_path()  # (last: no other open of this process while it compacts)
             self._let_go_of_here()
 
     def _close(self, compact: bool) -> None:
@@ -509,8 +433,7 @@ class Store:
             try:
                 if whole:
                     self.env.sync(True)
-                    compact = compact and os.path.getsize(self.data) >= COMPACT_MIN \
-                        and (self.left_merged or self.free_share() > COMPACT_FREE)
+                    compact = compact and seal.worth_compacting(self.data, self.left_merged, self.free_share)
                     # a snapshot never read: the saved one stands while the file is as it was sealed
                     if self._snapshot is not None or compact or lmdbfile.stamp(self.data, check_file(self.data)) != self._sealed:
                         saved = snapshots.snapshot_bytes(self.snapshot, self._gen())
@@ -519,22 +442,9 @@ class Store:
             whole = whole and not self.env.faulted()  # (what was saved was read through it)
             self.env.close()
             if whole and compact:
-                memtrim.trim()  # the build's freed heap, before the copy adds its own
-                try:
-                    self.compacted = compact_file(self.here)
-                except (lmdb.Error, OSError):
-                    self.compacted = False  # the old file stands (an unfinished copy is removed at open)
+                self.compacted = seal.compact(self.here)
             if whole:
-                try:
-                    stamp = lmdbfile.stamp(self.data, check_file(self.data))
-                    # first: a kill before the seal leaves it unused; not again when no
-                    # transaction ran since it was saved (a restart on an unchanged tree)
-                    if saved is not None and stamp != self._snap_stamp:
-                        atomic.write_file(os.path.join(self.here, SNAP), stamp.encode() + b"\n" + saved)
-                    snapshots.save_listed(self.here, stamp, self._listed)  # valid only beside a seal of the same stamp
-                    atomic.write_file(os.path.join(self.here, SEAL), stamp.encode())
-                except (OSError, DamagedIndex):
-                    pass
+                seal.seal_at_close(self.here, self.data, saved, self._snap_stamp, self._listed)
 
     here = ""  # its folder, as opened (atomic.pinned): every name below it is reached from there
     _let_go_of_folder: Optional[Callable[[], None]] = None  # closes the folder's descriptor (once)
@@ -592,7 +502,7 @@ class Store:
             if not swapped:
                 self.events, self.retired = events, False
                 raise OSError(f"{self.path} and {where} cannot swap names in one step here")
-            self._let_go_of_path()  # (its name is the new index's)
+            self.let_go_of_path()  # (its name is the new index's)
         new = Store.open(self.path)
         new.events = events
         if merging:

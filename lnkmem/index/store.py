@@ -36,7 +36,7 @@ import numpy as np
 from lnkmem.core import atomic, memtrim
 from lnkmem.core.errors import DamagedIndex
 from lnkmem.index import commit as commits
-from lnkmem.index import lmdbfile
+from lnkmem.index import beside, lmdbfile
 from lnkmem.index.codec import textpack
 from lnkmem.index import seal
 from lnkmem.index import snapshot as snapshots
@@ -451,15 +451,15 @@ class Store:
 
     # --- a whole new version, loaded beside the index and put in its place ------
 
-    BESIDE = ".next"  # the folder beside the index's a new version is loaded into (path + BESIDE)
+    BESIDE = beside.BESIDE  # the folder beside the index's a new version is loaded into (path + BESIDE)
 
     retired = False  # another index was put in its place (replaced_by): read, never sealed (a write is not refused: it lands in the unlinked file)
 
     @staticmethod
     def discard_beside(path: str) -> None:
         """Remove what a load beside the index at ``path`` left (a process killed during it,
-        or the version it replaced); a link by that name is removed, never followed."""
-        atomic.remove(path + Store.BESIDE)  # (a folder removed from its descriptor down: nothing below followed)
+        or the version it replaced): :func:`beside.discard`."""
+        beside.discard(path)
 
     def open_beside(self) -> Optional["Store"]:
         """A new, empty index in the folder beside this one's, for a whole version to be
@@ -467,13 +467,7 @@ class Store:
         its commit, and keeps them after it) while this one is searched; then
         :meth:`replaced_by`. Anything found there first is removed. None where the system
         cannot swap two folders' names in one step (nothing is left beside)."""
-        self.discard_beside(self.path)
-        side = Store(self.path + self.BESIDE)
-        if not lmdbfile.can_exchange_folders(side.here):
-            side.close()
-            self.discard_beside(self.path)
-            return None
-        return side
+        return beside.open_beside(self, Store)
 
     def replaced_by(self, side: "Store") -> "Store":
         """Put ``side`` (:meth:`open_beside`, loaded) in this index's place and return it,
@@ -486,29 +480,8 @@ class Store:
         this one's merger stops, and its environment closes when the last of its reads
         ends (LMDB's own close, as the last reference goes), its file unlinked already.
         OSError (the folders as they were, ``side`` closed) where the system cannot swap
-        folders in one step."""
-        where = side.path
-        side.close()
-        merging = self.merger.thread is not None
-        self.merger.stop()
-        with self.write_lock:  # (no commit of this store between the swap and the retirement)
-            # first: its guard no longer looks at the file by its folder's name, and a read
-            # that looked just before and met the other file tells nobody
-            events, self.events, self.retired = self.events, StoreEvents(), True
-            try:
-                swapped = atomic.exchange(self.path, where)
-            except OSError:
-                swapped = False
-            if not swapped:
-                self.events, self.retired = events, False
-                raise OSError(f"{self.path} and {where} cannot swap names in one step here")
-            self.let_go_of_path()  # (its name is the new index's)
-        new = Store.open(self.path)
-        new.events = events
-        if merging:
-            new.start_merger(look=False)  # (the loaded segments merged after the sources are looked at)
-        self.discard_beside(self.path)  # this one's files: unlinked, still mapped while read
-        return new
+        folders in one step (:func:`beside.replace`)."""
+        return beside.replace(self, side, Store.open)
 
     # --- transactions of the tables, typed (lnkmem.index.tables) -------------
 

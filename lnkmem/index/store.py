@@ -38,13 +38,12 @@ from lnkmem.core.errors import DamagedIndex
 from lnkmem.index import commit as commits
 from lnkmem.index import beside, lmdbfile
 from lnkmem.index.codec import textpack
-from lnkmem.index import seal
+from lnkmem.index import file_reads, seal
 from lnkmem.index import snapshot as snapshots
 from lnkmem.index import vector_table
 from lnkmem.index.caches import SearchCaches
 from lnkmem.index.commit import Batch
-from lnkmem.index.format import (REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,
-                                 head_decoder, id_key, kind_decoder, passage_decoder)
+from lnkmem.index.format import (FileRec, Passage, encoder)
 from lnkmem.index.lmdbfile import (DAMAGE_ERRORS, CoveringEnv, DamagedWhileServing, check_file, wipe)
 from lnkmem.index.merge import policy, run
 from lnkmem.index.seal import IndexInUse  # noqa: F401 (raised by Store.open: its callers catch it from here)
@@ -549,108 +548,52 @@ class Store:
         with self.write_lock:
             self.snapshot = self.load_snapshot(check)
 
-    # --- reading ---------------------------------------------------------
+    # --- reading (lnkmem.index.file_reads) --------------------------------
 
     @_guarded
     def all_files(self) -> dict[str, FileRec]:
-        with self.env.begin() as txn:
-            return {ref: file_decoder.decode(rec) for ref, rec in Reading(txn, self.tables).files()}
-
-    def _files_under(self, prefix: str, dec=file_decoder):
-        """(ref, FileRec) of every file whose ref starts with ``prefix``."""
-        p = prefix.encode()[:REF_HEAD]  # a long ref's key holds this much of it
-        exact = len(prefix.encode()) > REF_HEAD
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.files)
-            if cur.set_range(p):
-                for i, (k, v) in enumerate(cur):
-                    if not k.startswith(p):
-                        break
-                    if i % 8192 == 8191:  # the map's pages the walk read (at 10x, every file: many MiB)
-                        self.let_go_of_map()
-                    if b"\0" in k or exact:
-                        ref, rec = file_entry(k, v)
-                        if ref.startswith(prefix):
-                            yield ref, dec.decode(rec)
-                    else:
-                        yield k.decode(), dec.decode(v)
+        """Every file's record, by ref."""
+        return file_reads.all_files(self)
 
     @_guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
-        # only each record's head: a file's passage ids are not built (every restart's plan)
-        return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix, head_decoder)}
+        """(version, size) of every file below ``prefix``, by ref: :func:`file_reads.versions`."""
+        return file_reads.versions(self, prefix)
 
     @_guarded_walk
     def heads_of(self, refs: Iterable[str]) -> Iterator[tuple[str, Optional[tuple[str, int]]]]:
-        """(ref, (version, size) or None where the index holds no such file) of each of
-        ``refs``, in their order, one lookup each in one read transaction: a whole listing
-        compared with the index without a dict of every file it holds."""
-        for ref, h in self._lookups(refs, head_decoder):
-            yield ref, (h.version, h.size) if h is not None else None
+        """(ref, (version, size) or None) of each of ``refs``, in their order: :func:`file_reads.heads_of`."""
+        yield from file_reads.heads_of(self, refs)
 
     @_guarded_walk
     def refs_under(self, prefix: str) -> Iterator[str]:
         """The ref of every file below ``prefix`` (a walk of the table, nothing kept)."""
-        for ref, _ in self._files_under(prefix, head_decoder):
-            yield ref
-
-    def _lookups(self, refs: Iterable[str], dec):
-        """(ref, its record decoded by ``dec`` or None where the index holds no such file) of
-        each of ``refs``, one lookup each in one read transaction, letting go of the map's
-        pages as it goes."""
-        with self.env.begin() as txn:
-            for i, ref in enumerate(refs):
-                v = file_get(txn, self.files, ref)
-                yield ref, dec.decode(v) if v is not None else None
-                if i % 8192 == 8191:
-                    self.let_go_of_map()
-
-    def _records(self, refs: Iterable[str], dec):
-        """(ref, record decoded by ``dec``) of each of ``refs`` the index holds, one at a time."""
-        return ((ref, rec) for ref, rec in self._lookups(refs, dec) if rec is not None)
+        yield from file_reads.refs_under(self, prefix)
 
     @_guarded
     def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:
         """The records of ``refs`` that the index holds (one lookup each)."""
-        return dict(self._records(refs, file_decoder))
+        return file_reads.file_recs(self, refs)
 
     @_guarded
     def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
-        """How each of ``refs`` that the index holds was indexed (its record's kind), no
-        record kept and the map's pages let go as it goes: the people's ``index`` asks it
-        of every file it read (at 1.27M passages whole records, and the pages their lookups
-        mapped, held tens of MiB more)."""
-        kinds: dict[str, str] = {}
-        out = {}
-        for i, (ref, rec) in enumerate(self._records(refs, kind_decoder)):
-            out[ref] = kinds.setdefault(rec.kind, rec.kind)
-            if i % 4096 == 4095:
-                self.let_go_of_map()
-        self.let_go()
-        return out
+        """How each of ``refs`` that the index holds was indexed: :func:`file_reads.kinds_of`."""
+        return file_reads.kinds_of(self, refs)
 
     @_guarded
     def refs_of_kind(self, prefix: str, kind: str) -> set[str]:
-        """The refs below ``prefix`` indexed as ``kind`` (e.g. "name": a document
-        indexed by name while no converter was installed, §3.3)."""
-        return {ref for ref, rec in self._files_under(prefix) if rec.kind == kind}
+        """The refs below ``prefix`` indexed as ``kind``: :func:`file_reads.refs_of_kind`."""
+        return file_reads.refs_of_kind(self, prefix, kind)
 
     @_guarded
     def file_mtime(self, ref: str) -> Optional[str]:
         """A file's modification time as indexed (None when unknown)."""
-        with self.env.begin() as txn:
-            v = file_get(txn, self.files, ref)
-        return file_decoder.decode(v).mtime if v is not None else None
+        return file_reads.file_mtime(self, ref)
 
     @_guarded
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
-        with self.env.begin() as txn:
-            zdict = txn.get(b"zdict", db=self.meta)
-            out = []
-            for p in pids:
-                v = txn.get(id_key(int(p)), db=self.passages)
-                out.append(passage_decoder.decode(textpack.unpack(v, zdict)) if v is not None else None)
-            return out
+        """The passages of ``pids``, in their order (None where not live)."""
+        return file_reads.passages_of(self, pids)
 
     def postings_of(self, r: Reading, term: str, segs: Optional[list[bytes]] = None) -> tuple[np.ndarray, np.ndarray]:
         """(pids, tfs) of a term across the segments, dead ones included: :meth:`caches.SearchCaches.postings_of`."""

@@ -1,11 +1,16 @@
 """The words index in LMDB: one agent's index, opened, guarded, read and closed.
 
 The tables and their records are :mod:`lnkmem.index.format`'s; the file's checks,
-compaction and damage errors :mod:`lnkmem.index.lmdbfile`'s; the snapshot searches read
-:mod:`lnkmem.index.snapshot`'s; a commit's transaction :mod:`lnkmem.index.commit`'s; a
-merge :mod:`lnkmem.index.merge`'s. :class:`Store` is the one door to them all: a commit,
-a merge, a read go through its guard (refused once the index is damaged) and its write
-lock, and what it tells its owner goes through one :class:`StoreEvents`.
+compaction and damage errors :mod:`lnkmem.index.lmdbfile`'s; an open's checks and a
+close's seal :mod:`lnkmem.index.seal`'s; the guard :mod:`lnkmem.index.guard`'s; the
+snapshot searches read :mod:`lnkmem.index.snapshot`'s; the reads of files and passages
+:mod:`lnkmem.index.file_reads`'; the decoded lists' caches :mod:`lnkmem.index.caches`';
+the stored vectors :mod:`lnkmem.index.vector_table`'s; a new version put in the index's
+place :mod:`lnkmem.index.beside`'s; a commit's transaction :mod:`lnkmem.index.commit`'s;
+a merge :mod:`lnkmem.index.merge`'s. :class:`Store` is the one door to them all: it holds
+what they share (the environment, the tables, the snapshot, the locks), a commit, a merge,
+a read go through its guard (refused once the index is damaged) and its write lock, and
+what it tells its owner goes through one :class:`StoreEvents`.
 
 Like Lucene, the index grows by immutable segments: a batch of changed
 files becomes one new segment in one write transaction, and the passages it
@@ -20,7 +25,6 @@ saved at that close is read instead (a restart is O(change), not O(index)).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -35,55 +39,22 @@ import numpy as np
 
 from lnkmem.core import atomic, memtrim
 from lnkmem.core.errors import DamagedIndex
+from lnkmem.index import beside, file_reads, guard, lmdbfile, seal, vector_table
 from lnkmem.index import commit as commits
-from lnkmem.index import beside, lmdbfile
-from lnkmem.index.codec import textpack
-from lnkmem.index import file_reads, seal
 from lnkmem.index import snapshot as snapshots
-from lnkmem.index import vector_table
 from lnkmem.index.caches import SearchCaches
+from lnkmem.index.codec import textpack
 from lnkmem.index.commit import Batch
-from lnkmem.index.format import (FileRec, Passage, encoder)
-from lnkmem.index.lmdbfile import (DAMAGE_ERRORS, CoveringEnv, DamagedWhileServing, check_file, wipe)
+from lnkmem.index.format import FileRec, Passage, encoder
+from lnkmem.index.guard import guarded, guarded_walk
+from lnkmem.index.lmdbfile import CoveringEnv, DamagedWhileServing, check_file, wipe
 from lnkmem.index.merge import policy, run
 from lnkmem.index.seal import IndexInUse  # noqa: F401 (raised by Store.open: its callers catch it from here)
 from lnkmem.index.snapshot import Snapshot
 from lnkmem.index.tables import Reading, ReadingBegun, Tables, Writing
 
 
-def _guarded(method):
-    """Store methods that read or write LMDB: refused once the index is damaged, and an
-    LMDB error saying its file is damaged marks it so (the engine rebuilds it)."""
-
-    @functools.wraps(method)
-    def call(self, *a, **kw):
-        self.guard()
-        try:
-            out = method(self, *a, **kw)
-        except DAMAGE_ERRORS as e:
-            raise self.damage(e) from None
-        except Exception:
-            self.check_map()  # what it read was a page cut away: damage, not this error
-            raise
-        self.check_map()
-        return out
-
-    return call
-
-
 _T = TypeVar("_T")
-
-
-
-def _guarded_walk(method):
-    """:func:`_guarded` for a Store method that yields: guarded while it is walked."""
-
-    @functools.wraps(method)
-    def walk(self, *a, **kw):
-        with self.through_guard():
-            yield from method(self, *a, **kw)
-
-    return walk
 
 
 @dataclass
@@ -258,7 +229,7 @@ class Store:
         """Whether the snapshot is (or, not read yet, will be) the one saved at the last close."""
         return self._snapshot_from == "saved" if self._snapshot is not None else self._sealed is not None
 
-    @_guarded
+    @guarded
     def file_count(self) -> int:
         """Files the index holds (one read of the files table's size)."""
         with self.env.begin() as txn:
@@ -275,30 +246,8 @@ class Store:
 
     def guard(self) -> None:
         """Refuse to touch a damaged index, or one whose file became shorter than the
-        pages it uses (touching those would be a SIGBUS)."""
-        if self.damaged is not None:
-            raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
-                                      "from the sources; try again in a moment")
-        self.check_map()
-        try:
-            # the file first -- the one this environment maps, by its descriptor: the
-            # folder's name may name another index's file by now (a newer version put in its
-            # place, a rebuild, a folder swapped) -- the pages in use are read from its meta
-            # pages, in the map, and a file cut below them is a SIGBUS at that read (caught:
-            # mapguard; but not touched at all is better)
-            size = self.env.file_size()
-            if size < 2 * self.psize:
-                raise self.damage(f"data.mdb holds {size} bytes, less than its two meta pages")
-            # then the pages in use, then the size again if need be: a commit in between
-            # grows the file before its meta, so a size read after the pages is never short
-            need = (self.env.info()["last_pgno"] + 1) * self.psize
-            if size < need:
-                size = self.env.file_size()
-        except (OSError, lmdb.Error) as e:
-            raise self.damage(e) from None
-        self.check_map()
-        if size < need:
-            raise self.damage(f"data.mdb holds {size} bytes but the index uses {need}")
+        pages it uses (touching those would be a SIGBUS): :func:`guard.check`."""
+        guard.check(self)
 
     def check_map(self) -> None:
         """Raise (and mark the index damaged) if a read through the map met a page the file
@@ -329,7 +278,7 @@ class Store:
     MAP_CHECK_EVERY = 32  # searches between two reads of the resident memory (/proc/self/statm)
     _reads = 0
 
-    @_guarded
+    @guarded
     def refresh(self) -> Snapshot:
         """Reload the snapshot when another process has committed since.
 
@@ -484,18 +433,9 @@ class Store:
 
     # --- transactions of the tables, typed (lnkmem.index.tables) -------------
 
-    @contextlib.contextmanager
-    def through_guard(self) -> Iterator[None]:
-        """What :func:`_guarded` does around a call, around a transaction's ``with``."""
-        self.guard()
-        try:
-            yield
-        except DAMAGE_ERRORS as e:
-            raise self.damage(e) from None
-        except Exception:
-            self.check_map()
-            raise
-        self.check_map()
+    def through_guard(self) -> ContextManager[None]:
+        """What the guard does around a call, around a transaction's ``with``: :func:`guard.through`."""
+        return guard.through(self)
 
     def reading(self, guarded: bool = True) -> ContextManager[Reading]:
         """A read transaction of the tables (:class:`tables.Reading`): one version of the
@@ -550,47 +490,47 @@ class Store:
 
     # --- reading (lnkmem.index.file_reads) --------------------------------
 
-    @_guarded
+    @guarded
     def all_files(self) -> dict[str, FileRec]:
         """Every file's record, by ref."""
         return file_reads.all_files(self)
 
-    @_guarded
+    @guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
         """(version, size) of every file below ``prefix``, by ref: :func:`file_reads.versions`."""
         return file_reads.versions(self, prefix)
 
-    @_guarded_walk
+    @guarded_walk
     def heads_of(self, refs: Iterable[str]) -> Iterator[tuple[str, Optional[tuple[str, int]]]]:
         """(ref, (version, size) or None) of each of ``refs``, in their order: :func:`file_reads.heads_of`."""
         yield from file_reads.heads_of(self, refs)
 
-    @_guarded_walk
+    @guarded_walk
     def refs_under(self, prefix: str) -> Iterator[str]:
         """The ref of every file below ``prefix`` (a walk of the table, nothing kept)."""
         yield from file_reads.refs_under(self, prefix)
 
-    @_guarded
+    @guarded
     def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:
         """The records of ``refs`` that the index holds (one lookup each)."""
         return file_reads.file_recs(self, refs)
 
-    @_guarded
+    @guarded
     def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
         """How each of ``refs`` that the index holds was indexed: :func:`file_reads.kinds_of`."""
         return file_reads.kinds_of(self, refs)
 
-    @_guarded
+    @guarded
     def refs_of_kind(self, prefix: str, kind: str) -> set[str]:
         """The refs below ``prefix`` indexed as ``kind``: :func:`file_reads.refs_of_kind`."""
         return file_reads.refs_of_kind(self, prefix, kind)
 
-    @_guarded
+    @guarded
     def file_mtime(self, ref: str) -> Optional[str]:
         """A file's modification time as indexed (None when unknown)."""
         return file_reads.file_mtime(self, ref)
 
-    @_guarded
+    @guarded
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
         """The passages of ``pids``, in their order (None where not live)."""
         return file_reads.passages_of(self, pids)
@@ -608,12 +548,12 @@ class Store:
         :meth:`caches.SearchCaches.decoded_list`."""
         return self.caches.decoded_list(r, key)
 
-    @_guarded
+    @guarded
     def get_meta(self, key: bytes) -> Optional[bytes]:
         with self.env.begin() as txn:
             return txn.get(key, db=self.meta)
 
-    @_guarded
+    @guarded
     def passage_dict(self, sample) -> Optional[bytes]:
         """The index's dictionary for passages' text (:mod:`textpack`); when it has
         none yet, made now from ``sample()`` (passages) and kept, so that a build's
@@ -636,14 +576,14 @@ class Store:
                 txn.put(b"zdict", zdict, db=self.meta)
         return zdict
 
-    @_guarded
+    @guarded
     def put_meta(self, key: bytes, value: bytes) -> None:
         with self.write_lock, self.env.begin(write=True) as txn:
             txn.put(key, value, db=self.meta)
 
     # --- writing ---------------------------------------------------------
 
-    @_guarded
+    @guarded
     def commit(self, batch: Batch) -> None:
         """Apply a batch in one transaction and publish a new snapshot."""
         if not batch:
@@ -660,7 +600,7 @@ class Store:
 
     # --- vectors (lnkmem.index.vector_table) ----------------------------------
 
-    @_guarded
+    @guarded
     def vector_count(self) -> int:
         """How many passages have a stored vector: :func:`vector_table.count`."""
         return vector_table.count(self)
@@ -670,19 +610,19 @@ class Store:
         v = self.get_meta(b"model")
         return v.decode() if v is not None else None
 
-    @_guarded
+    @guarded
     def use_vector_model(self, model: str) -> bool:
         """Record whose vectors the index holds; another model's are dropped (True when
         some were): :func:`vector_table.use_model`."""
         return vector_table.use_model(self, model)
 
-    @_guarded
+    @guarded
     def put_vectors(self, pids: list[int], vecs: np.ndarray, passages: Optional[list] = None) -> list[int]:
         """Store unit vectors of passages still live (and still ``passages``, when given);
         returns those stored: :func:`vector_table.put`."""
         return vector_table.put(self, pids, vecs, passages)
 
-    @_guarded
+    @guarded
     def vector_shape(self) -> tuple[int, int]:
         """(largest pid with a vector + 1, dimension); (0, 0) when none: :func:`vector_table.shape`."""
         return vector_table.shape(self)
@@ -691,7 +631,7 @@ class Store:
         """Every stored vector in chunks of ``chunk`` rows: :func:`vector_table.iter_rows`."""
         return vector_table.iter_rows(self, chunk)
 
-    @_guarded
+    @guarded
     def all_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pids, int8 matrix, float32 scales) of every stored vector: :func:`vector_table.all_rows`."""
         return vector_table.all_rows(self)
@@ -704,20 +644,20 @@ class Store:
     STEP_BYTES = 4 << 20  # postings written (or keys deleted, x64 B) per write transaction of a merge
     JOIN_BYTES = 64 << 10  # stored lists of terms in several segments joined at a time by a merge
 
-    @_guarded
+    @guarded
     def segment_sizes(self) -> dict[int, int]:
         with self.env.begin() as txn:
             return {int.from_bytes(k, "big"): len(v) for k, v in txn.cursor(db=self.segments)}
 
     REFS_SLACK = 1024  # refs no segment names, kept until a merge finds more than this (and the named)
 
-    @_guarded
+    @guarded
     def merge(self, segs: list[int], should_stop=None) -> bool:
         """Merge segments into one, dropping their dead passages; False when nothing was
         merged (stopped by ``should_stop``, or a segment went away meanwhile): :func:`merge.run.merge`."""
         return run.merge(self, segs, should_stop)
 
-    @_guarded
+    @guarded
     def sweep(self) -> list[int]:
         """Delete the postings of segments not listed (a merge killed or stopped between its
         steps), but a merge's still under way in another live process; returns the segments

@@ -371,7 +371,7 @@ class Store:
             self._let_go_of_here()
 
     def _close(self, compact: bool) -> None:
-        self.merger.stop()  # a merge under way stops at its next step (what it wrote: swept later)
+        self.merger.stop()  # a merge under way stops at its next step (what it wrote: dropped later, drop_merge_leftovers)
         if self.retired:  # nothing of it is kept: its folder's name is another index's
             self.env.close()
             return
@@ -658,12 +658,12 @@ class Store:
         return run.merge(self, segs, should_stop)
 
     @guarded
-    def sweep(self) -> list[int]:
+    def drop_merge_leftovers(self) -> list[int]:
         """Delete the postings of segments not listed (a merge killed or stopped between its
         steps), but a merge's still under way in another live process; returns the segments
-        swept. Waits for a merge of this process under way."""
+        whose postings were dropped. Waits for a merge of this process under way."""
         with self.merge_lock:
-            return run.sweep(self)
+            return run.drop_merge_leftovers(self)
 
     def merge_plan(self, factor: Optional[int] = None) -> list[int]:
         """The segments to merge next, or [] (:func:`merge.policy.plan`)."""
@@ -674,9 +674,9 @@ class Store:
         (:meth:`merge.policy.Merger.maybe_merge`)."""
         return self.merger.maybe_merge(factor)
 
-    def sweep_once(self) -> None:
-        """What a merge killed before this open left, swept once (never behind a merge under way)."""
-        self.merger.sweep_once()
+    def drop_merge_leftovers_once(self) -> None:
+        """What a merge killed before this open left, dropped once (never behind a merge under way)."""
+        self.merger.drop_merge_leftovers_once()
 
     def merges_held(self):
         """A context in which no merge starts (one under way finishes first):

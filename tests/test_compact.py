@@ -244,7 +244,7 @@ def _leftovers(st) -> set:
 def test_a_merge_that_leaves_its_segments_to_the_compaction_loses_nothing_either_way(tmp_path):
     """A store told to leave merged segments' postings (the people's `index`) answers
     the same at once; its compaction at close copies only listed segments'; a close
-    without compaction leaves them to the next open's sweep."""
+    without compaction leaves them to the next open's drop_merge_leftovers."""
     for compact in (True, False):
         path = str(tmp_path / f"index-{compact}")
         rng = random.Random(9)
@@ -266,7 +266,7 @@ def test_a_merge_that_leaves_its_segments_to_the_compaction_loses_nothing_either
                 assert not _leftovers(st) and st.free_share() < 0.1
             else:
                 assert len(_leftovers(st)) == 6
-                st.sweep()
+                st.drop_merge_leftovers()
                 assert not _leftovers(st)
             assert all(_same(search.bm25(st, q, 10), w) for q, w in zip(queries, want))
         finally:

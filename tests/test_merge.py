@@ -3,7 +3,7 @@
 A merge writes the new segment's postings in bounded write transactions, unlisted
 (invisible) until its last one; commits go on between its steps; a passage killed
 meanwhile stays dead-marked in the new segment; a merge killed at any step leaves an
-index that opens and answers exactly as before, and only garbage the next merge sweeps."""
+index that opens and answers exactly as before, and only garbage the next merge drops (drop_merge_leftovers)."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_commits_between_a_merges_steps_keep_the_snapshot_and_postings_right(tmp
                 assert [p for p, _ in got] == [p for p, _ in again]
         _postings_match_text(st)
         assert steps > 20  # merges did run in many steps, with commits between them
-        assert st.sweep() == []  # no unlisted postings left behind
+        assert st.drop_merge_leftovers() == []  # no unlisted postings left behind
         assert st.snapshot.live == sum(len(r.pids) for r in st.all_files().values())
     finally:
         st.close()
@@ -238,7 +238,7 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
     """SIGKILL of a real process merging, at random moments of its steps (postings written,
     the switch, the old postings deleted), with the merge's helper process or without: the
     index opens and answers exactly as before; a helper dies with its merging process; the
-    next merge sweeps what the killed one left and completes."""
+    next merge drops what the killed one left and completes."""
     rng = random.Random(9)
     path = str(tmp_path / "index")
     st = Store.open(path)
@@ -280,7 +280,7 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
             assert st.rebuilt_because is None
             assert st.snapshot.live == live
             assert _answers(st, queries) == want
-            st.sweep()
+            st.drop_merge_leftovers()
             _postings_match_text(st)
         finally:
             st.close()
@@ -291,7 +291,7 @@ def test_a_merge_killed_at_random_steps_leaves_the_index_answering_as_before(tmp
         st.merge(sorted(st.snapshot.segs))
         assert len(st.snapshot.segs) == 1
         assert _answers(st, queries) == want
-        assert st.sweep() == []
+        assert st.drop_merge_leftovers() == []
         _postings_match_text(st)
     finally:
         st.close()
@@ -349,9 +349,9 @@ def test_the_merger_thread_merges_in_the_background_and_stops_with_the_store(tmp
             time.sleep(0.02)
         assert len(st.snapshot.segs) < 8
         assert_same_snapshot(st.snapshot, st.load_snapshot())
-        st.stop_merger()  # the old segments' postings may be still under deletion: stopped, then swept
+        st.stop_merger()  # the old segments' postings may be still under deletion: stopped, then dropped
         assert not any(t.name == "lnkmem-merge" for t in threading.enumerate())
-        st.sweep()
+        st.drop_merge_leftovers()
         _postings_match_text(st)
     finally:
         st.close()

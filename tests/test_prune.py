@@ -79,12 +79,12 @@ def _counting(monkeypatch, name: str) -> list:
 def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge, kept):
     """MaxScore ranks as scoring every posting does, with its terms left looked up block
     by block (no list decoded whole is kept) or, ``kept``, short ones decoded once and kept
-    apart (``Store.looked_up``)."""
+    apart (``Store.caches.looked_up``)."""
     rng = random.Random(11 if merge else 12)
     st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
-    st.decoded.CACHE_BYTES = 0  # every list read from its bytes: the block lookups run
+    st.caches.decoded.CACHE_BYTES = 0  # every list read from its bytes: the block lookups run
     if not kept:
-        st.looked_up.CACHE_BYTES = 0
+        st.caches.looked_up.CACHE_BYTES = 0
     looked = _counting(monkeypatch, "lookup")
     bounded = _counting(monkeypatch, "block_tf")
     try:
@@ -104,7 +104,7 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge,
             assert [p for p, _ in on] == [p for p, _ in off], (q, kw)
             assert all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), q
         if kept:  # terms were pruned, and each list they were looked up in (all short here) kept
-            assert not looked and len(st.looked_up.lists) >= 20
+            assert not looked and len(st.caches.looked_up.lists) >= 20
         else:
             assert pruned_some >= 20  # the lookups ran: terms were pruned, blocks looked up
             assert len(bounded) >= 20  # and passages were bounded by their blocks' largest tf
@@ -170,7 +170,7 @@ def test_scores_of_given_passages_are_the_words_scores(tmp_path, merge):
     as there; every list read from its bytes, so the block lookups run."""
     rng = random.Random(21 if merge else 22)
     st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
-    st.decoded.CACHE_BYTES = st.looked_up.CACHE_BYTES = 0
+    st.caches.decoded.CACHE_BYTES = st.caches.looked_up.CACHE_BYTES = 0
     try:
         snap = st.snapshot
         every = np.arange(len(snap.alive) + 5)
@@ -253,7 +253,7 @@ def test_a_few_dead_passages_in_a_large_segment_leave_its_lists_packed(tmp_path,
             checked += len(on)
         assert checked > 500
         # the commonest words' lists in the big segment stay packed, their live counts exact
-        st.decoded = postings.Decoded()
+        st.caches.decoded = postings.Decoded()
         weights = {w: 1.0 for w in WORDS[:3]}
         with st.reading() as r:
             segs = r.segment_keys()
@@ -300,7 +300,7 @@ def test_one_word_block_by_block_answers_as_every_posting(tmp_path, monkeypatch,
     rng = random.Random(31 if merge else 32)
     st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
     if not cached:
-        st.decoded.CACHE_BYTES = 0
+        st.caches.decoded.CACHE_BYTES = 0
     used = _counting(monkeypatch, "blocks") if not cached else []
     took = []
     real = prune._score_blocks
@@ -316,7 +316,7 @@ def test_one_word_block_by_block_answers_as_every_posting(tmp_path, monkeypatch,
     try:
         assert not st.snapshot.alive[1:].all()
         check(WORDS[:30])
-        assert len(st.block_max) >= 30 and len(took) >= 60, (len(st.block_max), len(took))
+        assert len(st.caches.block_max) >= 30 and len(took) >= 60, (len(st.caches.block_max), len(took))
         check(WORDS[:10], k1=0.9, b=0.4)
         # passages far longer than the mean: the mean grows past the kept maxima
         st.commit(Batch(files=[random_file(rng, f"home/long/f{j}.md", "v1", WORDS, 8, (900, 1200), WEIGHTS)

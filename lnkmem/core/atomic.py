@@ -87,7 +87,7 @@ def remove(path: str) -> None:
         os.close(fd)
 
 
-def sweep_at(dir_fd: int, name: str) -> None:
+def clear_leftovers_at(dir_fd: int, name: str) -> None:
     """Remove what earlier writes of ``name`` left: temp files of processes that have
     ended (a write killed between its temp file and its rename), and ``<name>.tmp``,
     the fixed temp name of older versions (whatever it is: never followed)."""
@@ -132,8 +132,8 @@ def write_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, sync: bo
     """Write ``data`` as the file ``name`` of the folder ``dir_fd``, whole or not at all:
     to a temp file of its own (:func:`temp_name`), flushed to disk first when ``sync``,
     then renamed over ``name`` (:func:`replace_at`); the folder flushed after when
-    ``sync_folder``. Leftovers of earlier writes of ``name`` are removed (:func:`sweep_at`)."""
-    sweep_at(dir_fd, name)
+    ``sync_folder``. Leftovers of earlier writes of ``name`` are removed (:func:`clear_leftovers_at`)."""
+    clear_leftovers_at(dir_fd, name)
     tmp = temp_name(name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=dir_fd)
     try:
@@ -166,7 +166,7 @@ def new_temp(path: str, mode: int = 0o600) -> str:
     """An empty temp file made for ``path`` (:func:`temp_name`, beside it), for a writer
     that can only write by path (a library's save); then :func:`replace` it over ``path``."""
     with folder(path) as (fd, name):
-        sweep_at(fd, name)
+        clear_leftovers_at(fd, name)
         tmp = temp_name(name)
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=fd))
     return os.path.join(os.path.dirname(path), tmp)

@@ -560,7 +560,7 @@ def wipe(path: str) -> None:
         for name in ("data.mdb", "lock.mdb", SEAL, SNAP, LISTED, COMPACTING):
             atomic.remove_at(fd, name)  # (a link unlinked, never followed)
         for name in (SEAL, SNAP, LISTED):
-            atomic.sweep_at(fd, name)  # their temp files (older versions' fixed names too)
+            atomic.clear_leftovers_at(fd, name)  # their temp files (older versions' fixed names too)
         empty = not os.listdir(fd)
     finally:
         os.close(fd)

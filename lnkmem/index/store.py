@@ -1,11 +1,16 @@
 """The words index in LMDB: one agent's index, opened, guarded, read and closed.
 
 The tables and their records are :mod:`lnkmem.index.format`'s; the file's checks,
-compaction and damage errors :mod:`lnkmem.index.lmdbfile`'s; the snapshot searches read
-:mod:`lnkmem.index.snapshot`'s; a commit's transaction :mod:`lnkmem.index.commit`'s; a
-merge :mod:`lnkmem.index.merge`'s. :class:`Store` is the one door to them all: a commit,
-a merge, a read go through its guard (refused once the index is damaged) and its write
-lock, and what it tells its owner goes through one :class:`StoreEvents`.
+compaction and damage errors :mod:`lnkmem.index.lmdbfile`'s; an open's checks and a
+close's seal :mod:`lnkmem.index.seal`'s; the guard :mod:`lnkmem.index.guard`'s; the
+snapshot searches read :mod:`lnkmem.index.snapshot`'s; the reads of files and passages
+:mod:`lnkmem.index.file_reads`'; the decoded lists' caches :mod:`lnkmem.index.caches`';
+the stored vectors :mod:`lnkmem.index.vector_table`'s; a new version put in the index's
+place :mod:`lnkmem.index.beside`'s; a commit's transaction :mod:`lnkmem.index.commit`'s;
+a merge :mod:`lnkmem.index.merge`'s. :class:`Store` is the one door to them all: it holds
+what they share (the environment, the tables, the snapshot, the locks), a commit, a merge,
+a read go through its guard (refused once the index is damaged) and its write lock, and
+what it tells its owner goes through one :class:`StoreEvents`.
 
 Like Lucene, the index grows by immutable segments: a batch of changed
 files becomes one new segment in one write transaction, and the passages it
@@ -20,10 +25,8 @@ saved at that close is read instead (a restart is O(change), not O(index)).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
-import stat
 import threading
 import time
 import weakref
@@ -36,69 +39,22 @@ import numpy as np
 
 from lnkmem.core import atomic, memtrim
 from lnkmem.core.errors import DamagedIndex
+from lnkmem.index import beside, file_reads, guard, lmdbfile, seal, vector_table
 from lnkmem.index import commit as commits
-from lnkmem.index import lmdbfile
-from lnkmem.index.codec import postings, textpack
 from lnkmem.index import snapshot as snapshots
+from lnkmem.index.caches import SearchCaches
+from lnkmem.index.codec import textpack
 from lnkmem.index.commit import Batch
-from lnkmem.index.format import (FORMAT, LOADING, REF_HEAD, FileRec, Passage, encoder, file_decoder, file_entry, file_get,
-                                 head_decoder, id_key, kind_decoder, passage_decoder, quantize,
-                                 vector_rows)
-from lnkmem.index.lmdbfile import (COMPACT_FREE, COMPACT_MIN, COMPACTING, DAMAGE_ERRORS, SEAL, SNAP,
-                                   CoveringEnv, DamagedWhileServing, check_file, compact_file, deep_check,
-                                   pages_of, wipe)
+from lnkmem.index.format import FileRec, Passage, encoder
+from lnkmem.index.guard import guarded, guarded_walk
+from lnkmem.index.lmdbfile import CoveringEnv, DamagedWhileServing, check_file, wipe
 from lnkmem.index.merge import policy, run
+from lnkmem.index.seal import IndexInUse  # noqa: F401 (raised by Store.open: its callers catch it from here)
 from lnkmem.index.snapshot import Snapshot
 from lnkmem.index.tables import Reading, ReadingBegun, Tables, Writing
 
 
-class IndexInUse(Exception):
-    """The index is open in this process already (an LMDB environment must be opened once a
-    process: a second open, and its close, would break the first's locks)."""
-
-
-# the indexes open in this process, by their folder's device and inode (a Store dropped without
-# its close leaves with its last reference)
-_open_here: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
-_open_here_lock = threading.Lock()
-
-
-
-def _guarded(method):
-    """Store methods that read or write LMDB: refused once the index is damaged, and an
-    LMDB error saying its file is damaged marks it so (the engine rebuilds it)."""
-
-    @functools.wraps(method)
-    def call(self, *a, **kw):
-        self.guard()
-        try:
-            out = method(self, *a, **kw)
-        except DAMAGE_ERRORS as e:
-            raise self.damage(e) from None
-        except Exception:
-            self.check_map()  # what it read was a page cut away: damage, not this error
-            raise
-        self.check_map()
-        return out
-
-    return call
-
-
 _T = TypeVar("_T")
-
-LOOKED_UP_BYTES = 4 << 20  # Store.looked_up's budget
-SMALL_SEGMENT_TERMS = 4096  # a segment of at most this many terms has them held as a set (Store.holding)
-
-
-def _guarded_walk(method):
-    """:func:`_guarded` for a Store method that yields: guarded while it is walked."""
-
-    @functools.wraps(method)
-    def walk(self, *a, **kw):
-        with self.through_guard():
-            yield from method(self, *a, **kw)
-
-    return walk
 
 
 @dataclass
@@ -140,29 +96,24 @@ class Store:
         # them one key at a time took seconds at 10x, on one core)
         self.leave_merged = False
         self.left_merged = False  # a merge left some (a compaction at close drops them)
-        self.decoded = postings.Decoded()  # long lists decoded, by segment and term (immutable)
-        # short lists search only looks up, decoded whole and kept apart, so that many
-        # of them never evict the long ones above (rank.prune.LOOKUP_WHOLE)
-        self.looked_up = postings.Decoded(LOOKED_UP_BYTES)
+        self.caches = SearchCaches()  # the decoded lists, small segments' terms, block-max bounds
         self.compacted: Optional[bool] = None  # close(compact=True): whether data.mdb was rewritten
-        self._seg_terms: dict[bytes, Optional[frozenset]] = {}  # by segment key: its terms when few (holding)
-        self.block_max: dict = {}  # by list key: its blocks' largest scores' part (one word's block-max: rank.prune)
         try:
             self._open()
         except BaseException:
             env = getattr(self, "env", None)
             if env is not None:
                 env.close()
-            self._let_go_of_path()
+            self.let_go_of_path()
             self._let_go_of_here()
             raise
 
-    _real: Optional[str] = None  # the folder's device and inode, while this holds it open (_open_here)
+    _real: Optional[str] = None  # the folder's device and inode, while this holds it open (seal.claim)
 
-    def _let_go_of_path(self) -> None:
-        with _open_here_lock:
-            if self._real is not None and _open_here.get(self._real) is self:
-                del _open_here[self._real]
+    def let_go_of_path(self) -> None:
+        """Let go of this process's claim on the index's folder (:func:`seal.claim`): another
+        store of this process may open it from now on (its close; its retirement)."""
+        seal.release(self._real, self)
         self._real = None
 
     def _let_go_of_here(self) -> None:
@@ -172,61 +123,20 @@ class Store:
     # --- opening, checking, wiping ---------------------------------------
 
     def _open(self) -> None:
-        try:  # its folder: a folder, never a link's (to a folder or a file elsewhere), nor a FIFO
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            st = None
-        if st is not None and not stat.S_ISDIR(st.st_mode):  # moved aside as it is, never followed
-            with atomic.folder(self.path) as (parent, name):
-                moved = atomic.move_aside_at(parent, name)
-            raise DamagedIndex(f"the index's folder was {atomic.kind_of(st.st_mode)}"
-                               + (f" (moved aside to {moved[0]}, never followed)" if moved else ""))
-        os.makedirs(self.path, mode=0o700, exist_ok=True)
         # its folder opened once, never through a link: every name below it is reached from
         # it (self.here), whatever the folder's name -- or a folder above -- leads to later
         # (swapped for a link to another agent's, say: nothing of that one is ever touched)
-        try:
-            fd = atomic.open_folder_nofollow(self.path)
-        except OSError as e:
-            raise DamagedIndex(f"the index's folder was replaced while it was opened ({e.strerror})") from None
+        fd = seal.pin_folder(self.path)
         self._let_go_of_folder = weakref.finalize(self, os.close, fd)
         self.here = atomic.pinned(fd, self.path)
-        st = os.fstat(fd)
-        real = f"{st.st_dev}:{st.st_ino}"
-        with _open_here_lock:  # before anything is touched (the seal, the files)
-            if _open_here.get(real) is not None:
-                raise IndexInUse(f"the index in {self.path} is already open in this process")
-            _open_here[real] = self
-        self._real = real
-        size = self.MAP_SIZE
+        self._real = seal.claim(fd, self, self.path)  # before anything is touched (the seal, the files)
         data = os.path.join(self.here, "data.mdb")
         self.data = data
-        # LMDB opens data.mdb and lock.mdb itself, by name: a link there would be written
-        # through, a folder or a FIFO would fail every open. What is not a plain file at
-        # either name is removed (a link unlinked, never followed) and the index made anew.
-        for name in ("lock.mdb", "data.mdb"):
-            was = atomic.clear_non_file(os.path.join(self.here, name))
-            if was is not None:
-                raise DamagedIndex(f"{name} is not a file but {was} (removed)")
-        seal = os.path.join(self.here, SEAL)
-        raw = atomic.read_file(seal, 4096)  # (never through a link, never waiting on a FIFO)
-        sealed = raw.decode("utf-8", "replace") if raw is not None else None
-        try:
-            atomic.remove(seal)  # from now on the file may change
-        except OSError:
-            sealed = None
-        # "new": no file yet; "sealed": closed whole and untouched since, so neither every
-        # page nor the files/segments agreement is checked again (restart O(change));
-        # "checked": not closed whole (a killed process: its seal was removed at its open)
-        # or touched since: every page read in a child, and the tables cross-checked
-        self.opened_as = "new"
-        if os.path.lexists(data):
-            txnid = check_file(data)  # whatever the seal says: a torn or truncated file never maps
-            if sealed is not None and sealed == lmdbfile.stamp(data, txnid):
-                self.opened_as = "sealed"
-            else:
-                self.opened_as = "checked"
-                deep_check(self.here)
+        seal.clear_lmdb_names(self.here)
+        sealed = seal.take_seal(self.here)
+        self.opened_as = seal.check_file_at_open(self.here, data, sealed)
+        size = self.MAP_SIZE
+        if self.opened_as != "new":
             size = max(size, os.path.getsize(data) * 2)
         self.env = CoveringEnv(lmdb.open(
             self.here, map_size=size, max_dbs=8, metasync=False, sync=True, readahead=False
@@ -236,26 +146,9 @@ class Store:
         # reading() and writing())
         self.meta, self.files, self.passages, self.postings = t.meta, t.files, t.passages, t.postings
         self.segments, self.dead, self.vectors, self.vec_pending = t.segments, t.dead, t.vectors, t.vec_pending
-        with self.env.begin() as txn:  # (read: an index opened and closed unchanged keeps its stamp)
-            fmt = txn.get(b"format", db=self.meta)
-        if fmt is None:
-            with self.env.begin(write=True) as txn:
-                if txn.stat(self.files)["entries"] or txn.stat(self.segments)["entries"]:
-                    raise DamagedIndex("index has data but no format")
-                txn.put(b"format", FORMAT, db=self.meta)
-                txn.put(b"gen", b"0", db=self.meta)
-                txn.put(b"next_pid", b"1", db=self.meta)
-                txn.put(b"next_seg", b"1", db=self.meta)
-        elif fmt != FORMAT:
-            raise DamagedIndex(f"index format {fmt!r} is not {FORMAT!r}")
-        else:
-            with self.env.begin() as txn:
-                if txn.get(LOADING, db=self.meta) is not None:  # (its copy is loaded again)
-                    raise DamagedIndex("a load of the index copy did not finish")
+        seal.check_format(self.env, t)
         self.psize = self.env.stat()["psize"]
-        if os.path.lexists(os.path.join(self.here, COMPACTING)):  # a compaction killed (none runs while this is open)
-            with contextlib.suppress(OSError):
-                atomic.remove(os.path.join(self.here, COMPACTING))
+        seal.remove_unfinished_compaction(self.here)
         self._sealed = sealed
         self._listed = snapshots.saved_listed(self.here, sealed) if self.opened_as == "sealed" else {}
         if self.opened_as == "sealed" and snapshots.saved_matches(self.here, sealed):
@@ -336,7 +229,7 @@ class Store:
         """Whether the snapshot is (or, not read yet, will be) the one saved at the last close."""
         return self._snapshot_from == "saved" if self._snapshot is not None else self._sealed is not None
 
-    @_guarded
+    @guarded
     def file_count(self) -> int:
         """Files the index holds (one read of the files table's size)."""
         with self.env.begin() as txn:
@@ -353,30 +246,8 @@ class Store:
 
     def guard(self) -> None:
         """Refuse to touch a damaged index, or one whose file became shorter than the
-        pages it uses (touching those would be a SIGBUS)."""
-        if self.damaged is not None:
-            raise DamagedWhileServing(f"the index is damaged ({self.damaged}) and is being rebuilt "
-                                      "from the sources; try again in a moment")
-        self.check_map()
-        try:
-            # the file first -- the one this environment maps, by its descriptor: the
-            # folder's name may name another index's file by now (a newer version put in its
-            # place, a rebuild, a folder swapped) -- the pages in use are read from its meta
-            # pages, in the map, and a file cut below them is a SIGBUS at that read (caught:
-            # mapguard; but not touched at all is better)
-            size = self.env.file_size()
-            if size < 2 * self.psize:
-                raise self.damage(f"data.mdb holds {size} bytes, less than its two meta pages")
-            # then the pages in use, then the size again if need be: a commit in between
-            # grows the file before its meta, so a size read after the pages is never short
-            need = (self.env.info()["last_pgno"] + 1) * self.psize
-            if size < need:
-                size = self.env.file_size()
-        except (OSError, lmdb.Error) as e:
-            raise self.damage(e) from None
-        self.check_map()
-        if size < need:
-            raise self.damage(f"data.mdb holds {size} bytes but the index uses {need}")
+        pages it uses (touching those would be a SIGBUS): :func:`guard.check`."""
+        guard.check(self)
 
     def check_map(self) -> None:
         """Raise (and mark the index damaged) if a read through the map met a page the file
@@ -407,7 +278,7 @@ class Store:
     MAP_CHECK_EVERY = 32  # searches between two reads of the resident memory (/proc/self/statm)
     _reads = 0
 
-    @_guarded
+    @guarded
     def refresh(self) -> Snapshot:
         """Reload the snapshot when another process has committed since.
 
@@ -484,13 +355,8 @@ class Store:
         return self.tables.data
 
     def free_share(self) -> float:
-        """The share of data.mdb's pages that no table uses (freed by merges and
-        deletions; LMDB reuses them for later writes but never shortens the file)."""
-        with self.env.begin() as txn:
-            used = 2 + sum(pages_of(txn.stat(db)) for db in (self.meta, *self.data_tables)) \
-                + pages_of(self.env.stat())
-        total = self.env.info()["last_pgno"] + 1
-        return max(0.0, 1 - used / total) if total else 0.0
+        """The share of data.mdb's pages that no table uses: :func:`seal.free_share`."""
+        return seal.free_share(self.env, self.tables)
 
     def close(self, compact: bool = False) -> None:
         """Close; an index closed whole is sealed, so the next open need not read it all,
@@ -501,11 +367,11 @@ class Store:
         try:
             self._close(compact)
         finally:
-            self._let_go_of_path()  # (last: no other open of this process while it compacts)
+            self.let_go_of_path()  # (last: no other open of this process while it compacts)
             self._let_go_of_here()
 
     def _close(self, compact: bool) -> None:
-        self.merger.stop()  # a merge under way stops at its next step (what it wrote: swept later)
+        self.merger.stop()  # a merge under way stops at its next step (what it wrote: dropped later, drop_merge_leftovers)
         if self.retired:  # nothing of it is kept: its folder's name is another index's
             self.env.close()
             return
@@ -515,8 +381,7 @@ class Store:
             try:
                 if whole:
                     self.env.sync(True)
-                    compact = compact and os.path.getsize(self.data) >= COMPACT_MIN \
-                        and (self.left_merged or self.free_share() > COMPACT_FREE)
+                    compact = compact and seal.worth_compacting(self.data, self.left_merged, self.free_share)
                     # a snapshot never read: the saved one stands while the file is as it was sealed
                     if self._snapshot is not None or compact or lmdbfile.stamp(self.data, check_file(self.data)) != self._sealed:
                         saved = snapshots.snapshot_bytes(self.snapshot, self._gen())
@@ -525,37 +390,24 @@ class Store:
             whole = whole and not self.env.faulted()  # (what was saved was read through it)
             self.env.close()
             if whole and compact:
-                memtrim.trim()  # the build's freed heap, before the copy adds its own
-                try:
-                    self.compacted = compact_file(self.here)
-                except (lmdb.Error, OSError):
-                    self.compacted = False  # the old file stands (an unfinished copy is removed at open)
+                self.compacted = seal.compact(self.here)
             if whole:
-                try:
-                    stamp = lmdbfile.stamp(self.data, check_file(self.data))
-                    # first: a kill before the seal leaves it unused; not again when no
-                    # transaction ran since it was saved (a restart on an unchanged tree)
-                    if saved is not None and stamp != self._snap_stamp:
-                        atomic.write_file(os.path.join(self.here, SNAP), stamp.encode() + b"\n" + saved)
-                    snapshots.save_listed(self.here, stamp, self._listed)  # valid only beside a seal of the same stamp
-                    atomic.write_file(os.path.join(self.here, SEAL), stamp.encode())
-                except (OSError, DamagedIndex):
-                    pass
+                seal.seal_at_close(self.here, self.data, saved, self._snap_stamp, self._listed)
 
     here = ""  # its folder, as opened (atomic.pinned): every name below it is reached from there
     _let_go_of_folder: Optional[Callable[[], None]] = None  # closes the folder's descriptor (once)
 
     # --- a whole new version, loaded beside the index and put in its place ------
 
-    BESIDE = ".next"  # the folder beside the index's a new version is loaded into (path + BESIDE)
+    BESIDE = beside.BESIDE  # the folder beside the index's a new version is loaded into (path + BESIDE)
 
     retired = False  # another index was put in its place (replaced_by): read, never sealed (a write is not refused: it lands in the unlinked file)
 
     @staticmethod
     def discard_beside(path: str) -> None:
         """Remove what a load beside the index at ``path`` left (a process killed during it,
-        or the version it replaced); a link by that name is removed, never followed."""
-        atomic.remove(path + Store.BESIDE)  # (a folder removed from its descriptor down: nothing below followed)
+        or the version it replaced): :func:`beside.discard`."""
+        beside.discard(path)
 
     def open_beside(self) -> Optional["Store"]:
         """A new, empty index in the folder beside this one's, for a whole version to be
@@ -563,13 +415,7 @@ class Store:
         its commit, and keeps them after it) while this one is searched; then
         :meth:`replaced_by`. Anything found there first is removed. None where the system
         cannot swap two folders' names in one step (nothing is left beside)."""
-        self.discard_beside(self.path)
-        side = Store(self.path + self.BESIDE)
-        if not lmdbfile.can_exchange_folders(side.here):
-            side.close()
-            self.discard_beside(self.path)
-            return None
-        return side
+        return beside.open_beside(self, Store)
 
     def replaced_by(self, side: "Store") -> "Store":
         """Put ``side`` (:meth:`open_beside`, loaded) in this index's place and return it,
@@ -582,44 +428,14 @@ class Store:
         this one's merger stops, and its environment closes when the last of its reads
         ends (LMDB's own close, as the last reference goes), its file unlinked already.
         OSError (the folders as they were, ``side`` closed) where the system cannot swap
-        folders in one step."""
-        where = side.path
-        side.close()
-        merging = self.merger.thread is not None
-        self.merger.stop()
-        with self.write_lock:  # (no commit of this store between the swap and the retirement)
-            # first: its guard no longer looks at the file by its folder's name, and a read
-            # that looked just before and met the other file tells nobody
-            events, self.events, self.retired = self.events, StoreEvents(), True
-            try:
-                swapped = atomic.exchange(self.path, where)
-            except OSError:
-                swapped = False
-            if not swapped:
-                self.events, self.retired = events, False
-                raise OSError(f"{self.path} and {where} cannot swap names in one step here")
-            self._let_go_of_path()  # (its name is the new index's)
-        new = Store.open(self.path)
-        new.events = events
-        if merging:
-            new.start_merger(look=False)  # (the loaded segments merged after the sources are looked at)
-        self.discard_beside(self.path)  # this one's files: unlinked, still mapped while read
-        return new
+        folders in one step (:func:`beside.replace`)."""
+        return beside.replace(self, side, Store.open)
 
     # --- transactions of the tables, typed (lnkmem.index.tables) -------------
 
-    @contextlib.contextmanager
-    def through_guard(self) -> Iterator[None]:
-        """What :func:`_guarded` does around a call, around a transaction's ``with``."""
-        self.guard()
-        try:
-            yield
-        except DAMAGE_ERRORS as e:
-            raise self.damage(e) from None
-        except Exception:
-            self.check_map()
-            raise
-        self.check_map()
+    def through_guard(self) -> ContextManager[None]:
+        """What the guard does around a call, around a transaction's ``with``: :func:`guard.through`."""
+        return guard.through(self)
 
     def reading(self, guarded: bool = True) -> ContextManager[Reading]:
         """A read transaction of the tables (:class:`tables.Reading`): one version of the
@@ -672,166 +488,72 @@ class Store:
         with self.write_lock:
             self.snapshot = self.load_snapshot(check)
 
-    # --- reading ---------------------------------------------------------
+    # --- reading (lnkmem.index.file_reads) --------------------------------
 
-    @_guarded
+    @guarded
     def all_files(self) -> dict[str, FileRec]:
-        with self.env.begin() as txn:
-            return {ref: file_decoder.decode(rec) for ref, rec in Reading(txn, self.tables).files()}
+        """Every file's record, by ref."""
+        return file_reads.all_files(self)
 
-    def _files_under(self, prefix: str, dec=file_decoder):
-        """(ref, FileRec) of every file whose ref starts with ``prefix``."""
-        p = prefix.encode()[:REF_HEAD]  # a long ref's key holds this much of it
-        exact = len(prefix.encode()) > REF_HEAD
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.files)
-            if cur.set_range(p):
-                for i, (k, v) in enumerate(cur):
-                    if not k.startswith(p):
-                        break
-                    if i % 8192 == 8191:  # the map's pages the walk read (at 10x, every file: many MiB)
-                        self.let_go_of_map()
-                    if b"\0" in k or exact:
-                        ref, rec = file_entry(k, v)
-                        if ref.startswith(prefix):
-                            yield ref, dec.decode(rec)
-                    else:
-                        yield k.decode(), dec.decode(v)
-
-    @_guarded
+    @guarded
     def file_versions(self, prefix: str = "") -> dict[str, tuple[str, int]]:
-        # only each record's head: a file's passage ids are not built (every restart's plan)
-        return {ref: (rec.version, rec.size) for ref, rec in self._files_under(prefix, head_decoder)}
+        """(version, size) of every file below ``prefix``, by ref: :func:`file_reads.versions`."""
+        return file_reads.versions(self, prefix)
 
-    @_guarded_walk
+    @guarded_walk
     def heads_of(self, refs: Iterable[str]) -> Iterator[tuple[str, Optional[tuple[str, int]]]]:
-        """(ref, (version, size) or None where the index holds no such file) of each of
-        ``refs``, in their order, one lookup each in one read transaction: a whole listing
-        compared with the index without a dict of every file it holds."""
-        for ref, h in self._lookups(refs, head_decoder):
-            yield ref, (h.version, h.size) if h is not None else None
+        """(ref, (version, size) or None) of each of ``refs``, in their order: :func:`file_reads.heads_of`."""
+        yield from file_reads.heads_of(self, refs)
 
-    @_guarded_walk
+    @guarded_walk
     def refs_under(self, prefix: str) -> Iterator[str]:
         """The ref of every file below ``prefix`` (a walk of the table, nothing kept)."""
-        for ref, _ in self._files_under(prefix, head_decoder):
-            yield ref
+        yield from file_reads.refs_under(self, prefix)
 
-    def _lookups(self, refs: Iterable[str], dec):
-        """(ref, its record decoded by ``dec`` or None where the index holds no such file) of
-        each of ``refs``, one lookup each in one read transaction, letting go of the map's
-        pages as it goes."""
-        with self.env.begin() as txn:
-            for i, ref in enumerate(refs):
-                v = file_get(txn, self.files, ref)
-                yield ref, dec.decode(v) if v is not None else None
-                if i % 8192 == 8191:
-                    self.let_go_of_map()
-
-    def _records(self, refs: Iterable[str], dec):
-        """(ref, record decoded by ``dec``) of each of ``refs`` the index holds, one at a time."""
-        return ((ref, rec) for ref, rec in self._lookups(refs, dec) if rec is not None)
-
-    @_guarded
+    @guarded
     def file_recs(self, refs: Iterable[str]) -> dict[str, FileRec]:
         """The records of ``refs`` that the index holds (one lookup each)."""
-        return dict(self._records(refs, file_decoder))
+        return file_reads.file_recs(self, refs)
 
-    @_guarded
+    @guarded
     def kinds_of(self, refs: Iterable[str]) -> dict[str, str]:
-        """How each of ``refs`` that the index holds was indexed (its record's kind), no
-        record kept and the map's pages let go as it goes: the people's ``index`` asks it
-        of every file it read (at 1.27M passages whole records, and the pages their lookups
-        mapped, held tens of MiB more)."""
-        kinds: dict[str, str] = {}
-        out = {}
-        for i, (ref, rec) in enumerate(self._records(refs, kind_decoder)):
-            out[ref] = kinds.setdefault(rec.kind, rec.kind)
-            if i % 4096 == 4095:
-                self.let_go_of_map()
-        self.let_go()
-        return out
+        """How each of ``refs`` that the index holds was indexed: :func:`file_reads.kinds_of`."""
+        return file_reads.kinds_of(self, refs)
 
-    @_guarded
+    @guarded
     def refs_of_kind(self, prefix: str, kind: str) -> set[str]:
-        """The refs below ``prefix`` indexed as ``kind`` (e.g. "name": a document
-        indexed by name while no converter was installed, §3.3)."""
-        return {ref for ref, rec in self._files_under(prefix) if rec.kind == kind}
+        """The refs below ``prefix`` indexed as ``kind``: :func:`file_reads.refs_of_kind`."""
+        return file_reads.refs_of_kind(self, prefix, kind)
 
-    @_guarded
+    @guarded
     def file_mtime(self, ref: str) -> Optional[str]:
         """A file's modification time as indexed (None when unknown)."""
-        with self.env.begin() as txn:
-            v = file_get(txn, self.files, ref)
-        return file_decoder.decode(v).mtime if v is not None else None
+        return file_reads.file_mtime(self, ref)
 
-    @_guarded
+    @guarded
     def passages_of(self, pids: Iterable[int]) -> list[Optional[Passage]]:
-        with self.env.begin() as txn:
-            zdict = txn.get(b"zdict", db=self.meta)
-            out = []
-            for p in pids:
-                v = txn.get(id_key(int(p)), db=self.passages)
-                out.append(passage_decoder.decode(textpack.unpack(v, zdict)) if v is not None else None)
-            return out
+        """The passages of ``pids``, in their order (None where not live)."""
+        return file_reads.passages_of(self, pids)
 
     def postings_of(self, r: Reading, term: str, segs: Optional[list[bytes]] = None) -> tuple[np.ndarray, np.ndarray]:
-        """(pids, tfs) of a term across all segments (``segs``, else every listed one) as
-        ``r`` reads them, dead ones included."""
-        t = term.encode()
-        pids, tfs = [], []
-        for sk in segs if segs is not None else r.segment_keys():
-            got = self.decoded_list(r, sk + t)
-            if got is None:
-                continue
-            ps, ts = got
-            pids.append(ps)
-            tfs.append(ts)
-        return postings.joined(pids, tfs, np.uint32)
+        """(pids, tfs) of a term across the segments, dead ones included: :meth:`caches.SearchCaches.postings_of`."""
+        return self.caches.postings_of(r, term, segs)
 
     def holding(self, r: Reading, segs: list[bytes], term: bytes) -> list[bytes]:
-        """Those of ``segs`` that may hold a list of ``term``: a small segment (a changed
-        file's, a few commits') only where its terms, read once and held as a set, have
-        it, so a search does not look every term up in each of them (a segment's terms
-        never change; its key is never reused)."""
-        known = self._seg_terms
-        if len(known) > 2 * len(segs) + 64:  # segments merged away: forget them
-            keep = set(segs)
-            self._seg_terms = known = {k: v for k, v in known.items() if k in keep}
-        out = []
-        for sk in segs:
-            try:
-                terms = known[sk]
-            except KeyError:
-                terms = known[sk] = self._terms_if_few(r, sk)
-            if terms is None or term in terms:
-                out.append(sk)
-        return out
-
-    @staticmethod
-    def _terms_if_few(r: Reading, sk: bytes) -> Optional[frozenset]:
-        """The terms of segment ``sk`` (bytes), or None when it has more than
-        :data:`SMALL_SEGMENT_TERMS`."""
-        terms = r.segment_terms(sk, most=SMALL_SEGMENT_TERMS + 1)
-        return frozenset(terms) if len(terms) <= SMALL_SEGMENT_TERMS else None
+        """Those of ``segs`` that may hold a list of ``term``: :meth:`caches.SearchCaches.holding`."""
+        return self.caches.holding(r, segs, term)
 
     def decoded_list(self, r: Reading, key: bytes) -> Optional[tuple[np.ndarray, np.ndarray]]:
-        """(pids, tfs) of one segment's list of a term (segment key + term), decoded once and
-        kept in :attr:`decoded`; None when the segment has no such list."""
-        got = self.decoded.get(key)
-        if got is None:
-            v = r.posting_list(key)
-            if v is None:
-                return None
-            got = self.decoded.put(key, postings.unpack(v))
-        return got
+        """(pids, tfs) of one segment's list of a term, decoded once and kept:
+        :meth:`caches.SearchCaches.decoded_list`."""
+        return self.caches.decoded_list(r, key)
 
-    @_guarded
+    @guarded
     def get_meta(self, key: bytes) -> Optional[bytes]:
         with self.env.begin() as txn:
             return txn.get(key, db=self.meta)
 
-    @_guarded
+    @guarded
     def passage_dict(self, sample) -> Optional[bytes]:
         """The index's dictionary for passages' text (:mod:`textpack`); when it has
         none yet, made now from ``sample()`` (passages) and kept, so that a build's
@@ -854,14 +576,14 @@ class Store:
                 txn.put(b"zdict", zdict, db=self.meta)
         return zdict
 
-    @_guarded
+    @guarded
     def put_meta(self, key: bytes, value: bytes) -> None:
         with self.write_lock, self.env.begin(write=True) as txn:
             txn.put(key, value, db=self.meta)
 
     # --- writing ---------------------------------------------------------
 
-    @_guarded
+    @guarded
     def commit(self, batch: Batch) -> None:
         """Apply a batch in one transaction and publish a new snapshot."""
         if not batch:
@@ -876,95 +598,43 @@ class Store:
                 else self.load_snapshot()
         self.changed()
 
-    # --- vectors -----------------------------------------------------------
+    # --- vectors (lnkmem.index.vector_table) ----------------------------------
 
-    @_guarded
+    @guarded
     def vector_count(self) -> int:
-        """How many passages have a stored vector (one read of the vectors table's size)."""
-        with self.env.begin() as txn:
-            return txn.stat(self.vectors)["entries"]
+        """How many passages have a stored vector: :func:`vector_table.count`."""
+        return vector_table.count(self)
 
     def vector_model(self) -> Optional[str]:
+        """The model whose vectors the index holds (None: none recorded)."""
         v = self.get_meta(b"model")
         return v.decode() if v is not None else None
 
-    @_guarded
+    @guarded
     def use_vector_model(self, model: str) -> bool:
-        """Record whose vectors the index holds; another model's are dropped.
-        Returns True when vectors were dropped."""
-        with self.write_lock, self.env.begin(write=True) as txn:
-            old = txn.get(b"model", db=self.meta)
-            if old == model.encode():
-                return False
-            txn.drop(self.vectors, delete=False)
-            txn.drop(self.vec_pending, delete=False)
-            txn.put(b"model", model.encode(), db=self.meta)
-            return old is not None
+        """Record whose vectors the index holds; another model's are dropped (True when
+        some were): :func:`vector_table.use_model`."""
+        return vector_table.use_model(self, model)
 
-    @_guarded
+    @guarded
     def put_vectors(self, pids: list[int], vecs: np.ndarray, passages: Optional[list] = None) -> list[int]:
-        """Store unit vectors (int8 with a scale) of passages still live and, when
-        ``passages`` are given, still the passages embedded; returns those stored."""
-        expect = [encoder.encode(p) for p in passages] if passages is not None else None
+        """Store unit vectors of passages still live (and still ``passages``, when given);
+        returns those stored: :func:`vector_table.put`."""
+        return vector_table.put(self, pids, vecs, passages)
 
-        def write() -> list[int]:
-            stored = []
-            with self.env.begin(write=True) as txn:
-                zdict = txn.get(b"zdict", db=self.meta)
-                for i, (pid, v) in enumerate(zip(pids, vecs)):
-                    now = txn.get(id_key(pid), db=self.passages)
-                    if now is None or (expect is not None and textpack.unpack(now, zdict) != expect[i]):
-                        continue  # replaced meanwhile
-                    txn.put(id_key(pid), quantize(v), db=self.vectors)
-                    txn.put(id_key(pid), b"", db=self.vec_pending)
-                    stored.append(pid)
-            return stored
-
-        stored = self.with_map_room(write)
-        if stored:
-            self.changed()
-        return stored
-
-    @_guarded
+    @guarded
     def vector_shape(self) -> tuple[int, int]:
-        """(largest pid with a vector + 1, dimension) of the stored vectors; (0, 0) when none."""
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.vectors)
-            if not cur.first():
-                return 0, 0
-            dim = len(cur.value()) - 4  # the first row's, as iter_vectors keeps
-            cur.last()
-            return int.from_bytes(cur.key(), "big") + 1, dim
+        """(largest pid with a vector + 1, dimension); (0, 0) when none: :func:`vector_table.shape`."""
+        return vector_table.shape(self)
 
     def iter_vectors(self, chunk: int = 8192):
-        """Every stored vector, as it is stored, in chunks of ``chunk`` rows:
-        (pids int64, int8 rows, float32 scales); rows of another length than
-        the first are skipped. Only one chunk is held at a time besides LMDB's map."""
-        with self.env.begin() as txn:
-            dim = None
-            pids: list[int] = []
-            rows: list[bytes] = []
-            for k, v in txn.cursor(db=self.vectors):
-                if dim is None:
-                    dim = len(v) - 4
-                if len(v) != dim + 4:
-                    continue
-                pids.append(int.from_bytes(k, "big"))
-                rows.append(v)
-                if len(rows) >= chunk:
-                    yield vector_rows(pids, rows, dim)
-                    pids, rows = [], []
-            if rows:
-                yield vector_rows(pids, rows, dim)
+        """Every stored vector in chunks of ``chunk`` rows: :func:`vector_table.iter_rows`."""
+        return vector_table.iter_rows(self, chunk)
 
-    @_guarded
+    @guarded
     def all_vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(pids, int8 matrix, float32 scales) of every stored vector; a row's
-        vector is ``matrix[i] * scales[i]``."""
-        parts = list(self.iter_vectors())
-        if not parts:
-            return np.empty(0, np.int64), np.empty((0, 0), np.int8), np.empty(0, np.float32)
-        return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
+        """(pids, int8 matrix, float32 scales) of every stored vector: :func:`vector_table.all_rows`."""
+        return vector_table.all_rows(self)
 
     # --- merging (lnkmem.index.merge: the run, the policy) ----------------
 
@@ -974,26 +644,26 @@ class Store:
     STEP_BYTES = 4 << 20  # postings written (or keys deleted, x64 B) per write transaction of a merge
     JOIN_BYTES = 64 << 10  # stored lists of terms in several segments joined at a time by a merge
 
-    @_guarded
+    @guarded
     def segment_sizes(self) -> dict[int, int]:
         with self.env.begin() as txn:
             return {int.from_bytes(k, "big"): len(v) for k, v in txn.cursor(db=self.segments)}
 
     REFS_SLACK = 1024  # refs no segment names, kept until a merge finds more than this (and the named)
 
-    @_guarded
+    @guarded
     def merge(self, segs: list[int], should_stop=None) -> bool:
         """Merge segments into one, dropping their dead passages; False when nothing was
         merged (stopped by ``should_stop``, or a segment went away meanwhile): :func:`merge.run.merge`."""
         return run.merge(self, segs, should_stop)
 
-    @_guarded
-    def sweep(self) -> list[int]:
+    @guarded
+    def drop_merge_leftovers(self) -> list[int]:
         """Delete the postings of segments not listed (a merge killed or stopped between its
         steps), but a merge's still under way in another live process; returns the segments
-        swept. Waits for a merge of this process under way."""
+        whose postings were dropped. Waits for a merge of this process under way."""
         with self.merge_lock:
-            return run.sweep(self)
+            return run.drop_merge_leftovers(self)
 
     def merge_plan(self, factor: Optional[int] = None) -> list[int]:
         """The segments to merge next, or [] (:func:`merge.policy.plan`)."""
@@ -1004,9 +674,9 @@ class Store:
         (:meth:`merge.policy.Merger.maybe_merge`)."""
         return self.merger.maybe_merge(factor)
 
-    def sweep_once(self) -> None:
-        """What a merge killed before this open left, swept once (never behind a merge under way)."""
-        self.merger.sweep_once()
+    def drop_merge_leftovers_once(self) -> None:
+        """What a merge killed before this open left, dropped once (never behind a merge under way)."""
+        self.merger.drop_merge_leftovers_once()
 
     def merges_held(self):
         """A context in which no merge starts (one under way finishes first):

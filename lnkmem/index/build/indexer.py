@@ -315,6 +315,6 @@ def build(store: Store, places: Mapping[str, object], the_plan: Plan, tmpdir: st
         if merge:
             store.maybe_merge()  # once, at the end: merging during a bulk build rewrites the same postings again and again
     else:  # nothing changed, nothing to merge (a restart never reads the snapshot); a killed merge's leftovers go
-        store.sweep_once()
+        store.drop_merge_leftovers_once()
     b.report(force=True)
     return b.done

@@ -56,14 +56,14 @@ def tier(n: int, floor: int, factor: int) -> int:
 class Merger:
     """A store's merging: :meth:`maybe_merge` merges what :func:`plan` asks for, here or on
     the merger thread once :meth:`start` started it; what a merge killed before this open
-    left is swept once (:attr:`swept`)."""
+    left is dropped once (:attr:`leftovers_dropped`)."""
 
     def __init__(self, store):
         # (weakly: a store let go of is freed as its last reference goes, not at a collection
         # of cycles -- a retired one's environment closes then, its unlinked file's space back)
         self._store = weakref.ref(store)
         self.thread: Optional[threading.Thread] = None
-        self.swept = False
+        self.leftovers_dropped = False
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._holds = 0  # callers holding merges off (:meth:`held`)
@@ -98,7 +98,7 @@ class Merger:
             self._wake.set()
             return False
         merged = False
-        self.sweep_once()
+        self.drop_merge_leftovers_once()
         while True:
             if self.store.merge_lock.locked() or self._holds:
                 return merged  # a merge under way (another thread's), or merges held: never wait
@@ -107,12 +107,12 @@ class Merger:
                 return merged
             merged = True
 
-    def sweep_once(self) -> None:
-        """What a merge killed before this open left, swept once (never behind a merge under way)."""
+    def drop_merge_leftovers_once(self) -> None:
+        """What a merge killed before this open left, dropped once (never behind a merge under way)."""
         lock = self.store.merge_lock
-        if not self.swept and lock.acquire(blocking=False):
+        if not self.leftovers_dropped and lock.acquire(blocking=False):
             try:
-                run.sweep(self.store)
+                run.drop_merge_leftovers(self.store)
             finally:
                 lock.release()
 
@@ -143,9 +143,9 @@ class Merger:
         store = self.store
         stop, wake = self._stop, self._wake
         try:
-            store.sweep()  # what a merge killed before this open left
+            store.drop_merge_leftovers()  # what a merge killed before this open left
         except Exception as e:
-            logging.getLogger("lnkmem").warning("sweeping merge leftovers failed: %s", e)
+            logging.getLogger("lnkmem").warning("dropping merge leftovers failed: %s", e)
         while not stop.is_set():
             wake.wait()
             wake.clear()

@@ -1,6 +1,6 @@
 """One merge's run: segments merged into a new one in bounded write steps, their dead
 passages dropped (:func:`merge`); what a merge killed or stopped between its steps left,
-swept (:func:`sweep`).
+dropped (:func:`drop_merge_leftovers`).
 
 A merge streams (docs/SCALE-NOTES.md item 2): a k-way merge by term over the merged
 segments' postings (each segment's keys are term-sorted, :mod:`.steps`), one term in memory
@@ -11,7 +11,7 @@ ones, dropping the passages that were dead when the merge began; the old segment
 postings are deleted after it, again in bounded transactions. The write lock is held
 per step, so commits go on beside a merge; a passage a commit kills meanwhile stays
 dead-marked in the new segment (the next merge drops it). A process killed between
-steps leaves only postings of a segment not listed: :func:`sweep` deletes them.
+steps leaves only postings of a segment not listed: :func:`drop_merge_leftovers` deletes them.
 
 What one merge holds while it runs (its segments, the new one's id, the dead mask, the
 segments copied as stored, its postings' sum) is a :class:`MergeJob`'s, not the store's;
@@ -49,7 +49,7 @@ def merge(store, segs: list[int], should_stop=None) -> bool:
         return False
     stop = should_stop or (lambda: False)
     with store.merge_lock:
-        sweep(store)
+        drop_merge_leftovers(store)
         if len(segs) < 2 and not has_dead(store, segs):
             return False
         job = MergeJob.begin(store, segs)
@@ -68,12 +68,12 @@ def merge(store, segs: list[int], should_stop=None) -> bool:
                 delete_segment_postings(store, new, stop)
                 step(store, lambda: unregister(store, new))
             return False
-        if store.leave_merged:  # unlisted now: dropped by the compaction at close (else the next sweep)
+        if store.leave_merged:  # unlisted now: dropped by the compaction at close (else the next drop_merge_leftovers)
             store.left_merged = True
         else:
             for s in segs:  # unlisted now: nobody reads these any more
                 if stop():
-                    break  # left for the next sweep
+                    break  # left for the next drop_merge_leftovers
                 delete_segment_postings(store, s, stop)
     store.changed()
     return True
@@ -317,10 +317,10 @@ def delete_segment_postings(store, seg: int, stop=lambda: False) -> None:
     release_map(store.data)
 
 
-def sweep(store) -> list[int]:
+def drop_merge_leftovers(store) -> list[int]:
     """Delete the postings of segments not listed (a merge killed or stopped between its
     steps), but a merge's still under way in another live process; returns the segments
-    swept. The caller holds the store's merge lock."""
+    whose postings were dropped. The caller holds the store's merge lock."""
     with store.env.begin() as txn:
         listed = {int.from_bytes(k, "big") for k in txn.cursor(db=store.segments).iternext(values=False)}
         cur = txn.cursor(db=store.postings)
@@ -343,7 +343,7 @@ def sweep(store) -> list[int]:
                 for k in stale:
                     txn.delete(k, db=store.meta)
         step(store, forget)
-    store.merger.swept = True
+    store.merger.leftovers_dropped = True
     return found
 
 

@@ -137,7 +137,7 @@ class Ann:
 
     def _clean_temps(self) -> None:
         """Remove the temp files of a save that a killed process left (``<file>.<pid>.tmp``, an
-        older version's names; :func:`atomic.new_temp`'s are swept by it)."""
+        older version's names; :func:`atomic.new_temp`'s are cleared by it)."""
         folder, base = os.path.split(self.path)
         try:
             names = os.listdir(folder or ".")

@@ -22,7 +22,7 @@ from lnkmem.index.tables import Reading
 
 
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
-LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.looked_up)
+LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.caches.looked_up)
 
 
 # a one-word search takes a word whose lists hold this many postings block by block
@@ -68,7 +68,7 @@ def one_word(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], term: 
     for key, v, dec in tm.lists:
         if key is None or (len(dec[0]) if dec is not None else plists.stated_count(v)) < LONG_LIST // 4:
             # a list decoded and checked (its blocks no longer whole), or a short one: scored whole
-            ps, ts = dec if dec is not None else store.decoded.of(key, v)
+            ps, ts = dec if dec is not None else store.caches.decoded.of(key, v)
             score(ps.astype(np.intp), ts)
             continue
         lists.append((key, v, dec))
@@ -114,7 +114,7 @@ def _score_blocks(store: Store, lists: list, blks: list, score) -> None:
             continue
         bs = np.sort(bs)  # (pids ascending within a list: its last is its largest)
         if dec is None:
-            dec = store.decoded.get(key)
+            dec = store.caches.decoded.get(key)
         if dec is not None:
             ps, ts = dec
             at = (bs[:, None] * plists.BLOCK + np.arange(plists.BLOCK)).ravel()
@@ -132,10 +132,10 @@ def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: f
     maxima. Kept per list (its passages and their lengths never change) and computed again
     only when the mean has grown past it, or for other k1 and b. The list is decoded whole
     once for it."""
-    kept = store.block_max.get(key)
+    kept = store.caches.block_max.get(key)
     if kept is not None and kept[1] == k1 and kept[2] == b and snap.avgdl <= kept[0]:
         return kept[3]
-    ps, ts = dec if dec is not None else store.decoded.of(key, v)
+    ps, ts = dec if dec is not None else store.caches.decoded.of(key, v)
     at = snap.avgdl * AVGDL_ROOM
     tf = ts.astype(np.float64)
     g = tf / (tf + (k1 * (1 - b) + k1 * b / at * snap.doclen[ps.astype(np.intp)].astype(np.float64)))
@@ -145,9 +145,9 @@ def _block_max(store: Store, key: bytes, v, dec, snap: Snapshot, k1: float, b: f
     g = g.reshape(nb, plists.BLOCK).max(axis=1)
     order = np.argsort(-g, kind="stable")
     got = (order, g[order])
-    if len(store.block_max) >= BLOCK_MAX_KEPT:
-        store.block_max.clear()
-    store.block_max[key] = (at, k1, b, got)
+    if len(store.caches.block_max) >= BLOCK_MAX_KEPT:
+        store.caches.block_max.clear()
+    store.caches.block_max[key] = (at, k1, b, got)
     return got
 
 
@@ -194,7 +194,7 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
         pids, tfs = [], []
         for key, v, dec in tm.lists:
             if dec is None:
-                ps, ts = store.decoded.of(key, v)
+                ps, ts = store.caches.decoded.of(key, v)
             else:
                 ps, ts = dec
             pids.append(ps)
@@ -308,7 +308,7 @@ def lists_for(store: Store, tm: "Term", want: np.ndarray):
     """Each of a term's lists as (pids, tfs), for the passages ``want`` (ascending): a
     list decoded already (cached, or masked for its dead passages) whole; a short one
     (:data:`LOOKUP_WHOLE` bytes packed) decoded whole once and kept in
-    ``store.looked_up``; else only the blocks that may hold them (:func:`postings.lookup`)."""
+    ``store.caches.looked_up``; else only the blocks that may hold them (:func:`postings.lookup`)."""
     for key, v, dec in tm.lists:
         if dec is not None:
             yield dec
@@ -318,10 +318,10 @@ def lists_for(store: Store, tm: "Term", want: np.ndarray):
 
 
 def _held_or_short(store: Store, key: bytes, v) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """A list (stored value ``v``) as decoded and kept in ``store.decoded``; else, when it is
+    """A list (stored value ``v``) as decoded and kept in ``store.caches.decoded``; else, when it is
     short (:data:`LOOKUP_WHOLE` bytes packed), decoded whole once and kept in
-    ``store.looked_up``; else None (a long list not held: looked up block by block)."""
-    got = store.decoded.get(key)
-    if got is None and len(v) <= LOOKUP_WHOLE and store.looked_up.CACHE_BYTES:
-        got = store.looked_up.of(key, v)
+    ``store.caches.looked_up``; else None (a long list not held: looked up block by block)."""
+    got = store.caches.decoded.get(key)
+    if got is None and len(v) <= LOOKUP_WHOLE and store.caches.looked_up.CACHE_BYTES:
+        got = store.caches.looked_up.of(key, v)
     return got

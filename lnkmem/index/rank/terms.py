@@ -193,7 +193,7 @@ def ranked_terms(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], we
         t = term.encode()
         for sk in store.holding(r, segs, t):
             key = sk + t
-            got = store.decoded.get(key)
+            got = store.caches.decoded.get(key)
             v = None
             if got is None:
                 v = r.posting_list(key)
@@ -212,7 +212,7 @@ def ranked_terms(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], we
                     # every posting live (the header's count), or so few dead that they are
                     # counted by looking them up, left in, and dropped from the candidates
                     if got is not None:
-                        mt = store.decoded.max_tf(key, got) if n else 0
+                        mt = store.caches.decoded.max_tf(key, got) if n else 0
                     if dp is not None:
                         gone = held.get(key)
                         if gone is None:
@@ -228,7 +228,7 @@ def ranked_terms(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], we
                         tm.lists.append((key, v, got))
                     continue
             if got is None:
-                got = store.decoded.put(key, plists.unpack(v))
+                got = store.caches.decoded.put(key, plists.unpack(v))
             ps, ts = alive_in(snap, *got)
             if len(ps):
                 tm.df += len(ps)

@@ -75,7 +75,7 @@ class Knobs:
     writeback_s: float = 60.0  # LNKMEM_WRITEBACK_S: §2.6 the write-back interval
     quiet_s: float = 5.0  # LNKMEM_QUIET_S: §7.3 the index quiet this long before a write-back
     recheck_s: float = 30.0  # LNKMEM_RECHECK_S: §7.2 the copy's version asked for again
-    copy_part: Optional[int] = None  # LNKMEM_COPY_PART: a write-back's bytes in one file of the copy (replica/copy.py)
+    copy_part: Optional[int] = None  # LNKMEM_COPY_PART: a write-back's bytes in one file of the copy (replica/manifest.py)
     # notes
     notes_wait_s: float = 15.0  # LNKMEM_NOTES_WAIT_S: `remember` waits for a notes file held open for writing
     notes_keep: int = 50  # LNKMEM_NOTES_KEEP: the notes' kept versions, at most

@@ -86,10 +86,11 @@ class CopySync:
         """Whether the copy is another version than the one ``store`` is of (its manifest asked
         with `If-None-Match`); False when the bridge cannot say now (asked again later)."""
         from lnkmem.bridges.place import NotFound
-        from lnkmem.replica import copy as copyfmt
+        from lnkmem.replica.manifest import CopyDamaged
+        from lnkmem.replica.state import copy_state
         try:
-            manifest, _ = self.replica.manifest(copyfmt.copy_state(store).version)
-        except (NotFound, copyfmt.CopyDamaged):
+            manifest, _ = self.replica.manifest(copy_state(store).version)
+        except (NotFound, CopyDamaged):
             return True  # (attach says what it is)
         except Exception as e:
             log.debug("the copy's re-check: %s", e)
@@ -108,10 +109,9 @@ class CopySync:
 
 def committed_since_copy(store) -> bool:
     """Whether the index holds commits of its own since the version of the copy it is of."""
-    from lnkmem.replica import copy as copyfmt
-    from lnkmem.replica.state import content_gen_of
+    from lnkmem.replica.state import content_gen_of, copy_state
     try:
-        return copyfmt.copy_state(store).content_gen != content_gen_of(store)
+        return copy_state(store).content_gen != content_gen_of(store)
     except Exception:  # (a damaged index: rebuilt meanwhile)
         return False
 
@@ -119,5 +119,5 @@ def committed_since_copy(store) -> bool:
 def partial(store) -> bool:
     """Whether the version the cache now holds says it was written before its writer's first
     look at the sources was done (a reader reads the rest from the sources)."""
-    from lnkmem.replica import copy as copyfmt
-    return copyfmt.copy_state(store).partial
+    from lnkmem.replica.state import copy_state
+    return copy_state(store).partial

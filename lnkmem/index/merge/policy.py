@@ -68,6 +68,7 @@ class Merger:
         self._wake = threading.Event()
         self._holds = 0  # callers holding merges off (:meth:`held`)
         self._holds_lock = threading.Lock()
+        self._running = threading.Lock()  # a start and a stop one at a time (a stop never joins a thread not started)
 
     @property
     def store(self):
@@ -119,25 +120,30 @@ class Merger:
     def start(self, look: bool = True) -> None:
         """Merge on a thread of its own from now on: :meth:`maybe_merge` only wakes it.
         ``look``: at once at what the index holds (else at the first wake)."""
-        if self.thread is not None and self.thread.is_alive():
-            return
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        if look:
-            self._wake.set()  # a first look: what the index holds may want a merge already
-        self.thread = threading.Thread(target=self._loop, name="lnkmem-merge", daemon=True)
-        self.thread.start()
+        with self._running:
+            if self.thread is not None and self.thread.is_alive():
+                return
+            self._stop = threading.Event()
+            self._wake = threading.Event()
+            if look:
+                self._wake.set()  # a first look: what the index holds may want a merge already
+            thread = threading.Thread(target=self._loop, name="lnkmem-merge", daemon=True)
+            thread.start()
+            self.thread = thread
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the merger thread (a merge under way stops at its next step) and wait for it."""
-        m = self.thread
-        if m is None:
-            return
-        self._stop.set()
-        self._wake.set()
+        with self._running:
+            m = self.thread
+            if m is None:
+                return
+            self._stop.set()
+            self._wake.set()
         if m is not threading.current_thread():
             m.join(timeout)
-        self.thread = None
+        with self._running:
+            if self.thread is m:  # (not one started since)
+                self.thread = None
 
     def _loop(self) -> None:
         store = self.store

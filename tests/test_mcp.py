@@ -204,9 +204,14 @@ def test_protocol_errors_never_end_the_server(served):
 
 
 def test_cancellation_sends_no_answer(served):
-    served.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
-                 "params": {"name": "search", "arguments": {"query": "rocket"}}})
-    served.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}})
+    """A call cancelled while it is in flight is never answered. The two lines go in one write,
+    so the cancellation is read before the call can have run: sent apart, a search fast enough
+    to finish first was answered (MCP lets a finished request ignore its cancellation), which
+    made this test hang on the machine's timing."""
+    call = {"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+            "params": {"name": "search", "arguments": {"query": "rocket"}}}
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow"}}
+    served.send_raw((json.dumps(call) + "\n" + json.dumps(cancel) + "\n").encode())
     assert served.request("ping")["result"] == {}
     # the same search asked after it is answered: the cancelled one, had it gone on, would be too
     assert served.call("search", {"query": "rocket"})["structuredContent"]["hits"]

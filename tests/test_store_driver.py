@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -253,20 +252,20 @@ def test_the_copies_kept_are_searched_at_a_restart_while_the_driver_fails(home, 
 def test_a_hanging_first_listing_costs_a_search_nothing_with_copies_kept(home, driver):
     """Issue 46: while the driver's first listing hung, every search waited its full 2 s for
     as long as the driver's limit (30 s), even with copies already on disk. With copies
-    kept from an earlier start, a search answers from them at once, saying "refreshing"."""
+    kept from an earlier start, a search answers from them at once, saying "refreshing".
+    Said without a clock: a search's wait for a listing is made far longer than the hanging
+    listing (LNKMEM_DRIVER_WAIT_S), so a search that waited would not answer within the
+    client's deadline (20 s) at all."""
     with _start(home, driver) as s:
         s.initialize()
         assert until(lambda: "chats/t1.jsonl" in refs(s.search("narwhals sleep")), timeout=20)
     driver.fault("slow")
-    with _start(home, driver) as s:
+    with _start(home, driver, env={"LNKMEM_DRIVER_WAIT_S": "3600"}) as s:
         s.initialize()
         assert until(lambda: driver.calls(), timeout=10)  # the first listing is under way
-        t0 = time.monotonic()
         said = [s.search("narwhals sleep")["structuredContent"] for _ in range(5)]
-        took = time.monotonic() - t0
         assert all("chats/t1.jsonl" in [h["ref"] for h in r["hits"]] for r in said)
         assert all(r.get("conversations") == "refreshing" for r in said)
-        assert took < 6, took  # (five searches that each waited 2 s took 10)
         assert s.close() == 0
 
 

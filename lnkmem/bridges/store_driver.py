@@ -54,7 +54,6 @@ log = logging.getLogger("lnkmem")
 TIMEOUT_S = 30.0  # a call's time (§3.5)
 MAX_OUTPUT = 64 * 1024 * 1024  # a call's standard output (§3.5)
 INTERVAL_S = 30.0  # LNKMEM_DRIVER_S: a listing this often while serving
-SEARCH_WAIT_S = 2.0  # a search waits at most this long for a listing under way
 INDEX_WAIT_S = 60.0  # a refresh waits this long at most for its copies to be indexed
 TELL_EVERY_S = 2.0  # a long refresh has the copies made so far indexed this often
 MAX_VERSION = 1024  # characters of an opaque version

@@ -83,6 +83,7 @@ class Knobs:
     # a store driver (bridges/store_driver.py)
     driver_s: Optional[float] = None  # LNKMEM_DRIVER_S: its conversations listed every so often
     driver_timeout_s: Optional[float] = None  # LNKMEM_DRIVER_TIMEOUT_S: one call's limit
+    driver_wait_s: float = 2.0  # LNKMEM_DRIVER_WAIT_S: a search waits this long at most for a listing under way
     # serve-many
     linger_s: float = 2.0  # LNKMEM_LINGER_S: an agent's memory kept open after its last session
     first_line_s: float = 10.0  # LNKMEM_FIRST_LINE_S: a connection's first line awaited this long
@@ -107,6 +108,7 @@ _PARSE: dict[str, Callable[[str], object]] = {
     "notes_keep_bytes": _whole(1),
     "driver_s": _seconds(above_zero=True),
     "driver_timeout_s": _seconds(above_zero=True),
+    "driver_wait_s": _seconds(above_zero=False),
     "linger_s": _seconds(above_zero=False),
     "first_line_s": _seconds(above_zero=False),
     "close_s": _seconds(above_zero=False),

@@ -32,6 +32,7 @@ from lnkmem import __version__
 from lnkmem.protocol import budget, inline, tooldefs
 from lnkmem.core.aio import LoopSignal, until
 from lnkmem.core.errors import ToolError
+from lnkmem.core.knobs import knobs
 from lnkmem.core.wire import convert
 from lnkmem.memory.served import MemoryHandle, ServedMemory
 
@@ -49,7 +50,6 @@ MAX_INFLIGHT = 8  # calls under way per session; its input is not read beyond th
 OUT_HIGH = 4 * 1024 * 1024  # answers waiting unread before a session's input is paused
 THREADS_PER_MEMORY = 4  # pool threads one memory's calls may hold at once
 OPEN_WAIT_S = 10.0  # a call waits this long for its memory and index to open
-DRIVER_WAIT_S = 2.0  # a search waits this long at most for a store driver's listing (§3.5)
 FIRST_PASS_WAIT_S = 2.0  # a search on an empty index waits this long for the first pass
 INDEXED_WAIT_S = 10.0  # `remember` waits this long for its change to be searchable
 
@@ -411,7 +411,7 @@ class Session:
             if memory.fresh:
                 await until(memory.ready.is_set, FIRST_PASS_WAIT_S)
             # a store driver's listing under way (§3.5): never more than 2 s
-            await until(memory.conversations_idle, DRIVER_WAIT_S)
+            await until(memory.conversations_idle, knobs().driver_wait_s)
         share = _share(memory)
         loop = asyncio.get_running_loop()
         if name == "remember":

@@ -506,7 +506,11 @@ class WriteBack:
                 self._to("clean")
 
     def _failed(self, e: Exception) -> None:
-        """A write-back (or a look at the cache) failed: kept dirty, tried again after the backoff."""
+        """A write-back (or a look at the cache) failed: kept dirty, tried again after the backoff.
+
+        Not tenacity's ``Retrying`` (which the bridges' client uses for one request): the
+        backoff is a state of this loop -- a later due time that a flush, a stop or a new
+        change meets, shown by ``status`` as "backing off" -- not a call held until it works."""
         why = f"the copy could not be written: {e}" if not isinstance(e, CopyDamaged) else str(e)
         log.warning("%s", why)
         self.failures += 1

@@ -268,6 +268,9 @@ class Binding(_Held):
         threading.Thread(target=self._retry_down, name="lnkmem-rebind", daemon=True).start()
 
     def _retry_down(self) -> None:
+        """Bind again, now and then, every client whose bridge was down, until none is or the
+        binding closes. Not tenacity's ``Retrying``: its waits end at once at the close (an
+        event), and each client comes back on its own, its memories told when it does."""
         wait = REBIND_FIRST_S
         while not self._closed.wait(wait):
             wait = min(wait * 1.5, REBIND_MAX_S)

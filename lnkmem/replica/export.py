@@ -45,7 +45,8 @@ class Export:
         self.seg_mark = 0
         self.compacted = False
         self.pages: list[str] = []
-        self.page_crcs: list[bytes] = []  # what each page holds (:func:`state.page_crcs`), kept once it lands
+        # what each page holds (:func:`state.page_crcs`), kept once it lands; None: kept already
+        self.page_crcs: list[Optional[bytes]] = []
         self.vec_sent: list[int] = []  # pending vectors this export carries
         self.sent: list[str] = []
         self._manifest: Optional[Manifest] = None
@@ -128,7 +129,9 @@ class Export:
                         store.let_go()  # the map's pages the walk read (at 10x: many MiB by its end)
                 for p in range(lo, hi):
                     name, blob = self._out("page", TablePage(by_page[p - lo]))
-                    self.page_crcs.append(page_crcs(by_page[p - lo]))
+                    # (a page the copy holds, its refs kept already: nothing to work out again)
+                    kept = name in known and has_page_refs(txn, p, name)
+                    self.page_crcs.append(None if kept else page_crcs(by_page[p - lo]))
                     by_page[p - lo] = None  # type: ignore[call-overload]
                     self.pages.append(name)
                     yield from self._unless_known(name, blob, known)
@@ -336,7 +339,7 @@ def written(store: Store, exp: Export, version: str) -> CopyState:
         w.put_meta(b"copy-segs", msgspec.msgpack.encode(CopySegments(version, exp.copy_segs)))
         # what each page holds, for a newer version applied as a change (a 412's, a restart's)
         for i, (name, crcs) in enumerate(zip(m.pages, exp.page_crcs)):
-            if not has_page_refs(w, i, name):
+            if crcs is not None and not has_page_refs(w, i, name):
                 put_page_refs(w, i, name, crcs)
         drop_page_refs(w, range(len(m.pages), len(old.pages)))
     return state

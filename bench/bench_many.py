@@ -15,6 +15,10 @@ seeded; written below ``bench/out/many/``, fresh each run):
   session searching again as soon as it is answered), each agent a Home of
   ~300 markdown files; queries from the corpus vocabulary; indexing finished
   first (searches polled until ``structuredContent`` has no ``indexing``);
+- the machine's own noise beside each search run (issue 47): a calibration probe in a
+  process of its own, a fixed unit of work after a random sleep, timed (its p99 and how
+  late its sleeps woke), alone before the runs and beside each, so that a reader can
+  tell the engine's tail from the machine's;
 - RSS per served agent: VmRSS of the process after 1 agent vs after 11, each a
   1,000-file Home indexed in that process and searched once:
   (RSS_11 - RSS_1) / 10; and the same on the built indexes (a restart).
@@ -59,9 +63,9 @@ T_CONC_RATIO = 4.0
 T_RSS_MB = 20.0
 
 FULL = dict(hellos=500, sessions=1000, conc_clients=8, search_agents=10, search_files=300,
-            single_queries=1000, conc_sessions=50, paced_queries=40, sat_queries=40, rounds=3, think_s=0.2, gap_s=0.005, rss_agents=11, rss_files=1000)
+            single_queries=1000, conc_sessions=50, paced_queries=40, sat_queries=40, rounds=3, think_s=0.2, gap_s=0.005, idle_probe_s=5.0, rss_agents=11, rss_files=1000)
 QUICK = dict(hellos=200, sessions=300, conc_clients=8, search_agents=5, search_files=100,
-             single_queries=300, conc_sessions=50, paced_queries=20, sat_queries=10, rounds=1, think_s=0.2, gap_s=0.005, rss_agents=3, rss_files=300)
+             single_queries=300, conc_sessions=50, paced_queries=20, sat_queries=10, rounds=1, think_s=0.2, gap_s=0.005, idle_probe_s=2.0, rss_agents=3, rss_files=300)
 
 
 def log(msg: str) -> None:
@@ -203,6 +207,81 @@ async def search_sessions(path: str, agents: list, queries: list, think: float, 
     return lats, hits[0], wall
 
 
+# --- the machine's own noise (issue 47: a calibration loop beside every search run) -------
+
+# A process of its own (not the client's thread, not the engine's) that, until its stdin
+# closes, waits a random time (exponential, mean GAP) and then does a fixed unit of pure
+# Python work, timing both: how late each sleep woke (the scheduler's noise, which an
+# idle engine pays when a search wakes it) and how long the unit took (the CPU's noise:
+# other processes, a neighbour on the VM, frequency). Its p99 beside the engine's tells a
+# reader whether a tail is the engine's or the machine's.
+WORK = r"""
+def work(k):
+    x = 0
+    for i in range(k):
+        x = (x * 31 + i) & 0xFFFF
+    return x
+"""
+PROBE = WORK + r"""
+import json, random, sys, threading, time
+n, gap = int(sys.argv[1]), float(sys.argv[2])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+rng, late, unit = random.Random(7), [], []
+while not stop.is_set():
+    want = rng.expovariate(1 / gap)
+    t0 = time.perf_counter()
+    time.sleep(want)
+    t1 = time.perf_counter()
+    work(n)
+    t2 = time.perf_counter()
+    late.append(t1 - t0 - want)
+    unit.append(t2 - t1)
+print(json.dumps({"late": late, "unit": unit}))
+"""
+SIZE = WORK + r"""
+import time
+ts = []
+for _ in range(15):
+    t = time.perf_counter()
+    work(20000)
+    ts.append(time.perf_counter() - t)
+print(sorted(ts)[7] / 20000)
+"""
+PROBE_UNIT_S = 0.0005  # the unit of work, sized once per run to take about this long on an idle machine
+
+
+def probe_size() -> int:
+    """How many loop turns make :data:`PROBE_UNIT_S` of work on this machine now (the
+    median of 15 tries, in a process like the probe's)."""
+    per = float(subprocess.run([sys.executable, "-c", SIZE], capture_output=True, text=True, check=True).stdout)
+    return max(1000, int(PROBE_UNIT_S / per))
+
+
+class Probe:
+    """The calibration loop, run beside one stretch of the bench (``with Probe(n, gap) as p``);
+    ``p.result`` holds the wake-up lateness and the unit's times, in seconds."""
+
+    def __init__(self, n: int, gap: float):
+        self.n, self.gap = n, gap
+        self.result: dict = {}
+
+    def __enter__(self) -> "Probe":
+        self.proc = subprocess.Popen([sys.executable, "-c", PROBE, str(self.n), str(self.gap)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        out, _ = self.proc.communicate("", timeout=60)
+        self.result = json.loads(out) if out.strip() else {"late": [], "unit": []}
+
+
+def noise_summary(res: dict) -> tuple:
+    """(unit p50, unit p99, wake-up lateness p50, p99, samples), in ms."""
+    u, w = res.get("unit") or [float("nan")], res.get("late") or [float("nan")]
+    return (pct(u, 50) * 1e3, pct(u, 99) * 1e3, pct(w, 50) * 1e3, pct(w, 99) * 1e3, len(res.get("unit") or []))
+
+
 def make_agents(base: Path, cp: Corpus, prefix: str, n: int, files: int) -> tuple:
     homes, sizes = {}, 0
     for i in range(n):
@@ -294,9 +373,18 @@ def phase_sessions(base: Path, cp: Corpus, P: dict, r: dict) -> None:
                 ("single_paced", [names[0]], P["gap_s"], P["single_queries"]),
                 ("paced", everyone, P["think_s"], P["paced_queries"])]
         pooled: dict = {}
+        noise: dict = {}  # label -> the calibration probe's samples beside that run, pooled over rounds
+        unit_n = probe_size()
+        with Probe(unit_n, P["gap_s"]) as idle:  # the machine alone: the engine idle, the bench waiting
+            time.sleep(P["idle_probe_s"])
+        noise["idle"] = idle.result
         for rnd in range(P["rounds"]):  # interleaved rounds, pooled: noise spreads over all three alike
             for label, who, think, nq in runs + ([("sat", everyone, 0.0, P["sat_queries"])] if rnd == 0 else []):
-                lats, hits, wall = asyncio.run(search_sessions(path, who, queries, think, nq, seed=rnd))
+                with Probe(unit_n, P["gap_s"]) as calib:
+                    lats, hits, wall = asyncio.run(search_sessions(path, who, queries, think, nq, seed=rnd))
+                got = noise.setdefault(label, {"late": [], "unit": []})
+                for k in got:
+                    got[k] += calib.result.get(k, [])
                 flat = [x for xs in lats for x in xs]
                 acc = pooled.setdefault(label, [[], 0, 0.0, []])
                 acc[0] += flat
@@ -308,6 +396,11 @@ def phase_sessions(base: Path, cp: Corpus, P: dict, r: dict) -> None:
         for label, (flat, hits, wall, p99s) in pooled.items():
             r[label] = (pct(flat, 50) * 1e3, pct(flat, 99) * 1e3, len(flat), len(flat) / wall, max(flat) * 1e3, hits)
             r[label + "_p99s"] = p99s
+        r["noise"] = {label: noise_summary(got) for label, got in noise.items()}
+        r["probe_unit_n"] = unit_n
+        for label, (u50, u99, w50, w99, k) in r["noise"].items():
+            log(f"  the machine beside {label}: a {u50:.2f} ms unit p99 {u99:.2f} ms; a sleep woke late "
+                f"p50/p99 {w50:.2f}/{w99:.2f} ms ({k} samples)")
         probe.close()
     finally:
         if m.stop() != 0:
@@ -373,6 +466,40 @@ def bench(P: dict, searches_only: bool = False) -> dict:
     return r
 
 
+NOISE_LABELS = [("idle", "the engine idle"), ("single", "one session, back-to-back"),
+                ("single_paced", "one session, paced"), ("paced", "{S} paced sessions"),
+                ("sat", "{S} sessions saturating")]
+
+
+def noise_rows(r: dict) -> list:
+    """(figure, value) pairs: the calibration probe beside each run, and its own ratio
+    beside the engine's, so that a tail the machine made is told from the engine's."""
+    S = r["P"]["conc_sessions"]
+    nz = r.get("noise") or {}
+    rows = []
+    for label, says in NOISE_LABELS:
+        if label in nz:
+            u50, u99, w50, w99, k = nz[label]
+            rows.append((f"The machine beside {says.format(S=S)} (calibration probe, {k} samples): a fixed unit of "
+                         f"work p50 / p99; a sleep woke late by, p50 / p99",
+                         f"{u50:.2f} / {u99:.2f} ms; {w50:.2f} / {w99:.2f} ms"))
+    if "paced" in nz and "single_paced" in nz:
+        c, o = nz["paced"], nz["single_paced"]
+        rows.append((f"The probe's own ratio, beside {S} paced sessions ÷ beside one paced session: unit p99; "
+                     f"wake-up p99 (beside the engine's like-for-like ratio)",
+                     f"{c[1] / o[1]:.1f}×; {c[3] / o[3]:.1f}×"))
+    return rows
+
+
+NOISE_NOTE = (
+    "The calibration probe: a process of its own, beside each run (and alone for a few seconds before "
+    "them, the engine idle), waits a random time (exponential, mean {gap:.0f} ms) and then does a fixed unit of "
+    "pure-Python work sized at the start to take ~{unit:.1f} ms, timing how late each sleep woke (the "
+    "scheduler's noise, which an idle engine pays when a search wakes it) and how long the unit took (the "
+    "CPU's noise: other processes, a neighbour on the VM). Where the probe's p99 rises as the engine's does, "
+    "the tail is the machine's (or the load the engine itself puts on {cores} cores), not a queue in the engine.")
+
+
 def search_table(r: dict) -> str:
     """The search figures alone (``--searches``): one session, one paced session, 50 paced
     sessions, and the two ratios with their rounds."""
@@ -389,7 +516,10 @@ def search_table(r: dict) -> str:
         f"| Search p50 / p99, {P['conc_sessions']} paced sessions ({cn}); p99 by round | {c50:.2f} / {c99:.2f} ms; "
         f"{rounds} |",
         f"| ratio (÷ back-to-back p99) / like for like (÷ paced p99) | {c99 / s99:.1f}× / {c99 / p99:.1f}× |",
+        *(f"| {a} | {b} |" for a, b in noise_rows(r)),
         f"| load average (1 min) at start / end | {r['load'][0]:.2f} / {r['load'][1]:.2f} |",
+        "",
+        NOISE_NOTE.format(gap=P["gap_s"] * 1e3, unit=PROBE_UNIT_S * 1e3, cores=os.cpu_count()),
     ])
 
 
@@ -443,6 +573,7 @@ def table(r: dict) -> str:
         f"| < {T_CONC_RATIO:g}× | {ok(ratio_alike < T_CONC_RATIO)} |",
         f"| Search p50 / p99, {S} sessions saturating the process ({xn} searches, {xrate:.0f}/s) "
         f"| {x50:.2f} / {x99:.2f} ms (max {xmax:.0f}); {x99 / s99:.0f}× one session's p99 | — |  |",
+        *(f"| {a} | {b} | — |  |" for a, b in noise_rows(r)),
         f"| RSS per extra agent, indexed in the process: (RSS_{n} − RSS_1) / {n - 1} | {fr['per']['VmRSS']:.1f} MiB "
         f"(anon {fr['per']['RssAnon']:.1f}, file-mapped {fr['per']['RssFile']:.1f}) | < {T_RSS_MB:g} MB "
         f"| {ok(fr['per']['VmRSS'] * 1.048576 < T_RSS_MB)} |",
@@ -476,6 +607,8 @@ def table(r: dict) -> str:
         f"open ({fr['secs']:.0f} s to index all {n}); \"built indexes\" is the same in a new process on the "
         f"indexes left by the first. MiB = 2^20 bytes. Load average (1 min) at the start / end: "
         f"{r['load'][0]:.2f} / {r['load'][1]:.2f}.",
+        "",
+        NOISE_NOTE.format(gap=P["gap_s"] * 1e3, unit=PROBE_UNIT_S * 1e3, cores=os.cpu_count()),
     ]
     why = []
     if not fr["per"]["VmRSS"] * 1.048576 < T_RSS_MB and bu["per"]["VmRSS"] * 1.048576 < T_RSS_MB:

@@ -241,7 +241,7 @@ def test_flush_end_and_controls(bridges, tmp_path):
         bridges.write_home("docs/late.md", "Belugas sing.\n")
         with m.connect() as ctl:
             assert ctl.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/late.md"}}) == {"ok": True}
-        assert indexed(c, "belugas", "home/docs/late.md", timeout=1)
+        assert indexed(c, "belugas", "home/docs/late.md")
         with m.connect() as ctl:
             assert ctl.first({"flush": {"owner": "o1", "agent": "a1"}}) == {"ok": True}
         assert "home/docs/late.md" in bridges.copy_refs()  # acknowledged before the ok

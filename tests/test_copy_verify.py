@@ -387,10 +387,10 @@ def test_a_newer_copy_is_loaded_while_serving(bridges, tmp_path):
         bridges.write_home("docs/new.md", "Walruses arrive at dawn.\n")
         with bridges.serve_many(tmp_path, "b") as b, b.connect() as cb:
             bridges.bound_and_flushed(b, cb, ("home/docs/new.md", "walruses"), timeout=20)
-        assert until(lambda: "home/docs/new.md" in hits(ca, "walruses"), timeout=5)
+        assert until(lambda: "home/docs/new.md" in hits(ca, "walruses"), timeout=30)
         # loaded beside the cache and put in its place: the old index's file, unlinked, is not
         # held open once the searches on it ended (its environment closed: its space came back)
-        assert until(lambda: not deleted_indexes(a.proc.pid), timeout=5), deleted_indexes(a.proc.pid)
+        assert until(lambda: not deleted_indexes(a.proc.pid), timeout=30), deleted_indexes(a.proc.pid)
         assert "home/docs/plan.md" in hits(ca, "narwhal")
 
 

@@ -59,7 +59,7 @@ def test_temp_file_left_by_a_kill_is_removed_at_start(home):
     other.write_text("x")
     with Server.start(home) as s:
         s.initialize()
-        assert until(lambda: not left.exists(), timeout=5)
+        assert until(lambda: not left.exists(), timeout=30)
         assert not _text(s.call("remember", {"add": "new"})).startswith("the notes could not")
     assert other.exists()
     assert home.notes.read_text() == "- kept\n- new\n"

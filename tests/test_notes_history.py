@@ -269,7 +269,7 @@ def test_a_temp_file_left_by_a_kill_is_kept_before_it_is_removed(home):
     left.write_text("- the text an exchange swapped out\n")
     with Server.start(home) as s:
         s.initialize()
-        assert until(lambda: not left.exists(), timeout=5)
+        assert until(lambda: not left.exists(), timeout=30)
     assert "- the text an exchange swapped out\n" in kept_texts(home)
     assert home.notes.read_text() == "- current\n"
 

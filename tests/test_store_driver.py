@@ -292,7 +292,7 @@ def test_a_driver_call_under_way_ends_with_the_engine(home, driver):
         s.initialize()
         r = s.call("search", {"query": "narwhal migration"}, timeout=10)["structuredContent"]  # (never the hang)
         assert [h["ref"] for h in r["hits"]] == ["home/docs/plan.md"] and r["conversations"] == "refreshing"
-        assert until(lambda: driver.calls(), timeout=5)
+        assert until(lambda: driver.calls(), timeout=30)
         pid = driver.calls()[0]["pid"]
         assert s.close() == 0
 
@@ -302,7 +302,7 @@ def test_a_driver_call_under_way_ends_with_the_engine(home, driver):
         except ProcessLookupError:
             return True
         return False
-    assert until(gone, timeout=5)
+    assert until(gone, timeout=30)
 
 
 def test_churning_versions_and_threads_that_are_not_ids(home, tmp_path, driver):

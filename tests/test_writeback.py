@@ -184,12 +184,12 @@ def test_the_write_back_state_is_shown_dirty_backing_off_and_clean(bridges, tmp_
             assert ctl.first(FLUSH) == {"ok": True}
         assert shown(tmp_path)["state"] == "clean"
         change(m, bridges, "docs/walrus.md", "The walrus tusk inventory.\n")
-        assert until(lambda: shown(tmp_path).get("state") == "dirty", timeout=3, step=0.02)
+        assert until(lambda: shown(tmp_path).get("state") == "dirty", timeout=30, step=0.02)
         bridges.storage.fault("403", path="/v1/c/memory/lnkmem/")
         with m.connect() as ctl:
             err = ctl.first(FLUSH)
         assert "error" in err, err
-        assert until(lambda: shown(tmp_path).get("state") == "backing off", timeout=5), shown(tmp_path)
+        assert until(lambda: shown(tmp_path).get("state") == "backing off", timeout=30), shown(tmp_path)
         assert "not granted" in shown(tmp_path)["error"], shown(tmp_path)
         bridges.storage.fault("ok")
         assert until(lambda: shown(tmp_path).get("state") == "clean", timeout=10), shown(tmp_path)

@@ -228,7 +228,10 @@ def allocates_at_most(limit: int):
     assert peak <= limit, f"the heap grew {peak:,} bytes (at most {limit:,})"
 
 
-def until(pred, timeout: float = 5, step: float = 0.05):
+def until(pred, timeout: float = 30, step: float = 0.05):
+    """``pred()`` once it is true, polled every ``step`` s; its last value after ``timeout``
+    (30 s: generous, as it ends at the first sight; a check that something does NOT happen
+    names its own, shorter, span: ``assert not until(..., timeout=5)``)."""
     deadline = time.monotonic() + timeout
     while True:
         v = pred()

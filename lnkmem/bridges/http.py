@@ -34,27 +34,13 @@ from urllib.parse import urlencode
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from lnkmem.bridges.place import Conflict, Forbidden, NotFound
+from lnkmem.bridges.place import BridgeDown, Conflict, Forbidden, NotFound, TooLarge  # (BridgeDown, TooLarge: here too)
 from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
 
 MAX_BODY = 256 * 1024 * 1024
 PATIENCE_S = 30.0  # one request retried this long at most (LNKMEM_BRIDGE_PATIENCE_S)
-
-
-class BridgeDown(Exception):
-    """The bridge cannot be reached or keeps failing."""
-
-
-class TooLarge(BridgeDown):
-    """An answer over the client's limit (``LNKMEM_MAX_BODY``, 256 MiB): what was asked for is
-    no file this engine will hold -- for the copy, a damaged copy, not a bridge that is down.
-    ``version``: the file's version from the answer's ETag, when it named one."""
-
-    def __init__(self, why: str, version: str = ""):
-        super().__init__(why)
-        self.version = version
 
 
 def max_body() -> int:

@@ -33,7 +33,13 @@ lint: $(STAMP)
 # four workers on two cores: most tests wait on the engine's subprocesses, the fake bridges and
 # their deadlines (a test's own CPU is about half its time), so two workers left a core idle;
 # worksteal hands a worker that is done the tests another still holds (no long tail)
+# The engine's and the fakes' bytecode made first, as an install does (bench_local.program()
+# does the same): the program never writes its own (cli/main.py, §2.2) and the tests start it
+# and the fake bridges with PYTHONDONTWRITEBYTECODE, so on a fresh checkout each of their
+# thousands of starts compiled every module it imports (~0.1 s of CPU a start, a quarter of
+# it). compileall skips what is up to date.
 test: lint
+	$(BIN)/python -m compileall -q lnkmem fakes
 	$(BIN)/python -m pytest -q -n 4 --dist worksteal tests
 
 soak: $(STAMP)

@@ -460,7 +460,7 @@ def test_indexing_never_waits_behind_a_write_back_on_the_network(bridges, tmp_pa
         flusher = threading.Thread(target=lambda: ctl.first({"flush": {"owner": "o1", "agent": "a1"}}), daemon=True)
         flusher.start()
         assert until(lambda: json.loads(bridges.storage.request("GET", "/_fault")[2])["mode"] == "ok", timeout=30)
-        time.sleep(0.5)  # (re-checks come due while the PUT is held)
+        time.sleep(0.5)  # kept: pacing, re-checks (every 0.2 s) come due while the PUT is held (none is seen)
         bridges.write_home("docs/second.md", "Kelp forests at noon.\n")
         with m.connect(timeout=60) as ctl2:
             assert ctl2.first({"changed": {"owner": "o1", "agent": "a1", "path": "home/docs/second.md"}}) == {"ok": True}

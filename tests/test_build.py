@@ -194,7 +194,7 @@ def test_a_killed_worker_leaves_the_parent_to_finish_the_build_itself(home):
     _many(home, 1500)
     p = _start_index(home, LNKMEM_WORKER="1", LNKMEM_BATCH_FILES="100")
     w = _worker_of(p)
-    time.sleep(0.05)  # under way (its share of 1,500 files takes well over this; 0.3 s was once all of it)
+    time.sleep(0.05)  # kept: pacing, the kill under way (its share of 1,500 files takes well over this; 0.3 s was once all of it)
     os.kill(w, signal.SIGKILL)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err

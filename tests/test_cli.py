@@ -61,7 +61,7 @@ def test_refusals_are_one_line_and_exit_2(home, args, env, words):
     ("LNKMEM_NOTES_WAIT_S", "soon"), ("LNKMEM_NOTES_KEEP", "0"), ("LNKMEM_NOTES_KEEP_BYTES", "lots"),
     ("LNKMEM_DRIVER_S", "0"), ("LNKMEM_DRIVER_TIMEOUT_S", "-1"), ("LNKMEM_MAX_BODY", "1e6"),
     ("LNKMEM_ANN_THRESHOLD", "lots"), ("LNKMEM_WRITEBACK_S", "-5"), ("LNKMEM_QUIET_S", "x"),
-    ("LNKMEM_RECHECK_S", "nan"),
+    ("LNKMEM_RECHECK_S", "nan"), ("LNKMEM_BRIDGE_PATIENCE_S", "0"),
 ])
 def test_a_bad_knob_is_refused_at_the_start_of_every_command(home, name, bad):
     for args in (["serve", *home.args()], ["index", *home.args()]):

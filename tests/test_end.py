@@ -83,7 +83,10 @@ def test_end_writes_a_pending_team_change_back(bridges, tmp_path):
 
 
 def test_end_after_a_failed_own_write_back_still_ends_its_teams(bridges, tmp_path):
-    with bridges.serve_many(tmp_path, "f", env=SLOW_WRITEBACK) as m:
+    """The agent's own write-back answered 500 at each try: its teams are written back and
+    ended all the same, the failure named. (Each request is retried for the bridge client's
+    patience before it fails, 30 s; here 2 s: what is checked is what follows the failure.)"""
+    with bridges.serve_many(tmp_path, "f", env={**SLOW_WRITEBACK, "LNKMEM_BRIDGE_PATIENCE_S": "2"}) as m:
         own, team = bound_with_team(bridges, m)
         pending_changes(bridges, m)
         bridges.storage.fault("500", path="/v1/c/memory/lnkmem/manifest.json")  # the agent's own copy only

@@ -184,7 +184,7 @@ def test_changed_control_for_a_local_agent(many, agents):
 def test_linger_end_removes_the_socket(tmp_path, agents):
     m = Many(tmp_path / "l" / "m.sock", {"a0": agent_entry(agents["a0"])}, env={"LNKMEM_LINGER_S": "0.5"})
     with m.hello("a0") as c:
-        time.sleep(1.0)  # an open session keeps it
+        time.sleep(1.0)  # kept: past the linger (0.5 s), an open session keeps it (an absence: nothing to wait on)
         assert m.proc.poll() is None and c.request("ping")["result"] == {}
     assert m.proc.wait(10) == 0
     assert not m.socket.exists()

@@ -373,7 +373,7 @@ def test_serve_looks_at_the_tree_once_at_start_then_only_at_what_changes(home):
     with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
         s.initialize()
         s.wait_indexed()
-        time.sleep(1.5)  # longer than the watcher's first quiet spell
+        assert until(lambda: b"caught up" in s.stderr, timeout=30), s.stderr[-2000:]  # past the watcher's first quiet spell
         home.write("notes/n003.md", "The okapi note 3 says zebrafinch now.\n")
         until(lambda: refs(s.search("zebrafinch")) == ["home/notes/n003.md"], timeout=10)
         s.close()
@@ -472,10 +472,10 @@ def test_a_restart_on_an_unchanged_tree_compares_no_file_and_any_change_is_still
     assert "home" in _matched(index_home(home, INFO))
     # serve's own changes after its first look: closed with no listing noted, so the next
     # index compares (and finds the change already in)
-    with Server.start(home, env=INFO) as s:
+    with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
         s.initialize()
         s.wait_indexed()
-        time.sleep(1.5)  # past the watcher's first quiet spell
+        assert until(lambda: b"caught up" in s.stderr, timeout=30), s.stderr[-2000:]  # past the watcher's first quiet spell
         home.write("notes/n009.md", "The okapi note 9 says axolotl.\n")
         until(lambda: refs(s.search("axolotl")) == ["home/notes/n009.md"], timeout=10)
         s.close()

@@ -125,7 +125,7 @@ def test_a_search_on_another_thread_during_a_commit_waits_for_the_commit_s_snaps
             t = threading.Thread(target=lambda: got.append(st.refresh()))
             t.start()
             threads.append(t)
-            time.sleep(0.3)  # the search reads the generation while the commit is here
+            time.sleep(0.3)  # kept: the window widened, the search reads the generation while the commit is here
 
         st.events.allocated = search_beside
         st.commit(Batch(files=[TEXT.file(rng, "home/new.md", "v1")]))

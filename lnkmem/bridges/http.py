@@ -34,30 +34,23 @@ from urllib.parse import urlencode
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from lnkmem.bridges.place import Conflict, Forbidden, NotFound
+from lnkmem.bridges.place import BridgeDown, Conflict, Forbidden, NotFound, TooLarge  # (BridgeDown, TooLarge: here too)
 from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
 
 MAX_BODY = 256 * 1024 * 1024
-
-
-class BridgeDown(Exception):
-    """The bridge cannot be reached or keeps failing."""
-
-
-class TooLarge(BridgeDown):
-    """An answer over the client's limit (``LNKMEM_MAX_BODY``, 256 MiB): what was asked for is
-    no file this engine will hold -- for the copy, a damaged copy, not a bridge that is down.
-    ``version``: the file's version from the answer's ETag, when it named one."""
-
-    def __init__(self, why: str, version: str = ""):
-        super().__init__(why)
-        self.version = version
+PATIENCE_S = 30.0  # one request retried this long at most (LNKMEM_BRIDGE_PATIENCE_S)
 
 
 def max_body() -> int:
     return knobs().max_body or MAX_BODY
+
+
+def patience_s() -> float:
+    """How long one request is retried (5xx, 429, no connection) before it fails:
+    ``LNKMEM_BRIDGE_PATIENCE_S``, :data:`PATIENCE_S`."""
+    return knobs().bridge_patience_s or PATIENCE_S
 
 
 class Refused(Exception):
@@ -301,11 +294,11 @@ class BridgeClient:
     (``BoundedTransport``); here, what is retried and how (``request``)."""
 
     def __init__(self, socket_path: str, purpose: str, owner: str, agent: str, key_hex: str,
-                 timeout: float = 30.0, patience: float = 30.0):
+                 timeout: float = 30.0, patience: Optional[float] = None):
         self.socket_path = socket_path
         self.purpose = purpose
         self.agent = agent
-        self.patience = patience
+        self.patience = patience_s() if patience is None else patience
         self.timeout = timeout
         self.max_body = max_body()
         self.transport = BoundedTransport(socket_path, purpose, timeout, self.max_body)

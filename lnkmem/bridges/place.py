@@ -40,6 +40,22 @@ class Conflict(Exception):
     """A conditional write found another version than the one expected."""
 
 
+class BridgeDown(Exception):
+    """The bridge cannot be reached or keeps failing (raised by :mod:`lnkmem.bridges.http`;
+    here, below it, so that what only catches it -- the copy's write-back, ``status`` --
+    imports no HTTP client)."""
+
+
+class TooLarge(BridgeDown):
+    """An answer over the client's limit (``LNKMEM_MAX_BODY``, 256 MiB): what was asked for is
+    no file this engine will hold -- for the copy, a damaged copy, not a bridge that is down.
+    ``version``: the file's version from the answer's ETag, when it named one."""
+
+    def __init__(self, why: str, version: str = ""):
+        super().__init__(why)
+        self.version = version
+
+
 class Place(Protocol):
     """What the index, the tools and a memory ask of a place."""
 

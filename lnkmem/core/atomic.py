@@ -49,6 +49,12 @@ def _temp_pid(name: str, tmp: str) -> Optional[int]:
     return int(parts[0])
 
 
+def identity(s: os.stat_result) -> tuple:
+    """A file's identity, size and times: what changes when anyone writes it, renames
+    another over its name or touches it (the notes' checks compare these)."""
+    return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+
+
 def kind_of(mode: int) -> str:
     """What a file of ``mode`` is, in words (a log line's)."""
     for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),

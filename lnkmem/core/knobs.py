@@ -71,6 +71,7 @@ class Knobs:
     ann_threshold: Optional[int] = None  # LNKMEM_ANN_THRESHOLD: vectors past which a graph is kept (index/ann.py)
     # the bridges
     max_body: Optional[int] = None  # LNKMEM_MAX_BODY: the largest answer read from a bridge (bridges/http.py)
+    bridge_patience_s: Optional[float] = None  # LNKMEM_BRIDGE_PATIENCE_S: one request retried this long (bridges/http.py)
     # the copy (replica/sync.py)
     writeback_s: float = 60.0  # LNKMEM_WRITEBACK_S: §2.6 the write-back interval
     quiet_s: float = 5.0  # LNKMEM_QUIET_S: §7.3 the index quiet this long before a write-back
@@ -99,6 +100,7 @@ _PARSE: dict[str, Callable[[str], object]] = {
     "readahead": _choice(_SWITCH, "expected 0 (off) or 1 (on)"),
     "ann_threshold": _whole(0),
     "max_body": _whole(1),
+    "bridge_patience_s": _seconds(above_zero=True),
     "writeback_s": _seconds(above_zero=False),
     "quiet_s": _seconds(above_zero=False),
     "recheck_s": _seconds(above_zero=False),

@@ -6,9 +6,9 @@ atomic rename of a temporary file written in the notes' own folder (§2.2
 rev. 2: ``<state>`` may be another mount). Nothing of the notes is ever lost: a refused change changes nothing.
 
 One concern, a local notes file kept whole against editors that write it meanwhile (the
-read, the change and its aftercare for a late writer); what a change does to the text is
-:mod:`notesrules`', the kernel's word on writers :mod:`leases`', the notes of a bound agent
-:mod:`bridgenotes`'.
+read and the change); the watch for a late writer's save after a change is
+:mod:`notesaftercare`', what a change does to the text :mod:`notesrules`', the kernel's
+word on writers :mod:`leases`', the notes of a bound agent :mod:`bridgenotes`'.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import os
 import stat
 import sys
 import secrets
-import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from lnkmem.core import atomic
+from lnkmem.core.atomic import identity
 from lnkmem.core.errors import ToolError
 from lnkmem.core.knobs import knobs
 from lnkmem.memory import leases, notesrules
+from lnkmem.memory.notesaftercare import Aftercare, aftercare_s
 from lnkmem.memory.notesrules import Change, apply, count_entries
 
 log = logging.getLogger("lnkmem")
@@ -46,39 +46,10 @@ SHORTER = 2  # a file that lost more than half its bytes ...
 LOCK = "notes.lock"  # in <state>: one change of the notes at a time, among all engines of the agent
 
 
-LATE_QUIET_S = 0.5  # a file not held open for writing, quiet this long, is saved (no leases: judged by times)
-HELD_MAX_S = 600.0  # how long a file replaced while held open for writing is watched beyond aftercare_s()
-WATCH_STEP_S = 0.05
-
-
-def aftercare_s() -> float:
-    """How long the notes are watched after a change made on notes someone had emptied
-    or held open for writing, for that writer's save (issue 46): 4 times :func:`wait_s`,
-    at least a minute."""
-    return max(60.0, 4 * wait_s())
-
-
-@dataclass
-class _Watch:
-    base: bytes  # what the change read (and replaced)
-    ours: bytes  # what it wrote
-    old_fd: Optional[int]  # the file replaced, watched for a save into it
-    old_name: Optional[str]  # its name beside the notes meanwhile
-    name_ident: Optional[tuple]  # the notes as last looked at (for a save over them by name)
-    until: float
-    name_until: float  # 0: the notes themselves are not watched
-    old_ident: tuple = ()
-    old_last: tuple = ((), 0.0)
-
-
 def wait_s() -> float:
     """How long `remember` waits for a notes file held open for writing to be closed,
     and for an emptied or much shorter one to be written (``LNKMEM_NOTES_WAIT_S``, 15 s)."""
     return knobs().notes_wait_s
-
-
-def _ident(s: os.stat_result) -> tuple:
-    return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
 
 
 class LocalNotes:
@@ -123,9 +94,7 @@ class LocalNotes:
         self._history = None
         self._last_seen: Optional[bytes] = None  # the last text read that was not cut short
         self._last_seen_at = 0.0
-        self._watches: list[_Watch] = []
-        self._watch_mu = threading.Lock()
-        self._watcher: Optional[threading.Thread] = None
+        self.aftercare = Aftercare(self)  # a late writer's save watched for, after a change (issue 46)
         self.clean_temp()
 
     # --- the folders ---------------------------------------------------------------
@@ -142,7 +111,7 @@ class LocalNotes:
             self._history = History(self.state_fd(), where=self.state)
         return self._history
 
-    def _lstat(self) -> Optional[os.stat_result]:
+    def lstat(self) -> Optional[os.stat_result]:
         if self.dir_fd is None:
             return None
         try:
@@ -282,6 +251,14 @@ class LocalNotes:
             left -= len(b)
         return b"".join(chunks)
 
+    def read_held(self, fd: int) -> Optional[bytes]:
+        """What an open descriptor of a notes file holds now (the file replaced, watched by
+        the aftercare); None where it is no longer a plain file or over :data:`NOTES_MAX`."""
+        s = os.fstat(fd)
+        if not stat.S_ISREG(s.st_mode) or s.st_size > NOTES_MAX:
+            return None
+        return self._read_fd(fd)
+
     def _stable(self, hold: bool = False, writers_s: float = BUSY_S
                 ) -> tuple[bytes, Optional[os.stat_result], Optional[int], bool]:
         """(content, its stat, an open descriptor on it, leased) once the file is
@@ -314,12 +291,12 @@ class LocalNotes:
                 before = os.fstat(fd)
                 data = self._read_fd(fd)
                 after = os.fstat(fd)
-                named = self._lstat()
+                named = self.lstat()
                 if len(data) > NOTES_MAX:
                     raise ToolError(f"the notes file {self.path} grew over the {NOTES_MAX} bytes that are "
                                     f"ever read; nothing was changed")
                 quiet = leased or time.time_ns() - after.st_mtime_ns >= SETTLE_NS
-                if (_ident(before) == _ident(after) and len(data) == after.st_size and quiet
+                if (identity(before) == identity(after) and len(data) == after.st_size and quiet
                         and (not leased or leases.held(fd) == fcntl.F_RDLCK)
                         and named is not None and (named.st_dev, named.st_ino) == (after.st_dev, after.st_ino)):
                     keep = True
@@ -336,7 +313,7 @@ class LocalNotes:
                                         "try again")
                     time.sleep(0.002 if busy_since is None else 0.01)
 
-    def _cut_short(self, data: bytes, st: Optional[os.stat_result]) -> bool:
+    def cut_short(self, data: bytes, st: Optional[os.stat_result]) -> bool:
         """Whether the notes look like a write in progress: gone, empty or much shorter
         than the last text seen, and changed within :func:`wait_s` (§2.2 rev. 3)."""
         ref = self._last_seen
@@ -349,10 +326,11 @@ class LocalNotes:
         return time.time() - st.st_mtime < wait_s()
 
     def _seen(self, data: bytes, st: Optional[os.stat_result]) -> None:
-        if st is not None and not self._cut_short(data, st):
+        if st is not None and not self.cut_short(data, st):
             self._last_seen, self._last_seen_at = data, time.monotonic()
 
-    def _read(self) -> tuple[str, Optional[os.stat_result]]:
+    def read_with_stat(self) -> tuple[str, Optional[os.stat_result]]:
+        """The notes once stable, and their stat (None: there are none)."""
         data, st, fd, _ = self._stable()
         if fd is not None:
             os.close(fd)
@@ -367,12 +345,12 @@ class LocalNotes:
         return 0o666 & ~umask
 
     def read(self) -> str:
-        return self._read()[0]
+        return self.read_with_stat()[0]
 
     def entry(self):
         """The notes as an index entry; None when missing, a link, or too large (not indexed)."""
         from lnkmem.bridges.local_entry import LocalEntry, version_of
-        st = self._lstat()
+        st = self.lstat()
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > NOTES_MAX:
             return None
         return LocalEntry("", st.st_size, version_of(st))
@@ -394,14 +372,14 @@ class LocalNotes:
 
     def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
         try:
-            return self._change(lambda current: apply(current, add, remove, limit), "replaced")
+            return self.rewrite(lambda current: apply(current, add, remove, limit), "replaced")
         except OSError as e:  # a full disk, a read-only folder
             raise ToolError(f"the notes could not be written: {e.strerror or e}; nothing was changed") from None
 
     def restore(self, text: bytes) -> Change:
         """Make the notes ``text`` (a kept version), keeping the text this replaces."""
         t = text.decode("utf-8", "replace")
-        return self._change(lambda current: Change(t, len(t.encode("utf-8")), count_entries(t)), "restored")
+        return self.rewrite(lambda current: Change(t, len(t.encode("utf-8")), count_entries(t)), "restored")
 
     def _write_temp(self, text: str, mode: int) -> str:
         for _ in range(100):
@@ -437,12 +415,12 @@ class LocalNotes:
         """Whether the notes are still exactly what was read (identity, size, times, content)."""
         if leased and leases.held(fd) != fcntl.F_RDLCK:  # someone is opening it for writing
             return False
-        now = self._lstat()
+        now = self.lstat()
         if now is None:
             return fd is None
         if fd is None:
             return False
-        if _ident(now) != _ident(st) or _ident(os.fstat(fd)) != _ident(st):
+        if identity(now) != identity(st) or identity(os.fstat(fd)) != identity(st):
             return False
         return self._read_fd(fd) == base
 
@@ -460,7 +438,7 @@ class LocalNotes:
 
         With ``keep_old`` (someone may still write into the file replaced: it was held
         open for writing, or emptied lately) that file keeps a temporary name beside
-        the notes, returned third, for :meth:`_aftercare` to watch."""
+        the notes, returned third, for the aftercare to watch (:mod:`notesaftercare`)."""
         if not self._unchanged(fd, st, base, leased):  # (a lease broken: someone opening it for writing)
             return False, None, None
         if not atomic.exchange(tmp, self.name, dir_fd=self.dir_fd):
@@ -505,7 +483,7 @@ class LocalNotes:
                 return None, tmp
             self._unlink(tmp)
             return None, None
-        if data and not self._keep_quietly(data, why, source=tmp):
+        if data and not self.keep_quietly(data, why, source=tmp):
             return data, None
         self._unlink(tmp)
         return data, None
@@ -513,7 +491,7 @@ class LocalNotes:
     def _keep(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> None:
         self.history().keep(data, why, sync, (self.dir_fd, source) if source else None)
 
-    def _keep_quietly(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> bool:
+    def keep_quietly(self, data: bytes, why: str, sync: bool = True, source: Optional[str] = None) -> bool:
         """:meth:`_keep` once the notes are changed already: a failure is a line in the log,
         never a refusal of a change that was made (whether it was kept)."""
         try:
@@ -524,7 +502,9 @@ class LocalNotes:
                         os.path.join(self.state, "notes-history"), e.strerror or e)
             return False
 
-    def _change(self, make, why: str) -> Change:
+    def rewrite(self, make, why: str) -> Change:
+        """Make the notes ``make(current).text`` under the lock, keeping what it replaces
+        (``why``): what `remember`, a restore and the aftercare's merges do."""
         with self._locked():
             result: Optional[Change] = None
             carry: Optional[tuple[bytes, bytes, bytes]] = None  # (base, what another writer made of it, ours)
@@ -533,7 +513,7 @@ class LocalNotes:
             while time.monotonic() < deadline:
                 data, st, fd, leased = self._stable(hold=True, writers_s=patience)
                 try:
-                    if self._cut_short(data, st):  # an editor between its truncate and its write: wait
+                    if self.cut_short(data, st):  # an editor between its truncate and its write: wait
                         if leased:
                             leases.drop(fd)
                         time.sleep(0.02)
@@ -561,7 +541,7 @@ class LocalNotes:
                         if text == current:
                             if leased:
                                 leases.drop(fd)
-                            self._keep_quietly(data, "written")
+                            self.keep_quietly(data, "written")
                             return result
                     if data:  # the history first: where the text replaced cannot be kept, nothing changes
                         self._keep(data, why)
@@ -595,10 +575,10 @@ class LocalNotes:
                         pass
                     written = text.encode("utf-8")
                     self._last_seen, self._last_seen_at = written, time.monotonic()
-                    self._keep_quietly(written, "written", sync=False)  # an editor saving over it later loses nothing
-                    self._rebase(written)
+                    self.keep_quietly(written, "written", sync=False)  # an editor saving over it later loses nothing
+                    self.aftercare.rebase(written)
                     if old_name is not None or suspect:  # its writer may save later: watched (issue 46)
-                        self._aftercare(data, written, fd if old_name is not None else None, old_name, suspect)
+                        self.aftercare.watch(data, written, fd if old_name is not None else None, old_name, suspect)
                     if swapped is not None:  # a file renamed over the notes after the read: kept, merged
                         if leased:
                             leases.drop(fd)
@@ -616,163 +596,6 @@ class LocalNotes:
             if carry is not None:  # ours landed, then another writer saved over it: say what is there now
                 raise self._saved_over(carry)
             raise ToolError("the notes kept changing under us; nothing was changed, try again")
-
-    # --- after a change on notes someone may still be writing (issue 46) --------------
-
-    def _aftercare(self, base: bytes, ours: bytes, fd: Optional[int], old_name: Optional[str], name: bool) -> None:
-        """Watch, for a while after a change, for the save of a writer that had emptied or
-        held the notes when the change replaced them (§2.2 rev. 3, issue 46), so that it
-        loses nothing and neither does the change:
-
-        - the file replaced (``fd``, kept under ``old_name`` beside the notes): once its
-          writer has closed it (where leases work; else once it is quiet), what it saved
-          there is kept in the history and its lines are merged into the notes;
-        - with ``name``, the notes themselves: the first save over them that drops what
-          the change did (an editor saving by name, over the change) gets the change
-          merged back in.
-
-        The watch ends after :func:`aftercare_s` (the old file, once nobody holds it
-        open for writing, at most :data:`HELD_MAX_S`); a kill leaves the old file under
-        its temporary name, kept at the next start (:meth:`clean_temp`)."""
-        now = time.monotonic()
-        w = _Watch(base, ours, os.dup(fd) if fd is not None else None, old_name, None, now + aftercare_s(),
-                   now + aftercare_s() if name else 0.0)
-        if w.old_fd is not None:
-            w.old_ident = _ident(os.fstat(w.old_fd))
-            w.old_last = (w.old_ident, now)
-        s = self._lstat()
-        w.name_ident = _ident(s) if s is not None else None
-        with self._watch_mu:
-            self._watches.append(w)
-            if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch_loop, name="lnkmem-notes-aftercare", daemon=True)
-                self._watcher.start()
-
-    def _rebase(self, written: bytes) -> None:
-        """After each change of this engine: what the notes watches hold as the change is
-        what was written last (a later change of the agent's, a removal say, is no save
-        to undo), and the notes as written now are not someone else's save."""
-        with self._watch_mu:
-            if not self._watches:
-                return
-            s = self._lstat()
-            for w in self._watches:
-                if w.name_until:
-                    w.ours = written
-                    w.name_ident = _ident(s) if s is not None else None
-
-    def _watch_loop(self) -> None:
-        while True:
-            with self._watch_mu:
-                ws = list(self._watches)
-                if not ws:
-                    self._watcher = None
-                    return
-            for w in ws:
-                try:
-                    done = self._look(w)
-                except Exception as e:  # never the end of the engine: the texts are in the history
-                    log.warning("after a change of %s: %s", self.path, e)
-                    done = True
-                if done:
-                    try:
-                        self._unwatch(w)
-                    except OSError:
-                        pass
-                    with self._watch_mu:
-                        self._watches.remove(w)
-            time.sleep(WATCH_STEP_S)
-
-    def _unwatch(self, w: "_Watch") -> None:
-        if w.old_fd is not None:
-            if w.old_name is not None:
-                named = self._lstat_name(w.old_name)
-                held = os.fstat(w.old_fd)
-                if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
-                    self._unlink(w.old_name)
-            os.close(w.old_fd)
-            w.old_fd = None
-
-    def _lstat_name(self, name: str) -> Optional[os.stat_result]:
-        try:
-            return os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
-        except OSError:
-            return None
-
-    def _look(self, w: "_Watch") -> bool:
-        """One look at a watch; True when it is over."""
-        now = time.monotonic()
-        if w.old_fd is not None:
-            cur = _ident(os.fstat(w.old_fd))
-            if cur != w.old_last[0]:
-                w.old_last = (cur, now)
-            holds = leases.writer_holds(w.old_fd)
-            quiet = now - w.old_last[1] >= LATE_QUIET_S
-            if holds is False:  # its writer closed it: what it saved there is kept and merged, once
-                if cur != w.old_ident:
-                    self._late_save(w)
-                self._unwatch(w)
-            elif holds is None and quiet and cur != w.old_ident:  # no leases: each quiet save merged
-                self._late_save(w)
-                w.old_ident = cur
-            elif now > w.until + (HELD_MAX_S if holds else 0):
-                if holds:  # held open past all patience: left under its name, kept at the next start
-                    log.warning("%s is still held open for writing since it was replaced; it stays as %s",
-                                self.path, os.path.join(self.folder, w.old_name or "?"))
-                    os.close(w.old_fd)
-                    w.old_fd = None
-                else:
-                    self._unwatch(w)
-        if w.name_until and now > w.name_until:
-            w.name_until = 0.0
-        if w.name_until:
-            s = self._lstat()
-            ident = _ident(s) if s is not None else None
-            if ident is not None and ident != w.name_ident:
-                current, st = self._read()
-                if st is not None and not self._cut_short(current.encode("utf-8"), st) and self._stable_since(st):
-                    w.name_ident = _ident(st)
-                    base = w.base.decode("utf-8", "replace")
-                    if notesrules.merge(base, w.ours.decode("utf-8", "replace"), current) != current:
-                        # saved over, dropping the change: merged back (as the change is when the lock is
-                        # held: a change of the agent's own since is no save to undo)
-                        self._carry(lambda cur: notesrules.merge(base, w.ours.decode("utf-8", "replace"), cur),
-                                    "the change was saved over")
-                        w.name_until = 0.0
-        return w.old_fd is None and not w.name_until
-
-    @staticmethod
-    def _stable_since(st: os.stat_result) -> bool:
-        return time.time_ns() - st.st_mtime_ns >= int(LATE_QUIET_S * 1e9)
-
-    def _late_save(self, w: "_Watch") -> None:
-        s = os.fstat(w.old_fd)
-        if not stat.S_ISREG(s.st_mode) or s.st_size > NOTES_MAX:
-            return
-        data = self._read_fd(w.old_fd)
-        if not data or data == w.base:
-            return
-        self._keep_quietly(data, "late")
-        base, theirs = w.base.decode("utf-8", "replace"), data.decode("utf-8", "replace")
-        self._carry(lambda cur: notesrules.merge(base, cur, theirs), "saved into the file it replaced")
-
-    def _carry(self, merged, what: str) -> None:
-        """Make the notes ``merged(current)`` (a change like `remember`'s), and say so in the log."""
-        news = []
-
-        def make(current: str) -> Change:
-            t = merged(current)
-            news.append(t != current)
-            return Change(t, len(t.encode("utf-8")), count_entries(t))
-        try:
-            change = self._change(make, "replaced")
-        except (ToolError, OSError) as e:
-            log.warning("%s: a save after a change (%s) could not be merged in (%s); it is kept in %s",
-                        self.path, what, e, os.path.join(self.state, "notes-history"))
-            return
-        if news and news[-1]:
-            log.warning("%s: a save after a change (%s) was merged in; the notes hold %d entries", self.path, what,
-                        change.entries)
 
     def _saved_over(self, carry: tuple[bytes, bytes, bytes]) -> ToolError:
         """The error of a change that was written, then saved over until the change gave up:
@@ -811,17 +634,17 @@ class LocalNotes:
             leases.drop(fd)
         else:
             deadline = time.monotonic() + LATE_WRITER_S
-            last = _ident(os.fstat(fd))
+            last = identity(os.fstat(fd))
             while True:
                 time.sleep(0.004)
-                cur = _ident(os.fstat(fd))
+                cur = identity(os.fstat(fd))
                 if cur != last:  # still being written: wait until it is quiet
                     last = cur
                     deadline = time.monotonic() + LATE_WRITER_S
                     continue
                 if time.monotonic() >= deadline:
                     break
-        if _ident(os.fstat(fd)) == _ident(st):
+        if identity(os.fstat(fd)) == identity(st):
             return None
         data = self._read_fd(fd)
         return None if data == base else data

@@ -281,6 +281,7 @@ class Watcher:
                         caught_up = True  # when the first look began unwatched (or this watch is a retry)
                         if self.listed_unwatched or retry:
                             self._rescan_local()
+                        log.debug("watching %s: caught up (its first quiet spell)", ", ".join(paths))
                     continue
                 changes = {p for _, p in raw}
                 refs = {self.ref_for(p) for p in changes}

@@ -21,8 +21,7 @@ import time
 import weakref
 from typing import Callable, NamedTuple, Optional
 
-from lnkmem.bridges.http import BridgeDown, TooLarge
-from lnkmem.bridges.place import Conflict, Forbidden, NotFound
+from lnkmem.bridges.place import BridgeDown, Conflict, Forbidden, NotFound, TooLarge
 from lnkmem.core import atomic, memtrim
 from lnkmem.core.knobs import knobs
 from lnkmem.replica.checks import blob_size

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.core import atomic
 from lnkmem.core.wire import Bound
 from lnkmem.bridges.place import Entry, PlaceBase
-from lnkmem.bridges.remote import Collection, FilesPlace
-from lnkmem.bridges.store_driver import DriverConversations, driver_env
 from lnkmem.memory.config import AgentConfig, open_folder
 from lnkmem.memory.notes import LocalNotes
 from lnkmem.memory.spec import parse_size
+
+if TYPE_CHECKING:  # (names only) the bridges' places are imported by the layouts that have them:
+    # an agent's memory on this machine never imports httpx (~0.1 s of a restart's first answer)
+    from lnkmem.bridges.remote import Collection
+    from lnkmem.bridges.store_driver import DriverConversations
 
 
 class NotesPlace(PlaceBase):
@@ -71,6 +74,7 @@ def driver_chats(cfg: AgentConfig, folder: str) -> DriverConversations:
     """The `chats` place of an agent served with `--store-driver` (§3.5): its
     copies in ``folder`` (`<state>/conversations`, beside its index), the driver
     given the agent's names (its environment, the Bound line's owner)."""
+    from lnkmem.bridges.store_driver import DriverConversations, driver_env
     return DriverConversations(cfg.store_driver, folder, driver_env(cfg.env, cfg.owner))
 
 
@@ -114,6 +118,7 @@ def bound_layout(cfg: AgentConfig, b: Bound, agent: str, files, storage, has_mem
     names (``files``, ``storage``: their clients, or None) or on this machine, its notes,
     its copy, its index in ``cache``. FolderRefused when an agent folder stands behind a
     link (§2.2 rev. 3). The embedding endpoint is the binding's to give (``embed``)."""
+    from lnkmem.bridges.remote import Collection, FilesPlace
     from lnkmem.memory.bridgenotes import BridgeNotes
     from lnkmem.replica.sync import Replica
     places: dict[str, object] = {}
@@ -155,6 +160,7 @@ def bound_layout(cfg: AgentConfig, b: Bound, agent: str, files, storage, has_mem
 
 def team_copy(storage, team: str) -> Collection:
     """A team's copy: `lnkmem/` in the team's storage memory place (§5.5)."""
+    from lnkmem.bridges.remote import Collection
     return Collection(storage, "memory", team=team, root="lnkmem")
 
 
@@ -162,6 +168,7 @@ def team_layout(files, copy: Collection, team: str, named: str, writes: bool, em
     """A team's memory as one member serves it (§5.5): the team folder's `memory/`
     through the files bridge (its copy's folder left out), the team's copy
     (:func:`team_copy`), written back only by a member who ``writes``; no notes."""
+    from lnkmem.bridges.remote import FilesPlace
     from lnkmem.replica.sync import Replica
     places = {"home": FilesPlace(files, folder=named, root="memory", exclude=("lnkmem",))}
     return Layout(places, None, 0, os.path.join(cache, "index"), Replica(copy, of=f"team {team}"), writes,

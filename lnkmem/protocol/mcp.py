@@ -401,7 +401,18 @@ class Session:
         return result_line(id_, self._finish(result, modern))
 
     async def _run(self, name: str, typed, thread: Optional[str]) -> dict:
-        """The call: every wait on the loop, only the work itself on a pool thread."""
+        """The call: every wait on the loop, only the work itself on a pool thread. A
+        search is counted among its memory's ``searches`` from its arrival to its answer:
+        a memory that was just started looks at its sources once none waits."""
+        searches = self.memory_for.searches if name == "search" else None
+        if searches is None:
+            return await self._tool(name, typed, thread)
+        with searches:
+            result = await self._tool(name, typed, thread)
+            log.debug("a search answered")
+            return result
+
+    async def _tool(self, name: str, typed, thread: Optional[str]) -> dict:
         if not await until(self.memory_for.is_built, OPEN_WAIT_S):
             return _tool_error("the memory is still starting; try again in a moment")
         memory = self.memory

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lnkmem.memory.config import AgentConfig
-from lnkmem.memory.served import MemoryHandle
+from lnkmem.memory.served import MemoryHandle, Searches
 from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
 
 log = logging.getLogger("lnkmem")
@@ -37,19 +37,23 @@ def undumpable() -> None:
 class _Later(MemoryHandle):
     """The memory, built on a thread after start so that `initialize` and
     `tools/list` are answered before the index (numpy, LMDB) is even imported:
-    whether it serves notes, and its config, are the agent's config's."""
+    whether it serves notes, and its config, are the agent's config's. The
+    searches that arrive meanwhile are answered before the memory looks at its
+    sources (``searches``: a restart's first answer does not wait for the Home's walk)."""
 
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
         self.serves_notes = bool(cfg.notes_path)
         self.memory = None
         self.built = threading.Event()
+        self.searches = Searches()
 
     def build(self) -> None:
         time.sleep(START_DELAY_S)  # let `initialize` be answered first
         try:
             from lnkmem.memory.memory import Memory
             self.memory = Memory(self.cfg)
+            self.memory.answers_first = self.searches
         finally:
             self.built.set()
         self.memory.start()

@@ -90,6 +90,10 @@ class MemoryHandle:
         """Whether the memory is made (calling the handle would not wait)."""
         return True
 
+    def greeted(self) -> None:
+        """A session answered its first message (`initialize`, say) or began its first call:
+        a memory made after that may be made now."""
+
     def config(self) -> Optional[AgentConfig]:
         """The memory's config: its budget, and whether a call must name its thread."""
         memory = self()

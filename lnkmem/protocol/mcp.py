@@ -133,6 +133,7 @@ class Session:
         self.first_call_error = first_call_error
         self.calls = 0
         self.version: Optional[str] = None  # negotiated by `initialize`
+        self.greeted = False  # the handle was told of the first message
         self._room: Optional[asyncio.Event] = None
 
     @property
@@ -192,6 +193,9 @@ class Session:
             self.send(answer)
         elif answer is not None:
             answer.add_done_callback(self._send_result)
+        if not self.greeted:  # the first message answered (or its call begun): the memory may be made
+            self.greeted = True
+            self.memory_for.greeted()
 
     def _send_result(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is None and task.result() is not None:

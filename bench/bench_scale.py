@@ -34,7 +34,8 @@ under ``--out``, then reused):
   from a JSONL file: one process builds (build time, VmHWM), one opens the
   index, times the same queries and then the same updates (the changed file's
   passages deleted and its new passages added, committed, searched), and a
-  fresh process opening it and answering one query is the restart.
+  fresh process opening it and answering one query is the restart
+  (``restart_ref.py``: it imports the engine and nothing of the bench).
 
 Every engine runs in its own subprocess, one at a time; wall times include
 Python's start where the figure is a whole process (ours' build, restart and
@@ -53,7 +54,6 @@ import argparse
 import json
 import os
 import random
-import re
 import resource
 import shutil
 import sqlite3
@@ -68,6 +68,7 @@ import common  # noqa: E402  (first of ours: it puts the repository's root on th
 from common import HERE, ROOT  # noqa: E402
 import corpus  # noqa: E402
 from common import files_reread, pct  # noqa: E402
+from restart_ref import FTS_SQL, fts_match, tantivy_query  # noqa: E402  (the references' queries, one definition)
 
 from lnkmem.index.codec import textpack  # noqa: E402
 from lnkmem.cli.status import disk_bytes  # noqa: E402  (what `status` reports: one measure)
@@ -82,7 +83,6 @@ MiB = 1 << 20
 DEFAULT_OUT = os.path.join(HERE, "out", "scale")
 WORDS = ["zqxalpha", "zqxbravo", "zqxcharly", "zqxdelta", "zqxecho", "zqxfoxtrot", "zqxgolf", "zqxhotel",
          "zqxindigo", "zqxjuliet", "zqxkilo", "zqxlima", "zqxmike", "zqxnovember", "zqxoscar", "zqxpapa"]
-_WORD = re.compile(r"\w+")
 
 
 def log(msg: str) -> None:
@@ -248,12 +248,6 @@ def _stream(path: str):
             yield json.loads(line)
 
 
-def fts_match(q: str) -> Optional[str]:
-    ws = _WORD.findall(q)
-    return " OR ".join(f'"{w}"' for w in ws) if ws else None
-
-
-FTS_SQL = "SELECT rowid FROM p WHERE p MATCH ? ORDER BY bm25(p) LIMIT 10"
 
 
 def w_fts5_build(a: dict) -> None:
@@ -275,12 +269,7 @@ def w_fts5_build(a: dict) -> None:
 
 
 def w_fts5_query(a: dict) -> None:
-    t0 = time.perf_counter()
     db = sqlite3.connect(a["db"])
-    if a.get("restart"):
-        db.execute(FTS_SQL, (fts_match(a["queries"][0]),)).fetchall()
-        answer({"open_s": time.perf_counter() - t0})
-        return
     passes = []
     for _ in range(PASSES):
         times = []
@@ -317,11 +306,6 @@ def _tantivy_schema():
     return sb.build()
 
 
-def tantivy_query(index, q: str):
-    ws = [w.lower() for w in _WORD.findall(q)]
-    return index.parse_query(" ".join(ws), ["body"]) if ws else None
-
-
 def w_tantivy_build(a: dict) -> None:
     import tantivy
     os.makedirs(a["dir"], exist_ok=True)
@@ -337,12 +321,7 @@ def w_tantivy_build(a: dict) -> None:
 
 def w_tantivy_query(a: dict) -> None:
     import tantivy
-    t0 = time.perf_counter()
     index = tantivy.Index.open(a["dir"])
-    if a.get("restart"):
-        index.searcher().search(tantivy_query(index, a["queries"][0]), 10)
-        answer({"open_s": time.perf_counter() - t0})
-        return
     searcher = index.searcher()
     passes = []
     for _ in range(PASSES):
@@ -806,9 +785,12 @@ def bench_scale(out: str, scale: float, seed: int, tantivy_version: Optional[str
         _, peak, ans, _ = run_child(worker(f"{name}-build", passages=os.path.join(work, "passages.jsonl"), **{key: where}))
         e.update(build_s=ans["build_s"], build_cpu_s=ans["cpu_s"], build_rss_kib=peak, disk=disk_bytes(where))
         log(f"  {e['build_s']:.1f}s, peak RSS {peak / 1024:.0f} MiB, {e['disk'] / MB:.1f} MB on disk")
-        wall, _, ans, _ = run_child(worker(f"{name}-query", queries=queries, restart=True, **{key: where}))
+        # the restart: a new process opening the index and answering one query, importing only the
+        # engine (restart_ref.py), as ours' serve imports only itself
+        lean = [sys.executable, os.path.join(HERE, "restart_ref.py"), name, where, queries[0]]
+        wall, _, ans, _ = run_child(lean)
         e.update(restart_s=wall, restart_cpu_s=ans.get("cpu_s"))  # (its own getrusage, as it answered)
-        e["restart_warm_s"] = run_child(worker(f"{name}-query", queries=queries, restart=True, **{key: where}))[0]
+        e["restart_warm_s"] = run_child(lean)[0]
         log(f"[{scale:g}] {name}: queries, then {len(tasks)} updates ...")
         _, peak, ans, _ = run_child(worker(f"{name}-query", queries=queries, updates=tasks, **{key: where}))
         e.update(passes=ans["passes"], updates=ans["updates"], query_rss_kib=peak, tops=ans["tops"])
@@ -985,7 +967,7 @@ NOTE = ("Each engine runs in its own subprocess, one at a time: ours' build is `
         "beside them); the references delete that file's passages and add the passages ours made of it, "
         "commit, and search the word. Restart, what a user waits for: ours starts `serve` on the unchanged "
         "index and times from the spawn to its first search's answer (`initialize` answered first; the Home "
-        "is listed and compared after that answer); the references open the index in a new process and answer "
+        "is listed and compared after that answer); the references open the index in a new process that imports the engine alone and answer "
         "one query; each once right after its build and once more at once (this VM drops its page cache "
         "within minutes). Index again: ours runs `index` on the unchanged tree (listing and stat-ing it; "
         "comparing versions only where a source's listing differs from the one the index last matched): "

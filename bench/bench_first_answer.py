@@ -1,12 +1,14 @@
 """A restart's first answer (issue 47): `serve` started on an index that holds the tree, its
 `initialize` answered, then one search; the time from the spawn to that search's answer
-(wall) and the CPU the process had used by then (every thread: what the start cost, less
-the machine's noise than the wall).
+(wall) and the CPU the process had used by then (every thread, those ended included: what
+the start cost, less the machine's noise than the wall); ``common.first_answer``, which
+bench_scale's restart row runs too.
 
 Run: ``.venv/bin/python bench/bench_first_answer.py [--scale 1] [--runs 15] [--vs PROGRAM] [--record]``
 
 The corpus is ``bench/corpus.py``'s at the scale (made once, in bench/out/); its index is
-built once by this tree's ``lnk-lnkmem index`` into bench/out/first-answer-<scale>/.
+built once by this tree's ``lnk-lnkmem index`` into bench/out/first-answer-<scale>/. Each
+program's package is compiled first (``common.compiled``), as an install compiles it.
 ``--vs`` names another ``lnk-lnkmem`` (the code before a change): the two are started in
 turn, A B A B ..., and the ratio taken pair by pair, so that the machine's drift moves both.
 Prints a markdown table; ``--record`` writes it to the ``bench:first-answer`` section of
@@ -29,46 +31,7 @@ import time
 from datetime import datetime, timezone
 
 import common  # noqa: E402  (first of ours: it puts the repository's root on the path)
-from common import HERE, ROOT  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """The CPU seconds (user + system) of every thread of ``pid`` so far."""
-    total = 0
-    for t in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{t}/stat") as f:
-                x = f.read().rsplit(")", 1)[1].split()
-            total += int(x[11]) + int(x[12])
-        except OSError:
-            pass
-    return total / TICK
-
-
-def first_answer(prog: str, home: str, state: str, agent: str, query: str) -> tuple[float, float, int]:
-    """(wall s to the first search's answer, the process's CPU s then, hits)."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen([prog, "serve", home, state, agent], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL)
-
-    def send(o):
-        p.stdin.write((json.dumps(o) + "\n").encode())
-        p.stdin.flush()
-    try:
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-              "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "b", "version": "1"}}})
-        p.stdout.readline()
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "search", "arguments": {"query": query}}})
-        answer = json.loads(p.stdout.readline())
-        wall, cpu = time.perf_counter() - t0, cpu_s(p.pid)
-    finally:
-        p.stdin.close()
-        p.wait(60)
-    hits = len(answer.get("result", {}).get("structuredContent", {}).get("hits", []))
-    return wall, cpu, hits
+from common import HERE, ROOT, compiled, first_answer  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -89,6 +52,7 @@ def main(argv=None) -> int:
     prog = os.path.join(ROOT, ".venv", "bin", "lnk-lnkmem")
     states = {}
     for name, p in [("this tree", prog)] + ([("--vs", a.vs)] if a.vs else []):
+        compiled(p)
         state = os.path.join(HERE, "out", f"first-answer-{a.scale:g}-{len(states)}")
         if not os.path.isdir(os.path.join(state, "index")):
             shutil.rmtree(state, ignore_errors=True)

@@ -1,6 +1,6 @@
 """What the benchmarks share: the path, a process's memory and a sampler of it,
-percentiles, the machine's description, and writing one benchmark's section of
-docs/BENCHMARKS.md.
+percentiles, the machine's description, writing one benchmark's section of
+docs/BENCHMARKS.md, and a restart's first answer (a new `serve` answering one search).
 
 The path: a script run as ``python bench/x.py`` has bench/ on its path; importing this
 module (first, before lnkmem, fakes or tests) puts the repository's root on it, after
@@ -186,3 +186,60 @@ class MemorySampler:
     def stop(self) -> None:
         self._halt.set()
         self._thread.join()
+
+
+# --- a restart's first answer ------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU seconds (user + system) ``pid`` has used so far, every thread of it, those
+    that have ended included (``/proc/<pid>/stat`` counts them; the live threads' own
+    ``task/*/stat`` do not: `serve` imports the index on a thread that ends once the
+    memory is made, whose CPU was missed that way)."""
+    with open(f"/proc/{pid}/stat") as f:
+        x = f.read().rsplit(")", 1)[1].split()
+    return (int(x[11]) + int(x[12])) / TICK
+
+
+def first_answer(prog: str, home: str, state: str, agent: str, query: str,
+                 env: Optional[dict] = None) -> tuple[float, float, int]:
+    """A restart as a user waits for it: ``prog serve`` started on ``state`` (an index that
+    holds the tree), its `initialize` answered, then one search; (wall seconds from the
+    spawn to that search's answer, the process's CPU seconds by then, the answer's hits)."""
+    import subprocess
+    t0 = time.perf_counter()
+    p = subprocess.Popen([prog, "serve", home, state, agent], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, env=env)
+
+    def send(o):
+        p.stdin.write((json.dumps(o) + "\n").encode())
+        p.stdin.flush()
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "b", "version": "1"}}})
+        p.stdout.readline()
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "search", "arguments": {"query": query}}})
+        answer = json.loads(p.stdout.readline())
+        wall, cpu = time.perf_counter() - t0, cpu_s(p.pid)
+    finally:
+        p.stdin.close()
+        p.wait(60)
+    hits = len(answer.get("result", {}).get("structuredContent", {}).get("hits", []))
+    return wall, cpu, hits
+
+
+def compiled(prog: str, env: Optional[dict] = None) -> str:
+    """``prog`` (an ``lnk-lnkmem``) with its package's bytecode written, as an install
+    compiles it: the benches' children run with PYTHONDONTWRITEBYTECODE and the program
+    sets ``dont_write_bytecode``, so an editable checkout would otherwise compile every
+    module from source at every start. The package is the one ``prog``'s Python imports
+    (PYTHONPATH in ``env`` included: a tree chosen there for a before/after run)."""
+    import subprocess
+    py = os.path.join(os.path.dirname(prog), "python")
+    subprocess.run([py if os.path.exists(py) else sys.executable, "-c",
+                    "import compileall, os, lnkmem; compileall.compile_dir(os.path.dirname(lnkmem.__file__), quiet=1)"],
+                   check=True, stdout=subprocess.DEVNULL, env=env)
+    return prog

@@ -385,6 +385,37 @@ def test_serve_looks_at_the_tree_once_at_start_then_only_at_what_changes(home):
     assert any("looked at home/notes/n003.md" in x for x in looks), looks
 
 
+def test_a_restarts_first_search_is_answered_before_the_tree_is_watched_or_listed(home):
+    """Issue 47: `serve` on an index as it was left answers the search sent right after
+    `initialize` from that index, and only then places its watch and lists the Home (both
+    share the GIL with the search; placing the watch holds it for the whole walk of the
+    folders). The order is the log's: one process's lines, in the order they happened."""
+    index_home(home)
+    with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
+        s.initialize()
+        assert len(refs(s.search("okapi", limit=50))) == 30
+        until(lambda: b"looked at every source" in s.stderr, timeout=30)
+        # the watch is in place and the look done: a change is still found
+        home.write("notes/n004.md", "The okapi note 4 says capybara.\n")
+        until(lambda: refs(s.search("capybara")) == ["home/notes/n004.md"], timeout=10)
+        s.close()
+    err = s.stderr.decode()
+    answered = err.index("a search answered")
+    assert answered < err.index(": in place after") and answered < err.index("home: 30 files listed"), err
+
+
+def test_a_restart_that_is_never_searched_still_watches_and_looks_at_the_tree(home):
+    """No search waits: the watch and the first look at the tree go ahead on their own."""
+    index_home(home)
+    with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
+        s.initialize()
+        until(lambda: b"looked at every source" in s.stderr, timeout=30)
+        home.write("notes/n005.md", "The okapi note 5 says pangolin.\n")
+        until(lambda: b"looked at home/notes/n005.md" in s.stderr, timeout=10)
+        assert refs(s.search("pangolin")) == ["home/notes/n005.md"]
+        s.close()
+
+
 def test_a_restart_on_an_unchanged_tree_leaves_the_saved_snapshot_as_it_is(home):
     """Nothing written: the snapshot saved at the last close is still the index's, so
     it is not written again (23 MB at 1.27M passages), and the next open still uses it."""

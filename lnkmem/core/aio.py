@@ -26,8 +26,9 @@ class LoopSignal:
             pass
 
 
-async def until(pred: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``pred`` on the loop (no thread held) until true or ``timeout``."""
+async def until(pred: Callable[[], bool], timeout: float, most: float = 0.05) -> bool:
+    """Poll ``pred`` on the loop (no thread held) until true or ``timeout``: every 2 ms at
+    first, the step doubling up to ``most`` (how late a change may be seen)."""
     if pred():
         return True
     deadline = time.monotonic() + timeout
@@ -36,5 +37,5 @@ async def until(pred: Callable[[], bool], timeout: float) -> bool:
         await asyncio.sleep(min(step, max(0.0, deadline - time.monotonic())))
         if pred():
             return True
-        step = min(step * 2, 0.05)
+        step = min(step * 2, most)
     return pred()

@@ -14,13 +14,14 @@ from lnkmem.bridges.local import LocalPlace
 from lnkmem.core import atomic
 from lnkmem.core.wire import Bound
 from lnkmem.bridges.place import Entry, PlaceBase
-from lnkmem.bridges.store_driver import DriverConversations, driver_env
 from lnkmem.memory.config import AgentConfig, open_folder
 from lnkmem.memory.notes import LocalNotes
 from lnkmem.memory.spec import parse_size
 
-if TYPE_CHECKING:  # (the bridges' places, and httpx below them, imported only where a memory is bound)
+if TYPE_CHECKING:  # (names only) the bridges' places are imported by the layouts that have them:
+    # an agent's memory on this machine never imports httpx (~0.1 s of a restart's first answer)
     from lnkmem.bridges.remote import Collection
+    from lnkmem.bridges.store_driver import DriverConversations
 
 
 class NotesPlace(PlaceBase):
@@ -73,6 +74,7 @@ def driver_chats(cfg: AgentConfig, folder: str) -> DriverConversations:
     """The `chats` place of an agent served with `--store-driver` (§3.5): its
     copies in ``folder`` (`<state>/conversations`, beside its index), the driver
     given the agent's names (its environment, the Bound line's owner)."""
+    from lnkmem.bridges.store_driver import DriverConversations, driver_env
     return DriverConversations(cfg.store_driver, folder, driver_env(cfg.env, cfg.owner))
 
 

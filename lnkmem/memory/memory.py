@@ -43,6 +43,7 @@ RETRY_S = 5.0  # a first pass that failed is tried again after this long
 BURST_GATHER_S = 0.02  # more than one change queued: wait this long for the rest of the burst
 IDLE_LET_GO_S = 2.0  # no change for this long: the map's pages that searches touched are let go
 WATCH_WAIT_S = 10.0  # the first look at the tree waits this long at most for the watch to be in place
+ANSWERS_FIRST_S = 5.0  # the first look at the sources waits this long at most for the searches waiting then
 
 
 class Command(enum.Enum):
@@ -144,9 +145,21 @@ class Memory(ServedMemory):
                 place.serve(self)
         return self
 
+    answers_first = None  # a served.Searches: the first look at the sources waits until none of them does
+
+    def _after_answers(self) -> None:
+        """Wait (at most ANSWERS_FIRST_S) for the searches waiting on an index opened as it was
+        left: they are answered from it before the watch is placed and the sources are looked at
+        (both share the GIL with them; placing the watch holds it for the whole walk of the
+        folders). A fresh index's first search waits for that look: nothing is waited for then."""
+        if self.answers_first is not None and not self.fresh and self.error is None:
+            self.answers_first.none_waiting(ANSWERS_FIRST_S)
+
     def _opened_well(self) -> bool:
-        """Wait for the index to be opened; whether it was (the watch keeps it up to date)."""
+        """Wait for the index to be opened, and for the searches waiting on it; whether it was
+        opened (the watch keeps it up to date)."""
         self.opened.wait()
+        self._after_answers()
         return self.error is None
 
     closing = False  # stop() began: an LMDB error from here on is the close's, not damage
@@ -295,6 +308,7 @@ class Memory(ServedMemory):
             if self.embedder:
                 self.vindex.load(self.store)
             self.opened.set()  # searches answer from the cache while the copy is looked at
+            self._after_answers()  # (those waiting now first: then the copy, the merger, the sources)
             how = self._attach() if self.layout.replica is not None else None
             self.store.events.committed = self._committed
             # merges off this thread: a change never waits behind one. After a load of the

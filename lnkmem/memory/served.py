@@ -47,10 +47,40 @@ class ServedMemory(Protocol):
         ...
 
 
+class Searches:
+    """The searches a memory's sessions received and have not answered yet: a session holds
+    one (``with``) from the moment a search arrives, before its memory is even made, until
+    its answer is made. A memory that serves an index as it was left (not a fresh one) looks
+    at its sources (the watch placed, the Home listed and compared) only once none waits
+    (:meth:`none_waiting`): that look shares the GIL with the search, and placing the watch
+    holds it for the whole walk of the tree's folders (watchfiles' Rust), so a first search
+    that ran beside it waited for all of it (issue 47)."""
+
+    def __init__(self) -> None:
+        self._waiting = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> "Searches":
+        with self._cond:
+            self._waiting += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._waiting -= 1
+            self._cond.notify_all()
+
+    def none_waiting(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) until no search waits for its answer; whether none does."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._waiting == 0, timeout)
+
+
 class MemoryHandle:
     """How a session reaches its memory; the defaults are those of a memory made already."""
 
     serves_notes: Optional[bool] = None  # whether `remember` is served; None: as the memory says
+    searches: Optional[Searches] = None  # the searches waiting for it, where its memory looks at them
 
     def __call__(self) -> Optional[ServedMemory]:
         """The memory, once made (waiting for it); None where none is served."""
@@ -59,6 +89,10 @@ class MemoryHandle:
     def is_built(self) -> bool:
         """Whether the memory is made (calling the handle would not wait)."""
         return True
+
+    def greeted(self) -> None:
+        """A session answered its first message (`initialize`, say) or began its first call:
+        a memory made after that may be made now."""
 
     def config(self) -> Optional[AgentConfig]:
         """The memory's config: its budget, and whether a call must name its thread."""

@@ -51,6 +51,9 @@ OUT_HIGH = 4 * 1024 * 1024  # answers waiting unread before a session's input is
 THREADS_PER_MEMORY = 4  # pool threads one memory's calls may hold at once
 OPEN_WAIT_S = 10.0  # a call waits this long for its memory and index to open
 FIRST_PASS_WAIT_S = 2.0  # a search on an empty index waits this long for the first pass
+# a call waiting for its memory to be made and its index opened (a restart) looks this often: a
+# poll whose step grew to 50 ms saw them ~25 ms late on average, every restart's first answer
+START_POLL_S = 0.005
 INDEXED_WAIT_S = 10.0  # `remember` waits this long for its change to be searchable
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32700, -32600, -32601, -32602, -32603
@@ -133,6 +136,7 @@ class Session:
         self.first_call_error = first_call_error
         self.calls = 0
         self.version: Optional[str] = None  # negotiated by `initialize`
+        self.greeted = False  # the handle was told of the first message
         self._room: Optional[asyncio.Event] = None
 
     @property
@@ -192,6 +196,9 @@ class Session:
             self.send(answer)
         elif answer is not None:
             answer.add_done_callback(self._send_result)
+        if not self.greeted:  # the first message answered (or its call begun): the memory may be made
+            self.greeted = True
+            self.memory_for.greeted()
 
     def _send_result(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is None and task.result() is not None:
@@ -401,13 +408,24 @@ class Session:
         return result_line(id_, self._finish(result, modern))
 
     async def _run(self, name: str, typed, thread: Optional[str]) -> dict:
-        """The call: every wait on the loop, only the work itself on a pool thread."""
-        if not await until(self.memory_for.is_built, OPEN_WAIT_S):
+        """The call: every wait on the loop, only the work itself on a pool thread. A
+        search is counted among its memory's ``searches`` from its arrival to its answer:
+        a memory that was just started looks at its sources once none waits."""
+        searches = self.memory_for.searches if name == "search" else None
+        if searches is None:
+            return await self._tool(name, typed, thread)
+        with searches:
+            result = await self._tool(name, typed, thread)
+            log.debug("a search answered")
+            return result
+
+    async def _tool(self, name: str, typed, thread: Optional[str]) -> dict:
+        if not await until(self.memory_for.is_built, OPEN_WAIT_S, START_POLL_S):
             return _tool_error("the memory is still starting; try again in a moment")
         memory = self.memory
         room = memory.cfg.budget if memory is not None else None
         if name == "search" and memory is not None:  # the one tool that reads the index
-            await until(memory.opened.is_set, OPEN_WAIT_S)  # the tool says plainly if it is not
+            await until(memory.opened.is_set, OPEN_WAIT_S, START_POLL_S)  # the tool says plainly if it is not
             if memory.fresh:
                 await until(memory.ready.is_set, FIRST_PASS_WAIT_S)
             # a store driver's listing under way (§3.5): never more than 2 s

@@ -14,13 +14,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lnkmem.memory.config import AgentConfig
-from lnkmem.memory.served import MemoryHandle
+from lnkmem.memory.served import MemoryHandle, Searches
 from lnkmem.protocol.mcp import OUT_HIGH, Session, pump
 
 log = logging.getLogger("lnkmem")
 
 READ_CHUNK = 1 << 16
-START_DELAY_S = 0.05  # let `initialize` be answered before indexing starts
+START_DELAY_S = 0.05  # the memory is made once the first message is answered, or after this long
 PR_SET_DUMPABLE = 4
 
 
@@ -35,21 +35,32 @@ def undumpable() -> None:
 
 
 class _Later(MemoryHandle):
-    """The memory, built on a thread after start so that `initialize` and
-    `tools/list` are answered before the index (numpy, LMDB) is even imported:
-    whether it serves notes, and its config, are the agent's config's."""
+    """The memory, built on a thread once the first message is answered, so that
+    `initialize` is answered before the index (numpy, LMDB) is even imported and
+    `tools/list` never waits for it:
+    whether it serves notes, and its config, are the agent's config's. The
+    searches that arrive meanwhile are answered before the memory looks at its
+    sources (``searches``: a restart's first answer does not wait for the Home's walk)."""
 
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
         self.serves_notes = bool(cfg.notes_path)
         self.memory = None
         self.built = threading.Event()
+        self.searches = Searches()
+        self.first_answered = threading.Event()
+
+    def greeted(self) -> None:
+        self.first_answered.set()
 
     def build(self) -> None:
-        time.sleep(START_DELAY_S)  # let `initialize` be answered first
+        # `initialize` answered first (the index's import shares the GIL with it), and no longer
+        # waited for: a fixed wait made every restart's first answer that much later
+        self.first_answered.wait(START_DELAY_S)
         try:
             from lnkmem.memory.memory import Memory
             self.memory = Memory(self.cfg)
+            self.memory.answers_first = self.searches
         finally:
             self.built.set()
         self.memory.start()

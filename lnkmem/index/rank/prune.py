@@ -21,6 +21,11 @@ from lnkmem.index.store import Store
 from lnkmem.index.tables import Reading
 
 
+# MaxScore scores the terms left whole, as it scores those before them, while their live
+# postings together are at most this many: below it the pruning's own numpy calls (the
+# threshold, each passage's bound, the lookups) cost more than scoring them. The order of
+# adding is the same (by bound), so every score is the same to the last bit.
+SCORE_WHOLE = 4096
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
 LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.caches.looked_up)
 
@@ -170,6 +175,7 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
     terms.sort(key=lambda x: -x.ub)
     ubs = [x.ub for x in terms]
     rest = list(itertools.accumulate(ubs[::-1]))[::-1]  # bound of terms i.. together
+    left_df = list(itertools.accumulate([x.df for x in terms][::-1]))[::-1]  # live postings of terms i..
     done = 0.0  # bound of the terms scored
 
     dead_in = any(tm.dead for tm in terms)  # lists left holding dead passages (FEW_DEAD)
@@ -208,6 +214,8 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
         if i + 1 == len(terms):
             break
         if done <= rest[i + 1]:  # theta <= the bound of the terms scored: nothing can be pruned yet
+            continue
+        if left_df[i + 1] <= SCORE_WHOLE:  # the terms left are short: scored whole, in the same order
             continue
         cand = kept(union(touched, cap))
         if len(cand) < want:

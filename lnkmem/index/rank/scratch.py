@@ -23,9 +23,8 @@ class Scratch(threading.local):
     dropped."""
 
     def __init__(self):
-        self.scores = np.zeros(0, np.float32)
-        self.seen = np.zeros(0, bool)
-        self.inc = np.zeros(0, bool)
+        # (no set borrowed: empty arrays shared by every thread, never written: take replaces them)
+        self.scores, self.seen, self.inc = _NONE
         self.touched: list = []  # pid arrays whose scores were written
         self.marked: list = []  # pid arrays set in inc
         self.seen_set = False  # whether the touched are set in seen too (a union of many: union)
@@ -61,6 +60,7 @@ class Scratch(threading.local):
         self.__init__()
 
 
+_NONE = (np.zeros(0, np.float32), np.zeros(0, bool), np.zeros(0, bool))
 _idle: list = []  # zeroed sets of arrays, (scores, seen, inc)
 _idle_lock = threading.Lock()
 scratch = Scratch()

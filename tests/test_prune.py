@@ -145,6 +145,30 @@ def test_terms_left_scored_whole_answer_as_pruned_to_the_last_bit(tmp_path, monk
         st.close()
 
 
+def test_a_long_list_looked_up_for_many_passages_is_decoded_once_and_kept(tmp_path, monkeypatch):
+    """A list too long to be decoded whole for a lookup (prune.LOOKUP_WHOLE, lowered here so
+    that every list here is) looked up for at least one passage a block's worth of its
+    postings (prune.LOOKUP_DENSE) is decoded whole and kept: the same searches again look
+    nothing up block by block, and every answer is still scoring every posting's."""
+    monkeypatch.setattr(prune, "LOOKUP_WHOLE", 64)
+    rng = random.Random(51)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, True)
+    looked = _counting(monkeypatch, "lookup")
+    try:
+        queries = [(_query(rng), rng.choice([1, 5, 10, 30])) for _ in range(80)]
+        first = [search.words(st, q, limit)[0] for q, limit in queries]
+        assert len(st.caches.decoded.lists) >= 20
+        before = len(looked)
+        assert [search.words(st, q, limit)[0] for q, limit in queries] == first
+        assert len(looked) == before  # (every list the first round looked up densely is held)
+        for (q, limit), on in zip(queries, first):
+            off = search.words(st, q, limit, prune=False)[0]
+            assert [p for p, _ in on] == [p for p, _ in off], q
+            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), q
+    finally:
+        st.close()
+
+
 def test_a_search_after_others_scores_from_zero(tmp_path):
     """The score arrays kept between searches never carry one search's scores into the next."""
     rng = random.Random(3)

@@ -28,6 +28,10 @@ from lnkmem.index.tables import Reading
 SCORE_WHOLE = 4096
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
 LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.caches.looked_up)
+# a longer list looked up for at least one passage in this many of its postings (a block's
+# worth: most of its blocks would be decoded for them) is decoded whole instead, and offered
+# to Store.caches.decoded, so that the next search of it decodes nothing
+LOOKUP_DENSE = 128
 
 
 # a one-word search takes a word whose lists hold this many postings block by block
@@ -264,7 +268,7 @@ def _bound(store: Store, tm: "Term", pids: np.ndarray, snap: Snapshot, k1: float
         if dec is None:
             # held, or short and decoded whole now: exact tfs (by its header alone, a recent
             # segment's one block reaches back to pid 0 and bounds every older passage by its tf)
-            dec = _held_or_short(store, key, v)
+            dec = _held_or_short(store, key, v, len(pids))
         if dec is None:
             np.maximum(mt, plists.block_tf(v, pids), out=mt)
         elif len(dec[0]):
@@ -321,15 +325,22 @@ def lists_for(store: Store, tm: "Term", want: np.ndarray):
         if dec is not None:
             yield dec
             continue
-        got = _held_or_short(store, key, v)
+        got = _held_or_short(store, key, v, len(want))
         yield got if got is not None else plists.lookup(v, want)
 
 
-def _held_or_short(store: Store, key: bytes, v) -> Optional[tuple[np.ndarray, np.ndarray]]:
+def _held_or_short(store: Store, key: bytes, v, asked: int = 0) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """A list (stored value ``v``) as decoded and kept in ``store.caches.decoded``; else, when it is
     short (:data:`LOOKUP_WHOLE` bytes packed), decoded whole once and kept in
-    ``store.caches.looked_up``; else None (a long list not held: looked up block by block)."""
-    got = store.caches.decoded.get(key)
-    if got is None and len(v) <= LOOKUP_WHOLE and store.caches.looked_up.CACHE_BYTES:
-        got = store.caches.looked_up.of(key, v)
+    ``store.caches.looked_up``; else, when ``asked`` passages are looked up in it, at least one
+    in :data:`LOOKUP_DENSE` of its postings, decoded whole and offered to ``store.caches.decoded``;
+    else None (a long list not held: looked up block by block)."""
+    decoded = store.caches.decoded
+    got = decoded.get(key)
+    if got is None:
+        if len(v) <= LOOKUP_WHOLE:
+            if store.caches.looked_up.CACHE_BYTES:
+                got = store.caches.looked_up.of(key, v)
+        elif decoded.CACHE_BYTES and asked * LOOKUP_DENSE >= plists.stated_count(v):
+            got = decoded.of(key, v)
     return got

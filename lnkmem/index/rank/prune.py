@@ -35,7 +35,7 @@ LOOKUP_DENSE = 128
 
 
 # a one-word search takes a word whose lists hold this many postings block by block
-LONG_LIST = 4096
+LONG_LIST = 12288
 BLOCK_MAX_KEPT = 1 << 14  # lists whose block maxima are kept (16 bytes a block of 128 postings: a byte for 8 postings at most); emptied when full
 AVGDL_ROOM = 1.05  # block maxima are computed at this much more than the mean length, so they
 # stay bounds while the mean grows that much (a BM25 term's score rises with the mean length)

@@ -169,8 +169,8 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
     no passage outside the lists scored can then reach the top, so the terms left
     are only looked up for the passages already there, decoding only the blocks
     that may hold them (:func:`postings.lookup`). Scores are those of scoring
-    every posting (added in bound order). The candidates, filtered by sources,
-    ``under`` and the query's exclusions; None when no list had a posting."""
+    every posting (added in bound order). The candidates (in no particular order), filtered
+    by sources, ``under`` and the query's exclusions; None when no list had a posting."""
     cap = len(snap.alive)
     avgdl = snap.avgdl
     terms = ranked_terms(store, r, snap, segs, weights, k1, b, flat)
@@ -257,7 +257,7 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
                 scratch.marked.append(cand)
             _add_marked(store, tm2, cand, contrib)
         return np.concatenate((best, cand)) if len(best) else cand
-    return kept(union(touched, cap))
+    return kept(union(touched, cap, ordered=False))  # (the caller only ranks them: top)
 
 
 def _bound(store: Store, tm: "Term", pids: np.ndarray, snap: Snapshot, k1: float, b: float) -> np.ndarray:

@@ -26,6 +26,7 @@ from lnkmem.index.tables import Reading
 # threshold, each passage's bound, the lookups) cost more than scoring them. The order of
 # adding is the same (by bound), so every score is the same to the last bit.
 SCORE_WHOLE = 4096
+BOUND_MARK = 8  # a decoded list bounds passages by marks when they are more than 1/this of its postings (else each is looked for in it)
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
 LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.caches.looked_up)
 # a longer list looked up for at least one passage in this many of its postings (a block's
@@ -264,20 +265,34 @@ def _bound(store: Store, tm: "Term", pids: np.ndarray, snap: Snapshot, k1: float
     """Each of ``pids``' (ascending) largest possible score from ``tm``: its tf bounded by
     its block's largest (a decoded list: its tf), with its own length (float32)."""
     mt = np.zeros(len(pids), np.int64)
-    for key, v, dec in tm.lists:
-        if dec is None:
-            # held, or short and decoded whole now: exact tfs (by its header alone, a recent
-            # segment's one block reaches back to pid 0 and bounds every older passage by its tf)
-            dec = _held_or_short(store, key, v, len(pids))
-        if dec is None:
-            np.maximum(mt, plists.block_tf(v, pids), out=mt)
-        elif len(dec[0]):
-            ps, ts = dec
-            lo, hi = np.searchsorted(pids, (ps[0], ps[-1] + 1)).tolist()  # only the pids its range spans
-            if hi > lo:
-                sub = pids[lo:hi]
-                at = np.minimum(np.searchsorted(ps, sub), len(ps) - 1)
-                np.maximum(mt[lo:hi], np.where(ps[at] == sub, ts[at], 0), out=mt[lo:hi])
+    marked = False
+    inc = scratch.inc
+    try:
+        for key, v, dec in tm.lists:
+            if dec is None:
+                # held, or short and decoded whole now: exact tfs (by its header alone, a recent
+                # segment's one block reaches back to pid 0 and bounds every older passage by its tf)
+                dec = _held_or_short(store, key, v, len(pids))
+            if dec is None:
+                np.maximum(mt, plists.block_tf(v, pids), out=mt)
+            elif len(dec[0]):
+                ps, ts = dec
+                lo, hi = np.searchsorted(pids, (ps[0], ps[-1] + 1)).tolist()  # only the pids its range spans
+                if hi - lo > len(ps) // BOUND_MARK:
+                    # many passages beside the list: theirs marked, its postings' marks read (one
+                    # pass over it), and only the postings found placed among the passages
+                    if not marked:
+                        inc[pids] = marked = True
+                    hit = np.flatnonzero(inc[ps])
+                    at = np.searchsorted(pids, ps[hit])
+                    mt[at] = np.maximum(mt[at], ts[hit])
+                elif hi > lo:
+                    sub = pids[lo:hi]
+                    at = np.minimum(np.searchsorted(ps, sub), len(ps) - 1)
+                    np.maximum(mt[lo:hi], np.where(ps[at] == sub, ts[at], 0), out=mt[lo:hi])
+    finally:
+        if marked:
+            inc[pids] = False
     tf = mt.astype(np.float32)
     dl = snap.doclen[pids]
     return np.where(mt > 0, tf_score(tm.idf, tf, dl, snap.avgdl, tm.k1, b), 0).astype(np.float32)
@@ -311,9 +326,9 @@ def _add_marked(store: Store, tm: "Term", pids: np.ndarray, contrib) -> None:
     ``pids`` (ascending, those marked among them)."""
     inc = scratch.inc
     for ps, ts in lists_for(store, tm, pids):
-        hit = inc[ps]
-        if hit.any():
-            contrib(tm, ps[hit], ts[hit])
+        hit = np.flatnonzero(inc[ps])  # (once: a mask would be counted out for each array)
+        if len(hit):
+            contrib(tm, ps.take(hit), ts.take(hit))
 
 
 def lists_for(store: Store, tm: "Term", want: np.ndarray):

@@ -288,7 +288,7 @@ def _bound(store: Store, tm: "Term", pids: np.ndarray, snap: Snapshot, k1: float
                     mt[at] = np.maximum(mt[at], ts[hit])
                 elif hi > lo:
                     sub = pids[lo:hi]
-                    at = np.minimum(np.searchsorted(ps, sub), len(ps) - 1)
+                    at = np.minimum(np.searchsorted(ps, sub.astype(ps.dtype)), len(ps) - 1)  # (keys of its type)
                     np.maximum(mt[lo:hi], np.where(ps[at] == sub, ts[at], 0), out=mt[lo:hi])
     finally:
         if marked:
@@ -323,9 +323,16 @@ def _add(store: Store, terms: list, pids: np.ndarray, contrib) -> None:
 
 def _add_marked(store: Store, tm: "Term", pids: np.ndarray, contrib) -> None:
     """Add ``tm``'s scores of the passages marked in ``scratch.inc``, its lists looked up for
-    ``pids`` (ascending, those marked among them)."""
+    ``pids`` (ascending, those marked among them); of a list over BOUND_MARK times longer than
+    ``pids``, only theirs (the others marked are never read: dropped on the way)."""
     inc = scratch.inc
     for ps, ts in lists_for(store, tm, pids):
+        if len(ps) > BOUND_MARK * len(pids):  # few passages beside a long list: each looked for in it
+            at = np.minimum(np.searchsorted(ps, pids.astype(ps.dtype)), len(ps) - 1)  # (keys of its type: it is not converted)
+            hit = np.flatnonzero(ps.take(at) == pids)
+            if len(hit):
+                contrib(tm, pids.take(hit), ts.take(at.take(hit)))
+            continue
         hit = np.flatnonzero(inc[ps])  # (once: a mask would be counted out for each array)
         if len(hit):
             contrib(tm, ps.take(hit), ts.take(hit))

@@ -393,6 +393,55 @@ def test_a_cut_under_a_read_is_caught_not_a_sigbus(tmp_path, size):
     assert out["faulted"] and "cut short" in out["after"], out
 
 
+_CUT_BETWEEN_SEARCHES = r"""
+import json, os, random, sys, time
+from lnkmem.index.commit import Batch
+from lnkmem.index.rank.search import bm25
+from lnkmem.index.store import Store
+from lnkmem.core.errors import DamagedIndex
+from tests.helpers import random_file
+path = sys.argv[1]
+rng = random.Random(7)
+store = Store.open(path)
+store.commit(Batch([random_file(rng, f"home/f{i}.md", "v1", [f"w{j}" for j in range(300)], 6, (50, 80))
+                    for i in range(400)]))
+assert bm25(store, "w3 w7", 10)
+os.truncate(os.path.join(path, "data.mdb"), 8192)  # between two searches: every page but the metas gone
+searches, why, deadline = 0, None, time.monotonic() + 60
+while why is None and time.monotonic() < deadline:
+    searches += 1
+    try:
+        bm25(store, "w3 w7", 10)
+    except DamagedIndex as e:
+        why = str(e)
+print(json.dumps({"watched": store.env.watch is not None, "searches": searches, "why": why}))
+store.close()
+"""
+
+
+@pytest.mark.parametrize("mapguard", [True, False])
+def test_a_file_cut_between_searches_is_found_by_the_searches(tmp_path, mapguard):
+    """data.mdb cut between two searches (in a child: a SIGBUS ends it, not the suite). A
+    search's guard looks at the file's size at most every guard.SIZE_EVERY_S where a cut under
+    a read is caught anyway (the map watched): the searches after the cut are refused, the
+    index damaged, the process alive. Where the map is not watched (LNKMEM_NO_MAPGUARD) the
+    very first search after the cut is refused by the size, before any read of the map."""
+    import subprocess
+    import sys
+    from tests.helpers import ROOT, base_env
+    env = base_env()
+    if not mapguard:
+        env["LNKMEM_NO_MAPGUARD"] = "1"
+    r = subprocess.run([sys.executable, "-c", _CUT_BETWEEN_SEARCHES, str(tmp_path / "index")],
+                       capture_output=True, env=env, cwd=ROOT, timeout=180)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    out = json.loads(r.stdout)
+    assert out["watched"] is mapguard and out["why"] is not None, out
+    assert "data.mdb" in out["why"], out
+    if not mapguard:
+        assert out["searches"] == 1 and "holds 8192 bytes" in out["why"], out
+
+
 # --- 4. single bit flips in data.mdb ----------------------------------------------------
 
 

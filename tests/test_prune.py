@@ -55,6 +55,13 @@ def _query(rng: random.Random) -> str:
     return " ".join(words)
 
 
+@pytest.fixture(autouse=True)
+def _pruning_on_short_lists(monkeypatch):
+    """The lists here are a few thousand postings at most: MaxScore would score them whole
+    (prune.SCORE_WHOLE); these tests are of its pruning, so it prunes whatever their length."""
+    monkeypatch.setattr(prune, "SCORE_WHOLE", 0)
+
+
 def _both(st: Store, q: str, limit: int, **kw):
     out = []
     for on in (False, True):
@@ -108,6 +115,56 @@ def test_pruned_answers_are_every_postings_answers(tmp_path, monkeypatch, merge,
         else:
             assert pruned_some >= 20  # the lookups ran: terms were pruned, blocks looked up
             assert len(bounded) >= 20  # and passages were bounded by their blocks' largest tf
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_terms_left_scored_whole_answer_as_pruned_to_the_last_bit(tmp_path, monkeypatch, merge):
+    """Where the terms left are short (prune.SCORE_WHOLE), MaxScore scores them whole
+    rather than looking them up for its candidates: the same passages in the same order
+    with the same scores, bit for bit (they are added in the same order), and no lookup."""
+    rng = random.Random(41 if merge else 42)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, merge)
+    st.caches.decoded.CACHE_BYTES = st.caches.looked_up.CACHE_BYTES = 0
+    looked = _counting(monkeypatch, "lookup")
+    try:
+        for i in range(120):
+            q = _query(rng)
+            limit = rng.choice([1, 5, 10, 30])
+            kw = {"sources": ["home"]} if i % 5 == 1 else {}
+            monkeypatch.setattr(prune, "SCORE_WHOLE", 0)
+            pruned = search.words(st, q, limit, **kw)[0]
+            monkeypatch.setattr(prune, "SCORE_WHOLE", 1 << 30)
+            before = len(looked)
+            whole = search.words(st, q, limit, **kw)[0]
+            assert len(looked) == before, q  # nothing looked up: every list scored whole
+            assert whole == pruned, q  # (pairs compared with ==: scores to the last bit)
+        assert len(looked) >= 20  # (and the pruned runs did prune)
+    finally:
+        st.close()
+
+
+def test_a_long_list_looked_up_for_many_passages_is_decoded_once_and_kept(tmp_path, monkeypatch):
+    """A list too long to be decoded whole for a lookup (prune.LOOKUP_WHOLE, lowered here so
+    that every list here is) looked up for at least one passage a block's worth of its
+    postings (prune.LOOKUP_DENSE) is decoded whole and kept: the same searches again look
+    nothing up block by block, and every answer is still scoring every posting's."""
+    monkeypatch.setattr(prune, "LOOKUP_WHOLE", 64)
+    rng = random.Random(51)
+    st = _store_with_dead_passages(str(tmp_path / "index"), rng, True)
+    looked = _counting(monkeypatch, "lookup")
+    try:
+        queries = [(_query(rng), rng.choice([1, 5, 10, 30])) for _ in range(80)]
+        first = [search.words(st, q, limit)[0] for q, limit in queries]
+        assert len(st.caches.decoded.lists) >= 20
+        before = len(looked)
+        assert [search.words(st, q, limit)[0] for q, limit in queries] == first
+        assert len(looked) == before  # (every list the first round looked up densely is held)
+        for (q, limit), on in zip(queries, first):
+            off = search.words(st, q, limit, prune=False)[0]
+            assert [p for p, _ in on] == [p for p, _ in off], q
+            assert all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(on, off)), q
     finally:
         st.close()
 

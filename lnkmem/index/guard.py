@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from typing import Iterator
 
 import lmdb
@@ -34,6 +35,34 @@ def guarded(method):
             raise self.damage(e) from None
         except Exception:
             self.check_map()  # what it read was a page cut away: damage, not this error
+            raise
+        self.check_map()
+        return out
+
+    return call
+
+
+# a search's guard (:func:`guarded_search`) looks at the file's size at most this often while a
+# cut under a read is caught anyway (the map watched: :mod:`mapguard`): an fstat and a read of
+# the meta pages were a few microseconds of every search, and a cut is found by whichever
+# comes first, the next look or the first read of a page it took
+SIZE_EVERY_S = 0.05
+
+
+def guarded_search(method):
+    """:func:`guarded` for a search's first call (``Store.refresh``): the file's size is looked
+    at once every :data:`SIZE_EVERY_S` where the map is watched (every time where it is not);
+    the damage mark and the map's faults at every call, as :func:`guarded`."""
+
+    @functools.wraps(method)
+    def call(self, *a, **kw):
+        check(self, search=True)
+        try:
+            out = method(self, *a, **kw)
+        except DAMAGE_ERRORS as e:
+            raise self.damage(e) from None
+        except Exception:
+            self.check_map()
             raise
         self.check_map()
         return out
@@ -66,13 +95,21 @@ def through(store) -> Iterator[None]:
     store.check_map()
 
 
-def check(store) -> None:
+def check(store, search: bool = False) -> None:
     """Refuse to touch a damaged index, or one whose file became shorter than the
-    pages it uses (touching those would be a SIGBUS)."""
+    pages it uses (touching those would be a SIGBUS). ``search``: the size looked at
+    only when :data:`SIZE_EVERY_S` has passed since, where the map is watched."""
     if store.damaged is not None:
         raise DamagedWhileServing(f"the index is damaged ({store.damaged}) and is being rebuilt "
                                   "from the sources; try again in a moment")
     store.check_map()
+    if search:
+        if store.env.watch is None:
+            search = False
+        else:
+            now = time.monotonic()
+            if now < store.sized_until:
+                return
     try:
         # the file first -- the one this environment maps, by its descriptor: the
         # folder's name may name another index's file by now (a newer version put in its
@@ -92,3 +129,5 @@ def check(store) -> None:
     store.check_map()
     if size < need:
         raise store.damage(f"data.mdb holds {size} bytes but the index uses {need}")
+    if search:
+        store.sized_until = now + SIZE_EVERY_S

@@ -46,7 +46,7 @@ from lnkmem.index.caches import SearchCaches
 from lnkmem.index.codec import textpack
 from lnkmem.index.commit import Batch
 from lnkmem.index.format import FileRec, Passage, encoder
-from lnkmem.index.guard import guarded, guarded_walk
+from lnkmem.index.guard import guarded, guarded_search, guarded_walk
 from lnkmem.index.lmdbfile import CoveringEnv, DamagedWhileServing, check_file, wipe
 from lnkmem.index.merge import policy, run
 from lnkmem.index.seal import IndexInUse  # noqa: F401 (raised by Store.open: its callers catch it from here)
@@ -243,6 +243,7 @@ class Store:
         with self.env.begin() as txn:
             return txn.stat(self.passages)["entries"]
     damaged: Optional[str] = None
+    sized_until = 0.0  # (time.monotonic) a search's guard looks at the file's size again after it: guard.check
 
     def guard(self) -> None:
         """Refuse to touch a damaged index, or one whose file became shorter than the
@@ -278,7 +279,7 @@ class Store:
     MAP_CHECK_EVERY = 32  # searches between two reads of the resident memory (/proc/self/statm)
     _reads = 0
 
-    @guarded
+    @guarded_search
     def refresh(self) -> Snapshot:
         """Reload the snapshot when another process has committed since.
 

@@ -21,12 +21,22 @@ from lnkmem.index.store import Store
 from lnkmem.index.tables import Reading
 
 
+# MaxScore scores the terms left whole, as it scores those before them, while their live
+# postings together are at most this many: below it the pruning's own numpy calls (the
+# threshold, each passage's bound, the lookups) cost more than scoring them. The order of
+# adding is the same (by bound), so every score is the same to the last bit.
+SCORE_WHOLE = 4096
+BOUND_MARK = 8  # a decoded list bounds passages by marks when they are more than 1/this of its postings (else each is looked for in it)
 FIRST_LOOK = 8  # MaxScore looks up its best 2·k first when more than this many times k may reach the top
 LOOKUP_WHOLE = 16 << 10  # a packed list this short that MaxScore looks up is decoded whole and kept (Store.caches.looked_up)
+# a longer list looked up for at least one passage in this many of its postings (a block's
+# worth: most of its blocks would be decoded for them) is decoded whole instead, and offered
+# to Store.caches.decoded, so that the next search of it decodes nothing
+LOOKUP_DENSE = 128
 
 
 # a one-word search takes a word whose lists hold this many postings block by block
-LONG_LIST = 4096
+LONG_LIST = 12288
 BLOCK_MAX_KEPT = 1 << 14  # lists whose block maxima are kept (16 bytes a block of 128 postings: a byte for 8 postings at most); emptied when full
 AVGDL_ROOM = 1.05  # block maxima are computed at this much more than the mean length, so they
 # stay bounds while the mean grows that much (a BM25 term's score rises with the mean length)
@@ -160,8 +170,8 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
     no passage outside the lists scored can then reach the top, so the terms left
     are only looked up for the passages already there, decoding only the blocks
     that may hold them (:func:`postings.lookup`). Scores are those of scoring
-    every posting (added in bound order). The candidates, filtered by sources,
-    ``under`` and the query's exclusions; None when no list had a posting."""
+    every posting (added in bound order). The candidates (in no particular order), filtered
+    by sources, ``under`` and the query's exclusions; None when no list had a posting."""
     cap = len(snap.alive)
     avgdl = snap.avgdl
     terms = ranked_terms(store, r, snap, segs, weights, k1, b, flat)
@@ -170,6 +180,7 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
     terms.sort(key=lambda x: -x.ub)
     ubs = [x.ub for x in terms]
     rest = list(itertools.accumulate(ubs[::-1]))[::-1]  # bound of terms i.. together
+    left_df = list(itertools.accumulate([x.df for x in terms][::-1]))[::-1]  # live postings of terms i..
     done = 0.0  # bound of the terms scored
 
     dead_in = any(tm.dead for tm in terms)  # lists left holding dead passages (FEW_DEAD)
@@ -209,6 +220,8 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
             break
         if done <= rest[i + 1]:  # theta <= the bound of the terms scored: nothing can be pruned yet
             continue
+        if left_df[i + 1] <= SCORE_WHOLE:  # the terms left are short: scored whole, in the same order
+            continue
         cand = kept(union(touched, cap))
         if len(cand) < want:
             continue
@@ -245,27 +258,41 @@ def maxscore(store: Store, r: Reading, snap: Snapshot, segs: list[bytes], weight
                 scratch.marked.append(cand)
             _add_marked(store, tm2, cand, contrib)
         return np.concatenate((best, cand)) if len(best) else cand
-    return kept(union(touched, cap))
+    return kept(union(touched, cap, ordered=False))  # (the caller only ranks them: top)
 
 
 def _bound(store: Store, tm: "Term", pids: np.ndarray, snap: Snapshot, k1: float, b: float) -> np.ndarray:
     """Each of ``pids``' (ascending) largest possible score from ``tm``: its tf bounded by
     its block's largest (a decoded list: its tf), with its own length (float32)."""
     mt = np.zeros(len(pids), np.int64)
-    for key, v, dec in tm.lists:
-        if dec is None:
-            # held, or short and decoded whole now: exact tfs (by its header alone, a recent
-            # segment's one block reaches back to pid 0 and bounds every older passage by its tf)
-            dec = _held_or_short(store, key, v)
-        if dec is None:
-            np.maximum(mt, plists.block_tf(v, pids), out=mt)
-        elif len(dec[0]):
-            ps, ts = dec
-            lo, hi = np.searchsorted(pids, (ps[0], ps[-1] + 1)).tolist()  # only the pids its range spans
-            if hi > lo:
-                sub = pids[lo:hi]
-                at = np.minimum(np.searchsorted(ps, sub), len(ps) - 1)
-                np.maximum(mt[lo:hi], np.where(ps[at] == sub, ts[at], 0), out=mt[lo:hi])
+    marked = False
+    inc = scratch.inc
+    try:
+        for key, v, dec in tm.lists:
+            if dec is None:
+                # held, or short and decoded whole now: exact tfs (by its header alone, a recent
+                # segment's one block reaches back to pid 0 and bounds every older passage by its tf)
+                dec = _held_or_short(store, key, v, len(pids))
+            if dec is None:
+                np.maximum(mt, plists.block_tf(v, pids), out=mt)
+            elif len(dec[0]):
+                ps, ts = dec
+                lo, hi = np.searchsorted(pids, (ps[0], ps[-1] + 1)).tolist()  # only the pids its range spans
+                if hi - lo > len(ps) // BOUND_MARK:
+                    # many passages beside the list: theirs marked, its postings' marks read (one
+                    # pass over it), and only the postings found placed among the passages
+                    if not marked:
+                        inc[pids] = marked = True
+                    hit = np.flatnonzero(inc[ps])
+                    at = np.searchsorted(pids, ps[hit])
+                    mt[at] = np.maximum(mt[at], ts[hit])
+                elif hi > lo:
+                    sub = pids[lo:hi]
+                    at = np.minimum(np.searchsorted(ps, sub.astype(ps.dtype)), len(ps) - 1)  # (keys of its type)
+                    np.maximum(mt[lo:hi], np.where(ps[at] == sub, ts[at], 0), out=mt[lo:hi])
+    finally:
+        if marked:
+            inc[pids] = False
     tf = mt.astype(np.float32)
     dl = snap.doclen[pids]
     return np.where(mt > 0, tf_score(tm.idf, tf, dl, snap.avgdl, tm.k1, b), 0).astype(np.float32)
@@ -296,12 +323,19 @@ def _add(store: Store, terms: list, pids: np.ndarray, contrib) -> None:
 
 def _add_marked(store: Store, tm: "Term", pids: np.ndarray, contrib) -> None:
     """Add ``tm``'s scores of the passages marked in ``scratch.inc``, its lists looked up for
-    ``pids`` (ascending, those marked among them)."""
+    ``pids`` (ascending, those marked among them); of a list over BOUND_MARK times longer than
+    ``pids``, only theirs (the others marked are never read: dropped on the way)."""
     inc = scratch.inc
     for ps, ts in lists_for(store, tm, pids):
-        hit = inc[ps]
-        if hit.any():
-            contrib(tm, ps[hit], ts[hit])
+        if len(ps) > BOUND_MARK * len(pids):  # few passages beside a long list: each looked for in it
+            at = np.minimum(np.searchsorted(ps, pids.astype(ps.dtype)), len(ps) - 1)  # (keys of its type: it is not converted)
+            hit = np.flatnonzero(ps.take(at) == pids)
+            if len(hit):
+                contrib(tm, pids.take(hit), ts.take(at.take(hit)))
+            continue
+        hit = np.flatnonzero(inc[ps])  # (once: a mask would be counted out for each array)
+        if len(hit):
+            contrib(tm, ps.take(hit), ts.take(hit))
 
 
 def lists_for(store: Store, tm: "Term", want: np.ndarray):
@@ -313,15 +347,22 @@ def lists_for(store: Store, tm: "Term", want: np.ndarray):
         if dec is not None:
             yield dec
             continue
-        got = _held_or_short(store, key, v)
+        got = _held_or_short(store, key, v, len(want))
         yield got if got is not None else plists.lookup(v, want)
 
 
-def _held_or_short(store: Store, key: bytes, v) -> Optional[tuple[np.ndarray, np.ndarray]]:
+def _held_or_short(store: Store, key: bytes, v, asked: int = 0) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """A list (stored value ``v``) as decoded and kept in ``store.caches.decoded``; else, when it is
     short (:data:`LOOKUP_WHOLE` bytes packed), decoded whole once and kept in
-    ``store.caches.looked_up``; else None (a long list not held: looked up block by block)."""
-    got = store.caches.decoded.get(key)
-    if got is None and len(v) <= LOOKUP_WHOLE and store.caches.looked_up.CACHE_BYTES:
-        got = store.caches.looked_up.of(key, v)
+    ``store.caches.looked_up``; else, when ``asked`` passages are looked up in it, at least one
+    in :data:`LOOKUP_DENSE` of its postings, decoded whole and offered to ``store.caches.decoded``;
+    else None (a long list not held: looked up block by block)."""
+    decoded = store.caches.decoded
+    got = decoded.get(key)
+    if got is None:
+        if len(v) <= LOOKUP_WHOLE:
+            if store.caches.looked_up.CACHE_BYTES:
+                got = store.caches.looked_up.of(key, v)
+        elif decoded.CACHE_BYTES and asked * LOOKUP_DENSE >= plists.stated_count(v):
+            got = decoded.of(key, v)
     return got

@@ -23,9 +23,8 @@ class Scratch(threading.local):
     dropped."""
 
     def __init__(self):
-        self.scores = np.zeros(0, np.float32)
-        self.seen = np.zeros(0, bool)
-        self.inc = np.zeros(0, bool)
+        # (no set borrowed: empty arrays shared by every thread, never written: take replaces them)
+        self.scores, self.seen, self.inc = _NONE
         self.touched: list = []  # pid arrays whose scores were written
         self.marked: list = []  # pid arrays set in inc
         self.seen_set = False  # whether the touched are set in seen too (a union of many: union)
@@ -61,16 +60,28 @@ class Scratch(threading.local):
         self.__init__()
 
 
+_NONE = (np.zeros(0, np.float32), np.zeros(0, bool), np.zeros(0, bool))
 _idle: list = []  # zeroed sets of arrays, (scores, seen, inc)
 _idle_lock = threading.Lock()
 scratch = Scratch()
 
 
-def union(touched: list, cap: int) -> np.ndarray:
+def union(touched: list, cap: int, ordered: bool = True) -> np.ndarray:
     """The pids of ``touched``'s arrays (those of ``scratch.touched``), ascending, each
     once: marked in ``scratch.seen`` and read back when they are many, else sorted (no
-    pass over every id)."""
-    if len(touched) == 1 and _ascending(touched[0]):
+    pass over every id). ``ordered=False``: in no particular order (for a caller that only
+    ranks them): each array's pids not marked already, marked (its cost the arrays', never
+    a sort nor a pass over every id; unless an earlier union of the search marked some)."""
+    if not ordered and len(touched) > 1 and not scratch.seen_set:
+        seen = scratch.seen
+        scratch.seen_set = True  # (unmarked after the search: ``Scratch.clean``)
+        out = []
+        for t in touched:
+            new = t[~seen[t]] if out else t
+            seen[new] = True
+            out.append(new)
+        return np.concatenate(out)
+    if len(touched) == 1 and (not ordered or _ascending(touched[0])):
         return touched[0]
     total = sum(len(t) for t in touched)
     if total * 16 > cap:

@@ -38,8 +38,8 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
         sample = sc[::len(sc) // SAMPLE]
         if len(sample) > 2 * want:
             floor = np.partition(sample, len(sample) - want)[len(sample) - want]
-            keep = sc >= floor
-            cand, sc = cand[keep], sc[keep]
+            keep = np.flatnonzero(sc >= floor)  # (once: a mask would be counted out for each array)
+            cand, sc = cand.take(keep), sc.take(keep)
     if len(cand) > want:
         # the score of the last place: numpy's vectorised sort, since its partition
         # degrades on masses of equal values (many times slower for 2M ties)
@@ -71,7 +71,8 @@ def top(snap: Snapshot, cand: np.ndarray, sc: np.ndarray, want: int) -> tuple[np
             if j - i > 1:
                 order[i:j] = sorted(order[i:j], key=lambda k: (_ref_key(refs, rs[k]), c[k]))
             i = j
-    return cand[order], sc[order]
+    order = np.array(order, np.intp)  # (once, not for each array)
+    return cand.take(order), sc.take(order)
 
 
 def _ref_key(refs, rid: int) -> tuple:

@@ -41,6 +41,7 @@ def _fits(ident: str) -> bool:
 
 # Runs of letters/digits joined by connectors: an identifier, kept whole too.
 CONNECTORS = "-_./@:+#~"
+_CONNECTOR_SET = frozenset(CONNECTORS)
 _LETTER = r"[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
 # linear time: starts only where a run of letters starts, runs taken possessively
 _IDENT = re.compile(r"(?<!" + _LETTER + ")" + _LETTER + r"++(?:[-_./@:+#~]++" + _LETTER + r"++)+")
@@ -81,7 +82,7 @@ def words(text: str) -> list[str]:
 
 def joined(text: str) -> bool:
     """Whether ``text`` holds a connector: an identifier always does, a word never."""
-    return any(c in text for c in CONNECTORS)
+    return not _CONNECTOR_SET.isdisjoint(text)
 
 
 _MAJOR = re.compile(r"[./:@]+")

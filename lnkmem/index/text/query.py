@@ -145,7 +145,7 @@ def parse(text: str, syntax: Optional[bool] = None) -> Query:
 def _plain(text: str) -> Query:
     """:func:`_parse` of a query of plain words (no quote, star or connector): each word's
     term ranked, a repeat weighing more, at most MAX_TERMS of them."""
-    q = Query(meaning_text=text, prose=not reads_as_syntax(text))
+    q = Query(meaning_text=text, prose=not _plain_reads_as_syntax(text))
     w = q.weights
     for t in map(analyze.term_of, analyze.words(text)):
         if t:
@@ -154,6 +154,17 @@ def _plain(text: str) -> Query:
             elif len(w) < MAX_TERMS:
                 w[t] = 1.0
     return q
+
+
+def _plain_reads_as_syntax(text: str) -> bool:
+    """:func:`reads_as_syntax` of a query of plain words (no quote, star or connector: no
+    piece of it an operator, its pieces those of ``str.split``), without tokenizing it
+    when no sentence punctuation is anywhere in it: then it reads as syntax when at most
+    SYNTAX_WORDS of its pieces hold a word (a search's every plain query: its cost each time)."""
+    if _SENTENCE.search(text + " ") is not None:
+        return reads_as_syntax(text)
+    pieces = text.split()
+    return len(pieces) <= SYNTAX_WORDS or sum(1 for p in pieces if _WORDY.search(p)) <= SYNTAX_WORDS
 
 
 def _balanced(text: str) -> str:

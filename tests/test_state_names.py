@@ -153,7 +153,10 @@ def test_temp_files_of_a_write_killed_midway_are_removed_by_the_next(tmp_path):
     for p in left + [live]:
         p.write_bytes(b"half written")
     home.write("b.md", "The aardvark digs.\n")  # (a change: every file saved again at the close)
-    _served(home)
+    with Server.start(home) as s:  # (a restart looks at the Home after its first answer: the change
+        s.initialize()  # waited for, so that the close has it to save)
+        assert until(lambda: refs(s.search("aardvark")) == ["home/b.md"], timeout=ANSWER_S), s.stderr[-2000:]
+        assert s.close() == 0, s.stderr[-2000:]
     assert [p.name for p in left if p.exists()] == []
     assert live.exists()
 

@@ -1,6 +1,6 @@
 """A fake embedding endpoint (PROTOCOL.md §6).
 
-    python -m fakes.embedding_server (--unix PATH | --port N) [--dim 64]
+    python -m fakes.embedding_server (--unix PATH | --port N) [--dim 64] [--widths N,N,...]
         [--model NAME] [--bindings FILE] [--log FILE] [fault flags]
 
 ``POST /v1/embeddings`` ``{"model", "input": [str, ...]}`` answers
@@ -188,17 +188,19 @@ def embedding_inputs(req: Request, model: str) -> list[str]:
 
 
 class EmbeddingEndpoint:
-    def __init__(self, model: str, dim: int, bindings: str | None):
+    def __init__(self, model: str, dim: int, bindings: str | None, widths: list[int] | None = None):
         self.model = model
         self.dim = dim
         self.bindings = Path(bindings) if bindings else None
+        self.widths = list(widths or [])  # a model misbehaving: the first requests answered this wide
 
     def __call__(self, req: Request) -> Response:
         check_route(req)
         if self.bindings is not None:
             self._authenticate(req)
         inputs = embedding_inputs(req, self.model)
-        data = [{"object": "embedding", "index": i, "embedding": embed(s, self.dim)}
+        dim = self.widths.pop(0) if self.widths else self.dim
+        data = [{"object": "embedding", "index": i, "embedding": embed(s, dim)}
                 for i, s in enumerate(inputs)]
         return json_response({"object": "list", "data": data, "model": self.model})
 
@@ -226,10 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=64, help="vector size (default 64)")
     parser.add_argument("--model", default="fake-mini", help='the one model served (default "fake-mini")')
     parser.add_argument("--bindings", metavar="FILE", help="require Link-Binding proofs for these bindings")
+    parser.add_argument("--widths", metavar="N,N,...", default="",
+                        help="a misbehaving model: the first requests answered this wide, one each, then --dim")
     args = parser.parse_args(argv)
     if args.dim < 1:
         parser.error("--dim must be at least 1")
-    endpoint = EmbeddingEndpoint(args.model, args.dim, args.bindings)
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    except ValueError:
+        parser.error("--widths: whole numbers separated by commas")
+    if any(w < 1 for w in widths):
+        parser.error("--widths must each be at least 1")
+    endpoint = EmbeddingEndpoint(args.model, args.dim, args.bindings, widths)
     return serve(endpoint, args, {"model": args.model, "dim": args.dim})
 
 

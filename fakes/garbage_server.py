@@ -37,7 +37,9 @@ path starts with ``path`` answer as ``mode`` says:
 ``headers``    the status line and headers, then the connection closes
 ``hang``       nothing at all for ``delay`` seconds (default 3600), then close
 ``drip``       ``size`` bytes (default 1 MiB) sent one a ``delay`` seconds
-               (default 0.2)
+               (default 0.2); ``GET /_garbage`` says how many bytes were
+               dripped since the last ``POST`` (``dripped``): a client that
+               gives up on a slow answer stops them
 ``huge``       200, ``size`` bytes of JSON-ish filler (default 70 MiB)
 ``status``     ``status`` (default 418) with a body that is not JSON
 ``badchunked`` ``Transfer-Encoding: chunked`` with a chunk size that is not hex
@@ -200,14 +202,16 @@ class GarbageServer(Server):
         super().__init__(handler, **kw)
         self.garbage = garbage
         self.link = handler
+        self.dripped = 0  # bytes a drip has sent since the garbage was last set
 
     def _control(self, req: Request, writer: asyncio.StreamWriter):
         if req.path == "/_garbage":
             try:
                 if req.method == "GET":
-                    return json_response(self.garbage.as_dict()), None
+                    return json_response({**self.garbage.as_dict(), "dripped": self.dripped}), None
                 if req.method == "POST":
                     self.garbage = Garbage.parse(req.json())
+                    self.dripped = 0
                     return json_response(self.garbage.as_dict()), None
                 raise HttpError(405, "use GET or POST")
             except HttpError as e:
@@ -328,6 +332,7 @@ class GarbageServer(Server):
             for i in range(size):
                 w.write(b"[" if i == 0 else b" ")
                 await w.drain()
+                self.dripped += 1
                 await asyncio.sleep(delay)
             return False
         elif mode == "huge":

@@ -179,6 +179,9 @@ class Embedder:
                     chunks.append(retry(self._post, batch, self.timeout))
                 else:
                     chunks.append(self._post(batch, min(self.timeout, self.query_timeout)))
+                if chunks[-1].shape[1] != chunks[0].shape[1]:  # one call's texts, one model: one width
+                    raise EmbeddingUnavailable(f"the model's vectors are {chunks[-1].shape[1]} wide for some "
+                                               f"texts and {chunks[0].shape[1]} for others")
         except (_Retryable, EmbeddingUnavailable) as e:
             circuit.failure()
             raise EmbeddingUnavailable(str(e)) from None

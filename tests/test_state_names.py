@@ -80,27 +80,29 @@ def _served(home: Home, env=None) -> None:
         assert s.close() == 0, s.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", STATE_NAMES)
-def test_a_name_of_the_state_folder_planted_is_never_written_through_nor_fatal(tmp_path, name, kind):
+def test_a_name_of_the_state_folder_planted_is_never_written_through_nor_fatal(tmp_path, name):
+    """Each kind (a link, a folder, a FIFO) planted at ``name`` in turn, each over what the
+    engine made of the last (two clean closes leave the state as a first serve's did): the
+    program's commands and two serves work, and the file a link leads to is never written."""
     home = Home(tmp_path)
     home.write("a.md", "The pangolin eats ants.\n")
     r = run_cli("index", *home.args(), timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     _served(home)  # (a serve's clean close leaves the seal, the snapshot and the listings)
     outside, before = _outside(tmp_path)
-    plant(home.state / name, kind, outside)
-
-    r = run_cli("index", *home.args(), timeout=ANSWER_S)
-    assert r.returncode == 0, r.stderr[-2000:]
     people = [str(home.folder), str(home.state), "--agent", str(home.agent)]
-    r = run_cli("status", *people, timeout=ANSWER_S)
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = run_cli("search", *people, "pangolin", timeout=ANSWER_S)
-    assert r.returncode == 0 and b"home/a.md" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
-    _served(home)
-    _served(home)  # and at the next start
-    assert outside.read_bytes() == SECRET and sha(outside) == before
+    for kind in KINDS:
+        plant(home.state / name, kind, outside)
+        r = run_cli("index", *home.args(), timeout=ANSWER_S)
+        assert r.returncode == 0, (kind, r.stderr[-2000:])
+        r = run_cli("status", *people, timeout=ANSWER_S)
+        assert r.returncode == 0, (kind, r.stderr[-2000:])
+        r = run_cli("search", *people, "pangolin", timeout=ANSWER_S)
+        assert r.returncode == 0 and b"home/a.md" in r.stdout, (kind, r.stdout[-2000:], r.stderr[-2000:])
+        _served(home)
+        _served(home)  # and at the next start
+        assert outside.read_bytes() == SECRET and sha(outside) == before, kind
 
 
 BRIDGES = Layout(homes={"a1": {"a.md": "The pangolin eats ants.\n"}})
@@ -124,17 +126,19 @@ def _hits(c) -> list:
     return r["content"] if r.get("isError") else refs(r)
 
 
-@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", CACHE_NAMES)
-def test_a_name_of_a_bound_cache_planted_is_never_written_through_nor_fatal(bridges, tmp_path, name, kind):
+def test_a_name_of_a_bound_cache_planted_is_never_written_through_nor_fatal(bridges, tmp_path, name):
+    """As in <state>: each kind planted at ``name`` of a bound cache in turn, over what the
+    engine made of the last; served, written back and served again each time."""
     _bound_served(bridges, tmp_path)
     cache = tmp_path / "cache-m" / "o1" / "a1"
     assert (cache / "index" / "data.mdb").is_file()
     outside, before = _outside(tmp_path)
-    plant(cache / name, kind, outside)
-    _bound_served(bridges, tmp_path)
-    _bound_served(bridges, tmp_path)  # and at the next start
-    assert outside.read_bytes() == SECRET and sha(outside) == before
+    for kind in KINDS:
+        plant(cache / name, kind, outside)
+        _bound_served(bridges, tmp_path)
+        _bound_served(bridges, tmp_path)  # and at the next start
+        assert outside.read_bytes() == SECRET and sha(outside) == before, kind
 
 
 def test_temp_files_of_a_write_killed_midway_are_removed_by_the_next(tmp_path):

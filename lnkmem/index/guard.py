@@ -25,10 +25,16 @@ from lnkmem.index.lmdbfile import DAMAGE_ERRORS, DamagedWhileServing
 def guarded(method):
     """Store methods that read or write LMDB: refused once the index is damaged, and an
     LMDB error saying its file is damaged marks it so (the engine rebuilds it)."""
+    return _guarding(method, lambda store: store.guard())
+
+
+def _guarding(method, first):
+    """``method`` wrapped: ``first(store)`` before it; an LMDB error saying the file is
+    damaged marks the index so; a page cut away under a read is damage, not the error."""
 
     @functools.wraps(method)
     def call(self, *a, **kw):
-        self.guard()
+        first(self)
         try:
             out = method(self, *a, **kw)
         except DAMAGE_ERRORS as e:
@@ -53,21 +59,7 @@ def guarded_search(method):
     """:func:`guarded` for a search's first call (``Store.refresh``): the file's size is looked
     at once every :data:`SIZE_EVERY_S` where the map is watched (every time where it is not);
     the damage mark and the map's faults at every call, as :func:`guarded`."""
-
-    @functools.wraps(method)
-    def call(self, *a, **kw):
-        check(self, search=True)
-        try:
-            out = method(self, *a, **kw)
-        except DAMAGE_ERRORS as e:
-            raise self.damage(e) from None
-        except Exception:
-            self.check_map()
-            raise
-        self.check_map()
-        return out
-
-    return call
+    return _guarding(method, lambda store: check(store, search=True))
 
 
 def guarded_walk(method):

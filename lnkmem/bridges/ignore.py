@@ -40,6 +40,8 @@ import threading
 import time
 from typing import NamedTuple, Optional
 
+from lnkmem.core.atomic import identity
+
 NAMES = (".gitignore", ".lnkmemignore")
 DEFAULTS = ("node_modules/", "__pycache__/", ".git/")
 MAX_BYTES = 256 * 1024  # of one ignore file; rules past it are not read
@@ -353,7 +355,7 @@ def _stamp(path: str, follow: bool, recent_ns: int) -> Optional[tuple]:
         return None
     if time.time_ns() - st.st_mtime_ns < recent_ns:  # (a change moves the ctime too, to the same coarse tick)
         return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+    return identity(st)
 
 
 class Listed(Ignorer):

@@ -59,8 +59,7 @@ class BridgeNotes:
             return ""
 
     def change(self, add: Optional[str], remove: Optional[str], limit: int) -> Change:
-        from lnkmem.bridges.http import BridgeDown
-        from lnkmem.bridges.place import Conflict, NotFound
+        from lnkmem.bridges.place import BridgeDown, Conflict, NotFound
         for _ in range(20):
             try:
                 data, version = self.coll.read(self.NAME)

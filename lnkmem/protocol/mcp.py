@@ -510,8 +510,7 @@ def _run_tool(memory, name: str, args, thread: Optional[str], room: Optional[int
     except ToolError as e:
         return _tool_error(str(e), room)
     except Exception as e:  # a place failing under the call: say so plainly
-        from lnkmem.bridges.http import BridgeDown
-        from lnkmem.bridges.place import Forbidden, NotFound
+        from lnkmem.bridges.place import BridgeDown, Forbidden, NotFound
         if isinstance(e, BridgeDown):
             return _tool_error(f"{name}: Link's bridge is failing ({e}); nothing was changed, try again shortly", room)
         if isinstance(e, Forbidden):

@@ -12,6 +12,7 @@ multiplies the example counts for a longer run (docs/RELIABILITY.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -580,17 +581,15 @@ def test_a_model_answering_one_call_at_two_widths_is_refused_not_a_crash(tmp_pat
     from lnkmem.bridges.embed import MAX_BATCH, Circuit, Embedder, EmbeddingUnavailable
     srv = FakeServer.start("fakes.embedding_server", "--unix", tmp_path / "e.sock", "--dim", "8",
                            "--model", "m", "--widths", "8,4")
+    texts = [f"text {i}" for i in range(MAX_BATCH + 1)]
+
+    def embedder():  # (a fresh circuit each: the refusal opens one)
+        return contextlib.closing(Embedder(srv.listen, "m", timeout=5, attempts=1, circuit=Circuit(0.01)))
     try:
-        for want in ("refused", (MAX_BATCH + 1, 8)):  # (a fresh circuit for the second: the first opened one)
-            e = Embedder(srv.listen, "m", timeout=5, attempts=1, circuit=Circuit(0.01))
-            try:
-                if want == "refused":
-                    with pytest.raises(EmbeddingUnavailable, match="4 wide for some texts and 8"):
-                        e.embed([f"text {i}" for i in range(MAX_BATCH + 1)])
-                else:
-                    assert e.embed([f"text {i}" for i in range(MAX_BATCH + 1)]).shape == want
-            finally:
-                e.close()
+        with embedder() as e, pytest.raises(EmbeddingUnavailable, match="4 wide for some texts and 8"):
+            e.embed(texts)
+        with embedder() as e:
+            assert e.embed(texts).shape == (MAX_BATCH + 1, 8)
     finally:
         srv.stop()
 

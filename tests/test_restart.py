@@ -394,10 +394,10 @@ def test_a_restarts_first_search_is_answered_before_the_tree_is_watched_or_liste
     with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
         s.initialize()
         assert len(refs(s.search("okapi", limit=50))) == 30
-        until(lambda: b"looked at every source" in s.stderr, timeout=30)
+        assert until(lambda: b"looked at every source" in s.stderr, timeout=30), s.stderr[-2000:]
         # the watch is in place and the look done: a change is still found
         home.write("notes/n004.md", "The okapi note 4 says capybara.\n")
-        until(lambda: refs(s.search("capybara")) == ["home/notes/n004.md"], timeout=10)
+        assert until(lambda: refs(s.search("capybara")) == ["home/notes/n004.md"], timeout=30)
         s.close()
     err = s.stderr.decode()
     answered = err.index("a search answered")
@@ -409,9 +409,9 @@ def test_a_restart_that_is_never_searched_still_watches_and_looks_at_the_tree(ho
     index_home(home)
     with Server.start(home, env={"LNKMEM_LOG": "debug"}) as s:
         s.initialize()
-        until(lambda: b"looked at every source" in s.stderr, timeout=30)
+        assert until(lambda: b"looked at every source" in s.stderr, timeout=30), s.stderr[-2000:]
         home.write("notes/n005.md", "The okapi note 5 says pangolin.\n")
-        until(lambda: b"looked at home/notes/n005.md" in s.stderr, timeout=10)
+        assert until(lambda: b"looked at home/notes/n005.md" in s.stderr, timeout=30), s.stderr[-2000:]
         assert refs(s.search("pangolin")) == ["home/notes/n005.md"]
         s.close()
 

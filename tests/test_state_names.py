@@ -72,11 +72,11 @@ def _outside(tmp_path: Path) -> tuple[Path, str]:
     return outside, sha(outside)
 
 
-def _served(home: Home, env=None) -> None:
-    """A serve answers a search for the one file within 20 s, and closes cleanly."""
+def _served(home: Home, env=None, query: str = "pangolin", ref: str = "home/a.md") -> None:
+    """A serve answers a search for the one file (``ref``) within 20 s, and closes cleanly."""
     with Server.start(home, env=env) as s:
         s.initialize()
-        assert until(lambda: _hits(s) == ["home/a.md"], timeout=ANSWER_S), (_hits(s), s.stderr[-2000:])
+        assert until(lambda: _hits(s, query) == [ref], timeout=ANSWER_S), (_hits(s, query), s.stderr[-2000:])
         assert s.close() == 0, s.stderr[-2000:]
 
 
@@ -120,9 +120,9 @@ def _bound_served(bridges, tmp_path: Path) -> None:
         assert m.stop() == 0, m.stderr()[-2000:]
 
 
-def _hits(c) -> list:
+def _hits(c, query: str = "pangolin") -> list:
     """What a search for the one file answers: its refs, or the tool's error."""
-    r = c.call("search", {"query": "pangolin"}, **({"timeout": ANSWER_S} if isinstance(c, Server) else {}))
+    r = c.call("search", {"query": query}, **({"timeout": ANSWER_S} if isinstance(c, Server) else {}))
     return r["content"] if r.get("isError") else refs(r)
 
 
@@ -157,10 +157,8 @@ def test_temp_files_of_a_write_killed_midway_are_removed_by_the_next(tmp_path):
     for p in left + [live]:
         p.write_bytes(b"half written")
     home.write("b.md", "The aardvark digs.\n")  # (a change: every file saved again at the close)
-    with Server.start(home) as s:  # (a restart looks at the Home after its first answer: the change
-        s.initialize()  # waited for, so that the close has it to save)
-        assert until(lambda: refs(s.search("aardvark")) == ["home/b.md"], timeout=ANSWER_S), s.stderr[-2000:]
-        assert s.close() == 0, s.stderr[-2000:]
+    # (a restart looks at the Home after its first answer: the change waited for, so that the close has it to save)
+    _served(home, query="aardvark", ref="home/b.md")
     assert [p.name for p in left if p.exists()] == []
     assert live.exists()
 

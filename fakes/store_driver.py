@@ -15,8 +15,9 @@ read on every call; ``{agent}`` in the path is replaced by ``$LNK_AGENT``):
 Bad usage, or an unknown thread: a message on stderr, exit 2.
 
 For tests, from the environment:
-``FAKE_DRIVER_LOG=FILE`` appends ``{"argv", "names", "stdin", "pid"}`` a call (the
-agent's names it was given; whether its standard input held anything);
+``FAKE_DRIVER_LOG=FILE`` appends ``{"argv", "names", "blas", "stdin", "pid"}`` a call (the
+agent's names it was given; its ``OPENBLAS_NUM_THREADS``, or null; whether its standard
+input held anything);
 ``FAKE_DRIVER_FAULT=FILE`` names a control file, JSON read on every call
 (missing or empty: no fault), ``{"mode": M, "on": "conversations" |
 "conversation" (default: every call), "seconds": S}``, where M is
@@ -63,7 +64,8 @@ def _log(argv: list[str]) -> None:
         stdin = bool(sys.stdin.buffer.read(1)) if sys.stdin is not None else False
     except (OSError, ValueError):
         stdin = False
-    entry = {"argv": argv, "names": {k: os.environ[k] for k in NAMES if k in os.environ}, "stdin": stdin,
+    entry = {"argv": argv, "names": {k: os.environ[k] for k in NAMES if k in os.environ},
+             "blas": os.environ.get("OPENBLAS_NUM_THREADS"), "stdin": stdin,
              "time": time.time(), "pid": os.getpid()}
     try:
         with open(path, "a") as f:

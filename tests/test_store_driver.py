@@ -144,6 +144,21 @@ def test_conversations_from_the_driver_are_served_exactly_as_chats_files(home, t
         ["conversation", "t1"], ["conversation", "t1", "--compact"], ["conversation", "t2"]]
 
 
+def test_a_driver_is_run_with_the_engines_environment_as_it_was_started(home, driver):
+    """The engine sets OPENBLAS_NUM_THREADS=1 for its own processes (numpy's BLAS threads
+    would only spin there), but a store driver is someone else's program: it gets the
+    name as the engine's starter gave it, or not at all."""
+    for given in (None, "3"):
+        n = len(driver.calls())
+        env = {"LNKMEM_DRIVER_S": "0.2"} | ({} if given is None else {"OPENBLAS_NUM_THREADS": given})
+        with _start(home, driver, env=env) as s:
+            s.initialize()
+            assert until(lambda: "chats/t2.jsonl" in refs(s.search("lighthouse")))
+            assert until(lambda: len(driver.calls()) > n)
+        calls = driver.calls()[n:]
+        assert calls and {c["blas"] for c in calls} == {given}, (given, calls)
+
+
 def test_fetched_again_only_when_a_version_changes(home, driver):
     """Listed every LNKMEM_DRIVER_S; a conversation is fetched again only when its listed
     version changes; a thread no longer listed leaves the copy and the index."""

@@ -46,7 +46,7 @@ from typing import Callable, Mapping, NamedTuple, Optional
 
 from lnkmem.bridges.local import LocalPlace
 from lnkmem.bridges.place import Entry, PlaceBase
-from lnkmem.core import atomic
+from lnkmem.core import atomic, ownenv
 from lnkmem.core.knobs import knobs
 
 log = logging.getLogger("lnkmem")
@@ -82,8 +82,9 @@ def timeout() -> float:
 def driver_env(agent_env: Mapping[str, str], owner: str = "") -> dict[str, str]:
     """The engine's own environment plus the agent's names where it has them (its
     environment for `serve`, its `Agents` env in `serve-many`); another agent's
-    names, inherited by a shared engine, are never passed on."""
-    env = {k: v for k, v in os.environ.items() if k not in NAMES}
+    names, inherited by a shared engine, are never passed on; nor what the engine set for
+    its own processes (:func:`ownenv.for_others`)."""
+    env = {k: v for k, v in ownenv.for_others().items() if k not in NAMES}
     for k in NAMES:
         v = agent_env.get(k)
         if isinstance(v, str) and v:

@@ -15,6 +15,10 @@ from typing import NoReturn, Optional
 
 sys.dont_write_bytecode = True  # §2.2: no __pycache__ anywhere
 
+from lnkmem.core import ownenv  # noqa: E402
+
+ownenv.set_for_self()  # before anything imports numpy: no OpenBLAS threads spinning at start
+
 from lnkmem.cli.common import PROG, program_path  # noqa: E402
 from lnkmem.core import knobs  # noqa: E402
 from lnkmem.core.errors import UsageError  # noqa: E402

@@ -14,13 +14,14 @@ from typing import Optional
 
 import msgspec
 
-from lnkmem.core import procs
+from lnkmem.core import ownenv, procs
 
 
 def child_env() -> dict:
     """The environment of a Python child of the index's (the deep check, a merge's
     helper): few variables, and lmdb and lnkmem where this process found them."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
+    env.update({k: os.environ.get(k, v) for k, v in ownenv.OWN.items()})  # ours: one BLAS thread
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
 

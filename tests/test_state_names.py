@@ -146,16 +146,21 @@ def _hits(c, query: str = "pangolin") -> list:
 @pytest.mark.parametrize("name", CACHE_NAMES)
 def test_a_name_of_a_bound_cache_planted_is_never_written_through_nor_fatal(bridges, tmp_path, name):
     """As in <state>: each kind planted at ``name`` of a bound cache in turn, over what the
-    engine made of the last; served, written back and served again each time."""
+    engine made of the last; served and written back each time, and served again at the
+    next start: right after one kind, in turn across the names, and after the last."""
     _bound_served(bridges, tmp_path)
     cache = tmp_path / "cache-m" / "o1" / "a1"
     assert (cache / "index" / "data.mdb").is_file()
     outside, before = _outside(tmp_path)
-    for kind in KINDS:
+    turn = CACHE_NAMES.index(name)
+    for i, kind in enumerate(KINDS):
         plant(cache / name, kind, outside)
         _bound_served(bridges, tmp_path)
-        _bound_served(bridges, tmp_path)  # and at the next start
+        if i == turn % len(KINDS):
+            _bound_served(bridges, tmp_path)  # and at the next start, before another kind is planted
         assert outside.read_bytes() == SECRET and sha(outside) == before, kind
+    _bound_served(bridges, tmp_path)  # and at the next start
+    assert outside.read_bytes() == SECRET and sha(outside) == before
 
 
 def test_temp_files_of_a_write_killed_midway_are_removed_by_the_next(tmp_path):

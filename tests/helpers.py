@@ -54,7 +54,11 @@ def index_home(home: "Home", env: Optional[dict] = None, state: Optional[Path] =
 
 
 def base_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LNK_") and not k.startswith("LNKMEM_")}
+    """The test process's environment for a child, less Link's and the engine's own names:
+    LNK_*, LNKMEM_*, and OPENBLAS_NUM_THREADS, which the program sets for itself (a test
+    that imported it in process would otherwise hand it on, as if the starter had set it)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("LNK_") and not k.startswith("LNKMEM_") and k != "OPENBLAS_NUM_THREADS"}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 

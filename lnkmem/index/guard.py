@@ -95,13 +95,11 @@ def check(store, search: bool = False) -> None:
         raise DamagedWhileServing(f"the index is damaged ({store.damaged}) and is being rebuilt "
                                   "from the sources; try again in a moment")
     store.check_map()
-    if search:
-        if store.env.watch is None:
-            search = False
-        else:
-            now = time.monotonic()
-            if now < store.sized_until:
-                return
+    spaced = search and store.env.watch is not None  # the size looked at SIZE_EVERY_S apart at most
+    if spaced:
+        now = time.monotonic()
+        if now < store.sized_until:
+            return
     try:
         # the file first -- the one this environment maps, by its descriptor: the
         # folder's name may name another index's file by now (a newer version put in its
@@ -121,5 +119,5 @@ def check(store, search: bool = False) -> None:
     store.check_map()
     if size < need:
         raise store.damage(f"data.mdb holds {size} bytes but the index uses {need}")
-    if search:
+    if spaced:
         store.sized_until = now + SIZE_EVERY_S
